@@ -1,0 +1,79 @@
+"""Train a small T5-style tokenizer on local text, for demos and tests that cannot reach the Hub.
+
+    from local_tokenizer import build_t5_tokenizer
+    tok = build_t5_tokenizer(texts, vocab_size=512)
+    tok(["Anna sold the car."])  # input_ids end with </s> (id 1)
+
+The layout matches T5's so T5 code works unchanged: pad = 0 (also the decoder start token),
+eos = 1, unk = 2, and every encoded sequence ends with ``</s>``. Words are marked with "▁" as in
+T5's SentencePiece model, so ``decode`` restores the spacing. Unlike T5's it lowercases, strips
+accents and splits punctuation off words; its model is BPE, because the Unigram trainer of
+`tokenizers` degrades to single characters on corpora of a few hundred sentences.
+"""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Iterable
+
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from transformers import PreTrainedTokenizerFast
+
+PAD, EOS, UNK = "<pad>", "</s>", "<unk>"  # ids 0, 1, 2, in this order
+
+# Every printable ASCII character (and the word marker) gets a piece, so text outside the
+# training corpus still encodes without <unk>, letter by letter at worst.
+_ALPHABET = sorted(set(string.ascii_lowercase + string.digits + string.punctuation)) + ["▁"]
+
+
+def build_t5_tokenizer(texts: Iterable[str], vocab_size: int = 512) -> PreTrainedTokenizerFast:
+    """Train a BPE tokenizer on ``texts`` and wrap it as a fast tokenizer with T5's special tokens.
+
+    Args:
+        texts (`Iterable[str]`):
+            Training text, e.g. every premise, hypothesis and target label of a dataset.
+        vocab_size (`int`, defaults to 512):
+            Upper bound on the vocabulary, special tokens included. A small corpus yields fewer.
+
+    Returns:
+        `PreTrainedTokenizerFast`: ``pad_token_id == 0``, ``eos_token_id == 1``,
+        ``unk_token_id == 2``; ``save_pretrained`` / ``AutoTokenizer.from_pretrained`` round-trip.
+    """
+    if vocab_size < len(_ALPHABET) + 3:
+        raise ValueError(
+            f"`vocab_size` must hold the 3 special tokens and {len(_ALPHABET)} base characters, "
+            f"got {vocab_size}; pass at least {len(_ALPHABET) + 3}"
+        )
+    tokenizer = Tokenizer(models.BPE(unk_token=UNK))
+    tokenizer.normalizer = normalizers.Sequence(
+        [normalizers.NFKD(), normalizers.StripAccents(), normalizers.Lowercase()]
+    )
+    # "Anna sold the car." -> ▁anna ▁sold ▁the ▁car . : punctuation is its own piece and carries
+    # no "▁", so decoding glues it back to the word before it.
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Metaspace(), pre_tokenizers.Split(Regex(r"[^\w▁]"), behavior="isolated")]
+    )
+    tokenizer.decoder = decoders.Metaspace()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[PAD, EOS, UNK],
+        initial_alphabet=_ALPHABET,
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(texts, trainer=trainer)
+    eos_id = tokenizer.token_to_id(EOS)
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"$A {EOS}", pair=f"$A {EOS} $B {EOS}", special_tokens=[(EOS, eos_id)]
+    )
+    wrapped = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        pad_token=PAD,
+        eos_token=EOS,
+        unk_token=UNK,
+        model_max_length=512,
+        padding_side="right",
+    )
+    ids = (wrapped.pad_token_id, wrapped.eos_token_id, wrapped.unk_token_id)
+    if ids != (0, 1, 2):  # guards against a tokenizers release that orders special tokens differently
+        raise RuntimeError(f"special token ids are {ids}, T5 needs (pad, eos, unk) = (0, 1, 2)")
+    return wrapped

@@ -1,0 +1,521 @@
+"""Partition: which stage runs each op and which GPU runs each stage, as plain JSON-ready data.
+
+A Partition is what partitioners return, what the PartitionStore caches and shares, and what the
+runtime builds its stages from. It holds no model: only node names, indices, predicted costs and
+the ``PartitionKey`` that says which model and setup it was planned for.
+
+On disk (``to_json``)::
+
+    {"format": "hf_ftpipe.partition", "format_version": 1,
+     "partitioner": "seq-greedy", "key": {...}, "stage_device": [0, 1],
+     "node_stage": {"linear": 0, "relu": 1, ...}, "predicted": {...} | null,
+     "versions": {"hf_ftpipe": ..., "torch": ...}, "created_at": "2025-..." | null}
+
+Loading checks everything (``from_json``): a file may come from another hf_ftpipe, another model
+or the Hub, and a wrong plan must fail with a sentence, not deep inside the runtime. JSON only,
+never pickle.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import os
+import types
+import typing
+from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass
+from typing import Any
+
+from hf_ftpipe.errors import PartitionFormatError
+from hf_ftpipe.graph.cost_graph import CostGraph
+
+__all__ = [
+    "FORMAT_NAME",
+    "FORMAT_VERSION",
+    "MAX_FILE_BYTES",
+    "GPUCost",
+    "Partition",
+    "PartitionKey",
+    "Prediction",
+    "StageCost",
+]
+
+FORMAT_NAME = "hf_ftpipe.partition"
+"""Value of the ``"format"`` field: tells a partition file from any other JSON file."""
+FORMAT_VERSION = 1
+SUPPORTED_FORMAT_VERSIONS = (1,)
+MAX_FILE_BYTES = 64 * 2**20
+"""Largest file ``from_json`` reads: a T5-3B plan is ~100 KiB, a file this big is not a plan."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PartitionKey:
+    """What a partition was planned for. Two runs with equal keys can share one partition."""
+
+    model_fingerprint: str
+    """``CostGraph.fingerprint``: structural config and traced graph of the model."""
+    model_class: str
+    """e.g. ``"T5ForConditionalGeneration"``; for messages and Hub listings."""
+    input_shapes: dict[str, list[int]]
+    """Shape of each tensor input of ONE micro-batch, e.g. ``{"input_ids": [8, 512]}``."""
+    dtype: str
+    """Compute dtype the costs were taken for, e.g. ``"bfloat16"``."""
+    schedule: str
+    """Pipeline schedule: ``"gpipe"``, ``"1f1b"``, ``"async"`` or ``"2bw"``."""
+    num_microbatches: int
+    gpu_profile: str
+    """``GPUProfile.name``."""
+    num_gpus: int
+    """GPUs available to the plan (a plan may use fewer)."""
+
+    # The dict field makes the generated hash fail; hash the canonical form instead.
+    def __hash__(self) -> int:
+        return hash(self.digest())
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def digest(self) -> str:
+        """16 hex digits of sha256 over the canonical JSON of the key: a stable cache file name."""
+        text = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+    @classmethod
+    def from_graph(
+        cls,
+        graph: CostGraph,
+        *,
+        dtype: str,
+        schedule: str,
+        num_microbatches: int,
+        gpu_profile: str,
+        num_gpus: int,
+    ) -> PartitionKey:
+        """The key of ``graph`` (fingerprint, class, tensor input shapes) planned for this setup."""
+        shapes = {
+            name: list(info.shape)
+            for name, info in sorted(graph.inputs.items())
+            if info.shape is not None
+        }
+        return cls(
+            model_fingerprint=graph.fingerprint,
+            model_class=graph.model_class,
+            input_shapes=shapes,
+            dtype=dtype,
+            schedule=schedule,
+            num_microbatches=num_microbatches,
+            gpu_profile=gpu_profile,
+            num_gpus=num_gpus,
+        )
+
+
+@dataclass(kw_only=True)
+class StageCost:
+    """Predicted figures of one stage, per micro-batch.
+
+    Communication counts only traffic to or from stages on other GPUs: stages that share a GPU
+    hand tensors over in memory.
+    """
+
+    device: int
+    forward_s: float
+    backward_s: float
+    fwd_in_bytes: int
+    """Activations received from stages on other GPUs (each producer's output once per stage)."""
+    fwd_out_bytes: int
+    """Activations sent to stages on other GPUs (each output once per destination stage)."""
+    comm_fwd_in_s: float
+    comm_fwd_out_s: float
+    comm_bwd_in_s: float
+    """Receiving the gradients of the activations this stage sent."""
+    comm_bwd_out_s: float
+    """Sending the gradients of the activations this stage received."""
+    memory_bytes: int
+    """Weights, gradients, optimizer state and activations of this stage alone."""
+
+
+@dataclass(kw_only=True)
+class GPUCost:
+    """Predicted figures of one GPU (all the stages it runs), per micro-batch (DESIGN.md, "Cost of a GPU")."""
+
+    compute_s: float
+    """C_g: forward + backward compute of every op on the GPU."""
+    comm_fwd_out_s: float
+    comm_bwd_in_s: float
+    cost_s: float
+    """C_g + max(0, comm_fwd_out − C_g) + max(0, comm_bwd_in − C_g): communication is hidden
+    behind compute when it is not longer (CCO)."""
+    weights_bytes: int
+    """Distinct parameters and buffers (a weight tied between two stages on the GPU once), times
+    the weight versions the schedule keeps."""
+    gradient_bytes: int
+    optimizer_bytes: int
+    activation_bytes: int
+    """Outputs of the GPU's ops times the micro-batches in flight."""
+    memory_bytes: int
+    """The sum of the four above."""
+    capacity_bytes: int
+
+
+@dataclass(kw_only=True)
+class Prediction:
+    """What the cost model predicts for a partition (see ``estimate.estimate``)."""
+
+    schedule: str
+    num_microbatches: int
+    microbatch_size: int
+    optimizer: str
+    stages: list[StageCost]
+    gpus: list[GPUCost]
+    step_time_s: float
+    """max_g cost_g: time per micro-batch in the steady state of the pipeline (no fill/drain)."""
+    ideal_step_time_s: float
+    """Total compute / number of GPUs: a perfectly balanced plan without communication."""
+
+    @property
+    def throughput_samples_per_s(self) -> float:
+        """Samples per second in the steady state: ``microbatch_size / step_time_s``."""
+        return self.microbatch_size / self.step_time_s if self.step_time_s > 0 else float("inf")
+
+    @property
+    def imbalance(self) -> float:
+        """``step_time_s / ideal_step_time_s``: 1.0 is perfect; FTPipe reports ~1.09 on T5-3B."""
+        return self.step_time_s / self.ideal_step_time_s if self.ideal_step_time_s > 0 else 1.0
+
+
+def collect_versions() -> dict[str, str]:
+    """Versions of hf_ftpipe, torch and (when installed) transformers, for the file's record."""
+    versions: dict[str, str] = {}
+    for package in ("hf_ftpipe", "torch", "transformers"):
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            if package == "hf_ftpipe":
+                import hf_ftpipe
+
+                versions[package] = getattr(hf_ftpipe, "__version__", "unknown")
+    return versions
+
+
+@dataclass(kw_only=True)
+class Partition:
+    """A pipeline plan: op → stage, stage → GPU, and what the cost model predicts for it.
+
+    Stage indices are a topological order of the stage graph (stage i only sends to stages > i);
+    several stages may share a GPU, also non-adjacent ones (Mixed-Pipe). ``validate_partition``
+    checks a plan against its graph.
+    """
+
+    node_stage: dict[str, int]
+    """Every CostGraph node → its stage index (partitioners insert in execution order)."""
+    stage_device: list[int]
+    """Stage index → GPU (rank) index."""
+    partitioner: str
+    """Which algorithm made the plan, e.g. ``"seq-greedy"``."""
+    key: PartitionKey
+    predicted: Prediction | None = None
+    versions: dict[str, str] = field(default_factory=collect_versions)
+    format_version: int = FORMAT_VERSION
+    created_at: str | None = None
+    """ISO 8601 time of creation, when the partitioner records it."""
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.stage_device)
+
+    @property
+    def num_devices(self) -> int:
+        """GPUs the plan uses: one more than the highest device index."""
+        return max(self.stage_device, default=-1) + 1
+
+    def stages_on(self, device: int) -> list[int]:
+        """Stage indices that ``device`` runs, ascending."""
+        return [s for s, d in enumerate(self.stage_device) if d == device]
+
+    def nodes_of(self, stage: int) -> list[str]:
+        """Nodes of ``stage``, in ``node_stage`` order."""
+        return [node for node, s in self.node_stage.items() if s == stage]
+
+    # -- JSON ----------------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT_NAME,
+            "format_version": self.format_version,
+            "partitioner": self.partitioner,
+            "key": self.key.to_dict(),
+            "stage_device": list(self.stage_device),
+            "node_stage": dict(self.node_stage),
+            "predicted": asdict(self.predicted) if self.predicted is not None else None,
+            "versions": dict(self.versions),
+            "created_at": self.created_at,
+        }
+
+    def to_json(self, path: str | os.PathLike) -> None:
+        """Write the plan to ``path`` atomically (a reader never sees half a file)."""
+        path = os.fspath(path)
+        text = json.dumps(self.to_dict(), indent=1, allow_nan=False) + "\n"
+        tmp = f"{path}.tmp{os.getpid()}"
+        try:
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.write(text)
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+
+    @classmethod
+    def from_dict(cls, data: object, *, source: str = "partition data") -> Partition:
+        """Build a plan from parsed JSON, checking every field; errors begin with ``source``."""
+        try:
+            return _parse_partition(data)
+        except PartitionFormatError as e:
+            raise PartitionFormatError(f"{source}: {e}") from None
+
+    @classmethod
+    def from_json(
+        cls, path: str | os.PathLike, expected_key: PartitionKey | None = None
+    ) -> Partition:
+        """Read a plan written by ``to_json``; with ``expected_key``, refuse a plan for another
+        model or setup (see ``check_key``)."""
+        path = os.fspath(path)
+        data = _read_json(path)
+        partition = cls.from_dict(data, source=path)
+        if expected_key is not None:
+            partition.check_key(expected_key, source=path)
+        return partition
+
+    # -- checks against the run ----------------------------------------------------------------
+
+    def check_key(self, expected: PartitionKey, *, source: str = "partition") -> None:
+        """Raise ``PartitionFormatError`` naming every field where the plan's key differs."""
+        diffs = []
+        for f in fields(PartitionKey):
+            got, want = getattr(self.key, f.name), getattr(expected, f.name)
+            if got != want:
+                diffs.append(f"  {f.name}: file has {got!r}, expected {want!r}")
+        if diffs:
+            raise PartitionFormatError(
+                f"{source}: this partition was planned for another model or setup:\n"
+                + "\n".join(diffs)
+                + "\nDelete the file so that the partition is recomputed, or pass the "
+                "`partition_file` made for this model and setup."
+            )
+
+    def check_matches(self, graph: CostGraph, *, source: str = "partition") -> None:
+        """Raise ``PartitionFormatError`` if the plan's nodes are not exactly ``graph``'s nodes."""
+        planned, traced = set(self.node_stage), set(graph.graph.nodes)
+        if planned == traced:
+            return
+        missing = sorted(traced - planned)
+        extra = sorted(planned - traced)
+        lines = [f"{source}: the partition does not fit this model's graph ({len(traced)} ops):"]
+        if missing:
+            lines.append(f"  {len(missing)} ops of the model are in no stage, e.g. {missing[:5]}")
+        if extra:
+            lines.append(
+                f"  {len(extra)} ops of the partition are not in the model, e.g. {extra[:5]}"
+            )
+        lines.append(
+            "It was made for another model (or another version of it). Delete the file so that "
+            "the partition is recomputed, or pass the `partition_file` made for this model."
+        )
+        raise PartitionFormatError("\n".join(lines))
+
+
+# -- loading ----------------------------------------------------------------------------------
+
+
+def _read_json(path: str) -> object:
+    try:
+        size = os.path.getsize(path)
+        if size > MAX_FILE_BYTES:
+            raise PartitionFormatError(
+                f"{path}: file is {size} bytes, more than the {MAX_FILE_BYTES} bytes a partition "
+                "file may have; this is not a partition file"
+            )
+        with open(path, "rb") as f:
+            raw = f.read(MAX_FILE_BYTES + 1)
+    except OSError as e:
+        raise PartitionFormatError(f"{path}: cannot read the partition file: {e}") from e
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise PartitionFormatError(f"{path}: not UTF-8 text, so not a partition file") from e
+    try:
+        return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+    except json.JSONDecodeError as e:
+        ends_early = e.pos >= len(text.rstrip())
+        why = "it ends early (truncated file?)" if ends_early else "it is corrupt or not JSON"
+        raise PartitionFormatError(
+            f"{path}: not valid JSON, {why}: {e.msg} at line {e.lineno} column {e.colno}. "
+            "Delete the file so that the partition is recomputed."
+        ) from e
+    except ValueError as e:  # from the hooks
+        raise PartitionFormatError(f"{path}: {e}") from e
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result = dict(pairs)
+    if len(result) != len(pairs):
+        seen: set[str] = set()
+        dupes = []
+        for k, _ in pairs:
+            if k in seen:
+                dupes.append(k)
+            seen.add(k)
+        raise ValueError(f"a JSON object repeats the keys {dupes[:5]}")
+    return result
+
+
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not a number a partition file may hold")
+
+
+def _parse_partition(data: object) -> Partition:
+    if not isinstance(data, dict):
+        raise PartitionFormatError(
+            f"not a partition file: expected a JSON object, got {_json_type(data)}"
+        )
+    if data.get("format") != FORMAT_NAME:
+        found = f"is {data['format']!r}" if "format" in data else "is missing"
+        raise PartitionFormatError(
+            f"not a partition file: field 'format' {found}, expected {FORMAT_NAME!r} "
+            "(is this some other JSON file?)"
+        )
+    version = data.get("format_version", MISSING)
+    if version is MISSING:
+        raise PartitionFormatError("missing field 'format_version'")
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise PartitionFormatError(
+            f"field 'format_version' should be int, got {_json_type(version)} {version!r}"
+        )
+    if version not in SUPPORTED_FORMAT_VERSIONS:
+        newer = version > max(SUPPORTED_FORMAT_VERSIONS)
+        raise PartitionFormatError(
+            f"format_version {version} is not supported; this hf_ftpipe reads versions "
+            f"{list(SUPPORTED_FORMAT_VERSIONS)}. "
+            + (
+                "The file was written by a newer hf_ftpipe: upgrade (pip install -U hf_ftpipe)."
+                if newer
+                else "Delete the file so that the partition is recomputed."
+            )
+        )
+    body = {k: v for k, v in data.items() if k != "format"}
+    partition = _build(Partition, body, "")
+    _check_consistency(partition)
+    return partition
+
+
+def _check_consistency(p: Partition) -> None:
+    num_stages = p.num_stages
+    if num_stages == 0:
+        raise PartitionFormatError("field 'stage_device' is empty: a plan has at least one stage")
+    bad = [(n, s) for n, s in p.node_stage.items() if not 0 <= s < num_stages]
+    if bad:
+        raise PartitionFormatError(
+            f"field 'node_stage' has stage indices out of range 0..{num_stages - 1} "
+            f"({len(bad)} ops), e.g. {dict(bad[:5])}"
+        )
+    bad_devices = [(s, d) for s, d in enumerate(p.stage_device) if not 0 <= d < p.key.num_gpus]
+    if bad_devices:
+        raise PartitionFormatError(
+            f"field 'stage_device' puts stages on GPUs outside 0..{p.key.num_gpus - 1} "
+            f"(key.num_gpus is {p.key.num_gpus}): stage→device {dict(bad_devices[:5])}"
+        )
+    for name in ("num_microbatches", "num_gpus"):
+        if getattr(p.key, name) < 1:
+            raise PartitionFormatError(
+                f"field 'key.{name}' must be ≥ 1, got {getattr(p.key, name)}"
+            )
+    if p.predicted is not None:
+        if len(p.predicted.stages) != num_stages:
+            raise PartitionFormatError(
+                f"field 'predicted.stages' has {len(p.predicted.stages)} entries, expected one "
+                f"per stage ({num_stages})"
+            )
+        if len(p.predicted.gpus) != p.num_devices:
+            raise PartitionFormatError(
+                f"field 'predicted.gpus' has {len(p.predicted.gpus)} entries, expected one per "
+                f"GPU used ({p.num_devices})"
+            )
+
+
+def _build(cls: type, data: object, where: str) -> Any:
+    """Instantiate dataclass ``cls`` from ``data``, checking names and types of every field."""
+    if not isinstance(data, dict):
+        raise PartitionFormatError(
+            f"field '{where}' should be an object, got {_json_type(data)}"
+        )
+    hints = typing.get_type_hints(cls)
+    known = {f.name: f for f in fields(cls) if f.init}
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise PartitionFormatError(
+            f"unknown fields {[_join(where, u) for u in unknown]}; valid ones are "
+            f"{sorted(known)} (a newer hf_ftpipe would have raised format_version)"
+        )
+    values = {}
+    for name, f in known.items():
+        path = _join(where, name)
+        if name not in data:
+            if f.default is MISSING and f.default_factory is MISSING:
+                raise PartitionFormatError(f"missing field '{path}'")
+            continue
+        values[name] = _convert(hints[name], data[name], path)
+    return cls(**values)
+
+
+def _convert(hint: Any, value: object, path: str) -> Any:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        (inner,) = [a for a in args if a is not type(None)]
+        return _convert(inner, value, path)
+    if is_dataclass(hint):
+        return _build(hint, value, path)
+    if origin is list:
+        if not isinstance(value, list):
+            raise _wrong_type(path, hint, value)
+        return [_convert(args[0], item, f"{path}[{i}]") for i, item in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise _wrong_type(path, hint, value)
+        return {k: _convert(args[1], v, f"{path}[{k!r}]") for k, v in value.items()}
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise _wrong_type(path, hint, value)
+        return float(value)
+    if hint is int or hint is str:
+        if isinstance(value, bool) or not isinstance(value, hint):
+            raise _wrong_type(path, hint, value)
+        return value
+    raise TypeError(f"no JSON rule for {hint!r} at {path}")  # a bug here, not in the file
+
+
+def _wrong_type(path: str, hint: Any, value: object) -> PartitionFormatError:
+    expected = getattr(hint, "__name__", None) if typing.get_origin(hint) is None else None
+    return PartitionFormatError(
+        f"field '{path}' should be {expected or _type_name(hint)}, got {_json_type(value)} "
+        f"{_short(value)}"
+    )
+
+
+def _type_name(hint: Any) -> str:
+    return str(hint).replace("typing.", "")
+
+
+def _json_type(value: object) -> str:
+    names = {dict: "object", list: "array", str: "string", bool: "bool", int: "int", float: "float"}
+    return "null" if value is None else names.get(type(value), type(value).__name__)
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _join(where: str, name: str) -> str:
+    return f"{where}.{name}" if where else name

@@ -1,0 +1,11 @@
+"""Pipeline runtime: stages built from the exported graph, schedules as data, the per-rank engine."""
+
+from .comm import Messenger, init_distributed
+from .engine import PipelineEngine, StagePlacement
+from .schedule import Action, ScheduleGPipe, format_actions
+from .stage import StageSpec, build_stage_module, plan_stages
+
+__all__ = [
+    "Action", "Messenger", "PipelineEngine", "ScheduleGPipe", "StagePlacement", "StageSpec",
+    "build_stage_module", "format_actions", "init_distributed", "plan_stages",
+]

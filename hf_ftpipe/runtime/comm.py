@@ -1,0 +1,158 @@
+"""Point-to-point transfers and collectives that fail together instead of hanging.
+
+Every wait polls its request and, a few times a second, the rendezvous store: a rank that fails
+writes ``[rank r, stage s] ...`` there first, so its peers stop within a fraction of a second
+with that message instead of blocking until a transport timeout. A wait that outlives
+``timeout_s`` raises too, naming what it waited for. Messages carry tags (gloo matches on them);
+both ends issue them in one global order, which NCCL's in-order matching needs.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from ..errors import PipelineError
+
+__all__ = ["Messenger", "init_distributed"]
+
+_FAILURE_KEY = "hf_ftpipe/failure"
+_STORE_POLL_S = 0.2
+
+
+def init_distributed(device: torch.device, timeout_s: float) -> None:
+    """Join the process group the launcher describes (torchrun/accelerate env), if not done yet."""
+    if dist.is_initialized():
+        return
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
+
+
+class Messenger:
+    """Sends, receives and reduces tensors for one rank, watching for failures of the others.
+
+    Transport waits cannot be interrupted (a gloo wait with a timeout breaks the connection), so a
+    watchdog thread does the watching: it polls the store, and when a peer has failed or a wait
+    outlived ``timeout_s`` while this rank is blocked, it publishes the reason and ends the process
+    with that message. A peer failure noticed between waits raises `PipelineError` instead.
+
+    Args:
+        rank (`int`): this process's rank in the default group.
+        timeout_s (`float`): the longest any single wait may block before the job is stopped.
+        run_id (`str`): distinguishes this pipeline's failure key from earlier ones in the same store.
+    """
+
+    def __init__(self, rank: int, timeout_s: float, run_id: str) -> None:
+        self.rank = rank
+        self.timeout_s = timeout_s
+        self.failure_key = f"{_FAILURE_KEY}/{run_id}"
+        self._store = _default_store()
+        self._pending_sends: list[tuple[dist.Work, str, torch.Tensor]] = []
+        self._waiting: tuple[float, str] | None = None
+        self._closed = threading.Event()
+        self._watchdog = threading.Thread(target=self._watch, name=f"hf_ftpipe-watchdog-{rank}", daemon=True)
+        self._watchdog.start()
+
+    # -- transfers --------------------------------------------------------------------------
+
+    def send(self, tensor: torch.Tensor, dst: int, tag: int, what: str) -> None:
+        """Start sending ``tensor``; it is kept alive until `flush` confirms delivery."""
+        tensor = tensor.detach().contiguous()
+        self._pending_sends.append((dist.isend(tensor, dst, tag=tag), what, tensor))
+
+    def recv(
+        self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, src: int, tag: int, what: str
+    ) -> torch.Tensor:
+        buffer = torch.empty(shape, dtype=dtype, device=device)
+        self.wait(dist.irecv(buffer, src, tag=tag), f"receiving {what} from rank {src}")
+        return buffer
+
+    def flush(self) -> None:
+        """Wait until every send started so far has been delivered."""
+        for work, what, _ in self._pending_sends:
+            self.wait(work, f"sending {what}")
+        self._pending_sends.clear()
+
+    def broadcast(self, tensor: torch.Tensor, src: int, what: str) -> torch.Tensor:
+        self.wait(dist.broadcast(tensor, src, async_op=True), f"broadcasting {what} from rank {src}")
+        return tensor
+
+    def all_reduce(self, tensor: torch.Tensor, group: dist.ProcessGroup, what: str) -> torch.Tensor:
+        self.wait(dist.all_reduce(tensor, group=group, async_op=True), f"summing {what}")
+        return tensor
+
+    def wait(self, work: dist.Work, what: str) -> None:
+        """Block on ``work``; a transport error becomes the peer's own failure message if it left one."""
+        self.raise_if_peer_failed(what)
+        self._waiting = (time.monotonic(), what)
+        try:
+            work.wait()
+        except Exception as error:
+            failure = self.peer_failure()
+            reason = failure if failure is not None else f"{type(error).__name__}: {error}"
+            raise PipelineError(f"[rank {self.rank}] stopped while {what}: {reason}") from error
+        finally:
+            self._waiting = None
+
+    def close(self) -> None:
+        self._closed.set()
+
+    # -- failure handling -------------------------------------------------------------------
+
+    def raise_if_peer_failed(self, what: str = "") -> None:
+        failure = self.peer_failure()
+        if failure is not None:
+            doing = f" while {what}" if what else ""
+            raise PipelineError(f"[rank {self.rank}] stopped{doing} because {failure}")
+
+    def peer_failure(self) -> str | None:
+        if self._store is None:
+            return None
+        try:
+            if not self._store.check([self.failure_key]):
+                return None
+            return self._store.get(self.failure_key).decode(errors="replace")
+        except Exception as error:  # the store lives on rank 0's host: it died or is unreachable
+            return f"the rendezvous store is unreachable ({type(error).__name__}); rank 0 may have died"
+
+    def report_failure(self, message: str) -> None:
+        """Publish this rank's failure so every peer stops with ``message``."""
+        if self._store is None:
+            return
+        try:
+            if not self._store.check([self.failure_key]):
+                self._store.set(self.failure_key, message)
+        except Exception:  # best effort: peers still stop on their own timeout
+            pass
+
+    def _watch(self) -> None:
+        while not self._closed.wait(_STORE_POLL_S):
+            waiting = self._waiting
+            if waiting is None:
+                continue
+            since, what = waiting
+            failure = self.peer_failure()
+            if failure is None and time.monotonic() - since > self.timeout_s:
+                failure = (
+                    f"[rank {self.rank}] timed out after {self.timeout_s:.0f} s {what}; a peer is stuck or dead. "
+                    "Raise `pipeline_timeout_s` if a step legitimately takes longer."
+                )
+                self.report_failure(failure)
+            if failure is not None and self._waiting is waiting:
+                # The main thread is blocked in a transport wait that nothing can interrupt.
+                sys.stderr.write(f"hf_ftpipe: [rank {self.rank}] stopping while {what}: {failure}\n")
+                sys.stderr.flush()
+                os._exit(1)
+
+
+def _default_store() -> dist.Store | None:
+    try:
+        return dist.distributed_c10d._get_default_store()
+    except Exception:
+        return None

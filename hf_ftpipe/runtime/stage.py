@@ -1,0 +1,162 @@
+"""Stages: what each stage reads, computes and hands on, and the module that runs it.
+
+A stage is the set of graph nodes a partition gives one stage index. From the exported graph
+and ``node_stage`` this module derives, as plain data, every value that crosses a stage
+boundary (``StageSpec``), then builds a stage as its own ``fx.GraphModule`` that shares the
+model's parameters. Stages are detached from each other: a stage's forward returns the values
+other stages read, and its backward is driven explicitly by the schedule. That keeps one
+rule for neighbours, non-adjacent stages and stages that share a rank (Mixed-Pipe).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import torch
+from torch import fx
+
+from ..errors import PartitionError
+from ..graph.cost_graph import CostGraph
+
+__all__ = ["StageSpec", "plan_stages", "build_stage_module"]
+
+
+@dataclass
+class StageSpec:
+    """The data flow of one stage, derived from the graph and the partition."""
+
+    stage_index: int
+    nodes: list[str]
+    batch_inputs: list[str]
+    """Model inputs (``input_ids``, ``labels``...) the stage reads from its own copy of the batch."""
+    received: list[str]
+    """Values produced by earlier stages, in the order they are passed to the stage module."""
+    sent: list[str]
+    """Values the stage produces for later stages or as model outputs, in the module's output order."""
+    consumers: dict[str, list[int]] = field(default_factory=dict)
+    """For each sent value, the stages that read it."""
+    model_outputs: dict[str, str] = field(default_factory=dict)
+    """Model output name (``loss``, ``logits``) → the sent value that holds it."""
+
+
+def plan_stages(graph: CostGraph, node_stage: Mapping[str, int]) -> list[StageSpec]:
+    """Derive every stage's inputs and outputs. Raises `PartitionError` on a malformed assignment."""
+    num_stages = max(node_stage.values()) + 1
+    specs = [StageSpec(s, [], [], [], []) for s in range(num_stages)]
+    for name in graph.topological_order():
+        if name not in node_stage:
+            raise PartitionError(f"node {name!r} is in no stage; every graph node needs one")
+        specs[node_stage[name]].nodes.append(name)
+    for spec in specs:
+        if not spec.nodes:
+            raise PartitionError(f"stage {spec.stage_index} of {num_stages} has no node; drop it or renumber the stages")
+
+    for name in graph.topological_order():
+        stage = node_stage[name]
+        attrs = graph.node(name)
+        for batch_input in attrs["batch_inputs"]:
+            if batch_input not in specs[stage].batch_inputs:
+                specs[stage].batch_inputs.append(batch_input)
+        for producer in graph.graph.predecessors(name):
+            source = node_stage[producer]
+            if source == stage:
+                continue
+            if source > stage:
+                raise PartitionError(
+                    f"stage {stage} reads {producer!r} from the later stage {source}; stage numbers must "
+                    "follow the data flow (a topological order of the stage graph)"
+                )
+            if len(graph.node(producer)["output_shapes"]) != 1:
+                raise PartitionError(
+                    f"{producer!r} ({graph.node(producer)['op']}) returns several tensors and is read across "
+                    f"stages {source} → {stage}; keep it with its getitem users in one stage"
+                )
+            if producer not in specs[stage].received:
+                specs[stage].received.append(producer)
+            source_spec = specs[source]
+            if producer not in source_spec.consumers:
+                source_spec.sent.append(producer)
+                source_spec.consumers[producer] = []
+            if stage not in source_spec.consumers[producer]:
+                source_spec.consumers[producer].append(stage)
+
+    for output_name, value in zip(graph.output_names, graph.outputs, strict=False):
+        if value not in node_stage:
+            continue
+        spec = specs[node_stage[value]]
+        if value not in spec.consumers:
+            spec.sent.append(value)
+            spec.consumers[value] = []
+        spec.model_outputs[output_name] = value
+    return specs
+
+
+def build_stage_module(
+    graph_module: fx.GraphModule, spec: StageSpec, canonical_names: Mapping[str, str]
+) -> fx.GraphModule:
+    """A GraphModule computing ``spec``: ``forward(*batch_inputs, *received) -> tuple(sent)``.
+
+    Parameters are read under their canonical names (a tied weight is one attribute), and are
+    the model's own tensors: nothing is copied.
+    """
+    source_nodes = {node.name: node for node in graph_module.graph.nodes}
+    graph = fx.Graph()
+    env: dict[str, fx.Node] = {}
+    for name in [*spec.batch_inputs, *spec.received]:
+        env[name] = graph.placeholder(name)
+
+    def lookup(node: fx.Node) -> fx.Node:
+        if node.name in env:
+            return env[node.name]
+        if node.op == "get_attr":
+            env[node.name] = graph.get_attr(canonical_names.get(node.target, node.target))
+            return env[node.name]
+        raise PartitionError(f"stage {spec.stage_index}: {node.name!r} is neither received nor computed here")
+
+    for name in spec.nodes:
+        env[name] = graph.node_copy(source_nodes[name], lookup)
+    graph.output(tuple(env[name] for name in spec.sent))
+    root = _attribute_root(graph_module, graph, canonical_names)
+    module = fx.GraphModule(root, graph, class_name=f"Stage{spec.stage_index}")
+    return module
+
+
+def _attribute_root(
+    graph_module: fx.GraphModule, graph: fx.Graph, canonical_names: Mapping[str, str]
+) -> torch.nn.Module:
+    """A module holding exactly the attributes and submodules the stage graph refers to."""
+    aliases = {canonical: target for target, canonical in canonical_names.items()}
+    root = torch.nn.Module()
+    for node in graph.nodes:
+        if node.op == "get_attr":
+            value = _fetch(graph_module, aliases.get(node.target, node.target))
+            _assign(root, node.target, value)
+        elif node.op == "call_module":
+            _assign(root, node.target, graph_module.get_submodule(node.target))
+    return root
+
+
+def _fetch(module: torch.nn.Module, target: str) -> object:
+    value: object = module
+    for part in target.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def _assign(root: torch.nn.Module, target: str, value: object) -> None:
+    *path, leaf = target.split(".")
+    module = root
+    for part in path:
+        if not hasattr(module, part):
+            module.add_module(part, torch.nn.Module())
+        module = getattr(module, part)
+    if isinstance(value, torch.nn.Parameter):
+        module.register_parameter(leaf, value)
+    elif isinstance(value, torch.nn.Module):
+        module.add_module(leaf, value)
+    elif isinstance(value, torch.Tensor):
+        module.register_buffer(leaf, value)
+    else:
+        setattr(module, leaf, value)
+

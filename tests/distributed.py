@@ -1,0 +1,96 @@
+"""Run a function on N real processes (gloo on CPU) with a deadline, for multi-rank tests.
+
+Ranks are started with ``spawn`` and meet through a file rendezvous in a temporary folder. The
+outer deadline kills every rank that is still alive, so a hang fails the test instead of the CI.
+A rank's return value (anything picklable) or its traceback comes back to the test.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import io
+import os
+import queue as queue_module
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+
+@dataclass
+class RankResult:
+    rank: int
+    value: Any = None
+    error: str | None = None
+    exitcode: int | None = None
+
+
+def _entry(fn: Callable, rank: int, world_size: int, rendezvous: str, queue: Any, args: tuple) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    try:
+        dist.init_process_group(
+            "gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world_size,
+            timeout=timedelta(seconds=60),
+        )
+        # Tensors are sent as bytes: torch's shared-memory handles die with the process.
+        buffer = io.BytesIO()
+        torch.save(fn(rank, world_size, *args), buffer)
+        queue.put(RankResult(rank, value=buffer.getvalue()))
+    except BaseException:
+        queue.put(RankResult(rank, error=traceback.format_exc()))
+        raise SystemExit(1)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def run_ranks(fn: Callable, world_size: int, *args: Any, deadline_s: float = 120.0) -> list[RankResult]:
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` processes; results sorted by rank."""
+    context = mp.get_context("spawn")
+    queue = context.Queue()
+    with tempfile.TemporaryDirectory() as folder:
+        rendezvous = os.path.join(folder, "rendezvous")
+        processes = [
+            context.Process(target=_entry, args=(fn, rank, world_size, rendezvous, queue, args))
+            for rank in range(world_size)
+        ]
+        for process in processes:
+            process.start()
+        results: dict[int, RankResult] = {}
+        end = time.monotonic() + deadline_s
+        all_exited_at: float | None = None
+        while len(results) < world_size and time.monotonic() < end:
+            try:
+                result = queue.get(timeout=0.2)
+                results[result.rank] = result
+            except queue_module.Empty:
+                if all(not p.is_alive() for p in processes):
+                    # results still in the pipe arrive shortly after their process exited
+                    all_exited_at = all_exited_at or time.monotonic()
+                    if time.monotonic() - all_exited_at > 3.0:
+                        break
+        for process in processes:
+            process.join(timeout=max(0.0, end - time.monotonic()))
+            if process.is_alive():
+                process.kill()
+                process.join()
+        for rank, process in enumerate(processes):
+            result = results.setdefault(rank, RankResult(rank, error="no result (killed at the deadline or died)"))
+            result.exitcode = process.exitcode
+    return [results[rank] for rank in range(world_size)]
+
+
+def values_or_raise(results: list[RankResult]) -> list[Any]:
+    """Every rank's value; if any rank failed, an AssertionError carrying every failing traceback."""
+    failures = [f"--- rank {r.rank} (exit {r.exitcode}) ---\n{r.error}" for r in results if r.error]
+    if failures:
+        raise AssertionError("ranks failed:\n" + "\n".join(failures))
+    import torch
+
+    return [torch.load(io.BytesIO(r.value), weights_only=False) for r in results]

@@ -1,0 +1,126 @@
+"""The offline demo's pieces: the local T5 tokenizer and the shipped synthetic RTE data."""
+
+import importlib.util
+import json
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+DATA = EXAMPLES / "data"
+SPLITS = {"train": 600, "validation": 200}
+
+
+def _load(path: Path) -> ModuleType:
+    # examples/ is not a package: import its files by path.
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _rows(split: str) -> list[dict]:
+    with (DATA / f"rte_{split}.jsonl").open(encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
+@pytest.fixture(scope="module")
+def texts() -> list[str]:
+    rows = _rows("train") + _rows("validation")
+    return [r["premise"] for r in rows] + [r["hypothesis"] for r in rows] + ["entailment", "not_entailment"]
+
+
+@pytest.fixture(scope="module")
+def tok(texts):
+    return _load(EXAMPLES / "local_tokenizer.py").build_t5_tokenizer(texts, vocab_size=512)
+
+
+def test_t5_special_token_layout(tok):
+    assert (tok.pad_token, tok.eos_token, tok.unk_token) == ("<pad>", "</s>", "<unk>")
+    assert (tok.pad_token_id, tok.eos_token_id, tok.unk_token_id) == (0, 1, 2)
+    assert len(tok) <= 512
+
+
+def test_every_sequence_ends_with_eos(tok):
+    for ids in tok(["Anna sold the car.", "not_entailment"]).input_ids:
+        assert ids[-1] == 1
+        assert ids.count(1) == 1
+
+
+def test_round_trip_of_the_data(tok, texts):
+    for text in texts:
+        ids = tok(text).input_ids
+        assert tok.unk_token_id not in ids, text
+        assert tok.decode(ids, skip_special_tokens=True) == text.lower()
+
+
+def test_corpus_words_are_single_pieces(tok):
+    # A 512-piece vocabulary holds every word of the small corpus whole: short sequences.
+    assert tok.tokenize("In the garden, Anna sold the car.") == [
+        "▁in", "▁the", "▁garden", ",", "▁anna", "▁sold", "▁the", "▁car", ".",
+    ]  # fmt: skip
+
+
+def test_unseen_text_falls_back_to_characters(tok):
+    ids = tok("Quixotic zebra 42?").input_ids
+    assert tok.unk_token_id not in ids
+    assert tok.decode(ids, skip_special_tokens=True) == "quixotic zebra 42?"
+
+
+def test_padding_and_truncation(tok):
+    batch = tok(["a b"], padding="max_length", max_length=16, truncation=True)
+    (ids,) = batch.input_ids
+    assert len(ids) == 16
+    n = sum(batch.attention_mask[0])
+    assert ids[n - 1] == 1 and set(ids[n:]) == {0}
+    long = tok(["word " * 50], padding="max_length", max_length=16, truncation=True).input_ids[0]
+    assert len(long) == 16 and long[-1] == 1
+
+
+def test_save_and_reload_offline(tok, tmp_path, monkeypatch):
+    from transformers import AutoTokenizer
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    tok.save_pretrained(tmp_path)
+    again = AutoTokenizer.from_pretrained(tmp_path)
+    text = "The piano was not found by Ben."
+    assert again(text).input_ids == tok(text).input_ids
+    assert (again.pad_token_id, again.eos_token_id, again.unk_token_id) == (0, 1, 2)
+
+
+def test_vocab_size_too_small_is_refused(texts):
+    with pytest.raises(ValueError, match="`vocab_size` must hold"):
+        _load(EXAMPLES / "local_tokenizer.py").build_t5_tokenizer(texts, vocab_size=10)
+
+
+@pytest.mark.parametrize("split", SPLITS)
+def test_data_has_rte_layout_and_balanced_labels(split):
+    rows = _rows(split)
+    assert len(rows) == SPLITS[split]
+    assert all(list(r) == ["premise", "hypothesis", "idx", "label"] for r in rows)
+    assert [r["idx"] for r in rows] == list(range(len(rows)))
+    assert Counter(r["label"] for r in rows) == {0: len(rows) // 2, 1: len(rows) // 2}
+    for r in rows:
+        assert 0 < len(r["premise"].split()) <= 20 and 0 < len(r["hypothesis"].split()) <= 20
+
+
+def test_validation_pairs_are_not_in_train():
+    train = {(r["premise"], r["hypothesis"]) for r in _rows("train")}
+    assert not train & {(r["premise"], r["hypothesis"]) for r in _rows("validation")}
+
+
+def test_make_rte_regenerates_the_shipped_files(tmp_path):
+    result = subprocess.run(
+        [sys.executable, str(DATA / "make_rte.py"), "--out-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    for split in SPLITS:
+        name = f"rte_{split}.jsonl"
+        assert (tmp_path / name).read_bytes() == (DATA / name).read_bytes(), f"{name} is stale: rerun make_rte.py"

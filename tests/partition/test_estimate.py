@@ -1,0 +1,125 @@
+"""estimate: FTPipe's cost of a GPU (CCO) and the memory of a GPU, on hand-computed examples."""
+
+from __future__ import annotations
+
+import pytest
+
+from hf_ftpipe.errors import PartitionError
+from hf_ftpipe.partition import (
+    estimate,
+    estimate_memory,
+    gpu_cost_s,
+    in_flight,
+    optimizer_state_bytes,
+)
+from toy_graphs import UNIT, chain, make_graph, param
+
+
+def test_cco_two_gpus_hand_computed():
+    # a (10 FLOP) → b (5) → c (5); UNIT: 1 FLOP/s, parameter-free ops cost as much backward,
+    # 1 B/s links without latency. Stage 0 = {a} on GPU 0, stage 1 = {b, c} on GPU 1.
+    graph = make_graph(
+        {"a": {"flops": 10.0, "output_bytes": 30}, "b": 5.0, "c": 5.0}, [("a", "b"), ("b", "c")]
+    )
+    plan = estimate(
+        graph, {"a": 0, "b": 1, "c": 1}, [0, 1], UNIT, num_microbatches=4, microbatch_size=8
+    )
+    gpu0, gpu1 = plan.gpus
+    assert (gpu0.compute_s, gpu1.compute_s) == (20.0, 20.0)  # 10 + 10 backward; 2 × (5 + 5)
+    # GPU 0 sends 30 B forward (30 s) and receives their 30 B of gradients back (30 s):
+    # each is 10 s longer than the 20 s of compute it hides behind.
+    assert (gpu0.comm_fwd_out_s, gpu0.comm_bwd_in_s) == (30.0, 30.0)
+    assert gpu0.cost_s == 20.0 + 10.0 + 10.0
+    assert gpu1.cost_s == 20.0  # receiving forward and sending backward are the sender's cost
+    assert plan.stages[1].comm_fwd_in_s == 30.0 and plan.stages[1].comm_bwd_out_s == 30.0
+    assert plan.step_time_s == 40.0
+    assert plan.ideal_step_time_s == 40.0 / UNIT.count  # 4 GPUs in the profile
+    assert plan.throughput_samples_per_s == 8 / 40.0
+
+
+def test_cco_hides_communication_shorter_than_compute():
+    graph = make_graph({"a": {"flops": 10.0, "output_bytes": 15}, "b": 10.0}, [("a", "b")])
+    plan = estimate(graph, {"a": 0, "b": 1}, [0, 1], UNIT, num_microbatches=1, microbatch_size=1)
+    assert [g.cost_s for g in plan.gpus] == [20.0, 20.0]
+    assert gpu_cost_s(20.0, 15.0, 25.0) == 25.0
+
+
+def test_gradients_only_for_outputs_that_require_grad():
+    mask = {"flops": 1.0, "requires_grad": False, "output_bytes": 50}
+    graph = make_graph({"mask": mask, "b": 1.0}, [("mask", "b")])
+    plan = estimate(graph, {"mask": 0, "b": 1}, [0, 1], UNIT, num_microbatches=1, microbatch_size=1)
+    assert plan.gpus[0].comm_fwd_out_s == 50.0 and plan.gpus[0].comm_bwd_in_s == 0.0
+
+
+def test_output_sent_once_per_destination_stage_and_not_within_a_gpu():
+    # a feeds b and c (both stage 1, GPU 1) and d (stage 2, back on GPU 0)
+    graph = make_graph(
+        {"a": 1.0, "b": 1.0, "c": 1.0, "d": 1.0}, [("a", "b"), ("a", "c"), ("a", "d"), ("c", "d")]
+    )
+    node_stage = {"a": 0, "b": 1, "c": 1, "d": 2}
+    plan = estimate(graph, node_stage, [0, 1, 0], UNIT, num_microbatches=1, microbatch_size=1)
+    assert [s.fwd_out_bytes for s in plan.stages] == [16, 16, 0]  # a → stage 1 once; c → 2
+    assert [s.fwd_in_bytes for s in plan.stages] == [0, 16, 16]  # a → d stays on GPU 0
+    assert [g.comm_fwd_out_s for g in plan.gpus] == [16.0, 16.0]
+
+
+def test_memory_gpipe_with_tied_weight_and_adamw():
+    params = {"emb": param("emb", (10, 10)), "buf": param("buf", (5,), trainable=False)}
+    graph = make_graph(
+        {
+            "e": {"flops": 1.0, "params": ("emb", "buf")},
+            "m": 1.0,
+            "head": {"flops": 1.0, "params": ("emb",)},
+        },
+        [("e", "m"), ("m", "head")],
+        params=params,
+    )
+    # tied weight on two stages of GPU 0: stored once; GPU 1 has no weights
+    node_stage = {"e": 0, "m": 1, "head": 2}
+    plan = estimate(graph, node_stage, [0, 1, 0], UNIT, num_microbatches=3, microbatch_size=1)
+    gpu0 = plan.gpus[0]
+    assert (gpu0.weights_bytes, gpu0.gradient_bytes, gpu0.optimizer_bytes) == (420, 400, 800)
+    assert gpu0.activation_bytes == 2 * 16 * 3  # two ops × 16 B × all 3 micro-batches in flight
+    assert gpu0.memory_bytes == 420 + 400 + 800 + 96 and gpu0.capacity_bytes == UNIT.memory_bytes
+    assert plan.gpus[1].memory_bytes == 16 * 3
+    # on two GPUs, each keeps its copy
+    node_stage = {"e": 0, "m": 0, "head": 1}
+    split = estimate_memory(graph, node_stage, [0, 1], num_microbatches=3, optimizer="sgd")
+    assert split == [420 + 400 + 2 * 16 * 3, 400 + 400 + 16 * 3]
+
+
+def test_1f1b_holds_fewer_microbatches():
+    graph = chain([1, 1, 1])
+    plan = estimate(graph, {"n0": 0, "n1": 1, "n2": 2}, [0, 1, 2], UNIT, num_microbatches=8,
+                    microbatch_size=1, schedule="1f1b")
+    assert [g.activation_bytes for g in plan.gpus] == [16 * 3, 16 * 2, 16 * 1]
+    assert in_flight("1f1b", 0, 3, 2) == 2 and in_flight("gpipe", 2, 3, 8) == 8
+
+
+def test_async_stashes_weight_versions():
+    params = {"w": param("w", (2, 2))}
+    a = {"flops": 1.0, "params": ("w",)}
+    graph = make_graph({"a": a, "b": 1.0}, [("a", "b")], params=params)
+    plan = estimate(graph, {"a": 0, "b": 1}, [0, 1], UNIT, num_microbatches=4, microbatch_size=1,
+                    schedule="async", optimizer="sgd")
+    assert plan.gpus[0].weights_bytes == 2 * 16  # stage 0 of 2: two versions in flight
+
+
+def test_optimizer_state():
+    assert optimizer_state_bytes("sgd", (4, 4), 64) == 0
+    assert optimizer_state_bytes("sgd-momentum", (4, 4), 64) == 64
+    assert optimizer_state_bytes("adam", (4, 4), 64) == 128
+    assert optimizer_state_bytes("adafactor", (100, 50), 20_000) == 600  # (100 + 50) × 4 B
+    assert optimizer_state_bytes("adafactor", (7,), 28) == 28
+
+
+def test_unknown_choices_list_the_valid_ones():
+    graph, sizes = chain([1]), {"num_microbatches": 1, "microbatch_size": 1}
+    with pytest.raises(PartitionError, match=r"unknown `optimizer` 'lamb'; use one of \['sgd'"):
+        estimate(graph, {"n0": 0}, [0], UNIT, **sizes, optimizer="lamb")
+    with pytest.raises(PartitionError, match="unknown `schedule` 'zb'"):
+        estimate(graph, {"n0": 0}, [0], UNIT, **sizes, schedule="zb")
+    with pytest.raises(PartitionError, match="in no stage"):
+        estimate(chain([1, 1]), {"n0": 0}, [0], UNIT, **sizes)
+    with pytest.raises(PartitionError, match="`num_microbatches` must be a positive integer"):
+        estimate(graph, {"n0": 0}, [0], UNIT, num_microbatches=0, microbatch_size=1)

@@ -1,0 +1,107 @@
+"""validate_partition: structure, stage-graph order and memory, each with a readable message."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from hf_ftpipe.errors import PartitionError
+from hf_ftpipe.partition import (
+    Partition,
+    PartitionKey,
+    partition_seq_greedy,
+    stage_graph,
+    validate_partition,
+)
+from toy_graphs import UNIT, chain, make_graph, param
+
+KEY = PartitionKey(
+    model_fingerprint="toy-fingerprint", model_class="ToyModel", input_shapes={"input_ids": [2, 8]},
+    dtype="float32", schedule="gpipe", num_microbatches=2, gpu_profile="unit", num_gpus=4,
+)
+
+
+def _plan(node_stage: dict[str, int], stage_device: list[int]) -> Partition:
+    return Partition(node_stage=node_stage, stage_device=stage_device, partitioner="hand", key=KEY)
+
+
+def _error(partition: Partition, graph, **kwargs) -> str:
+    with pytest.raises(PartitionError) as info:
+        validate_partition(partition, graph, **kwargs)
+    return str(info.value)
+
+
+def test_greedy_plan_is_valid():
+    graph = chain([1, 2, 3, 4])
+    plan = partition_seq_greedy(graph, UNIT, num_microbatches=2, microbatch_size=1)
+    validate_partition(plan, graph)
+
+
+def test_mixed_plan_with_non_adjacent_stages_on_one_gpu_is_valid():
+    graph = chain([1, 1, 1])
+    validate_partition(_plan({"n0": 0, "n1": 1, "n2": 2}, [0, 1, 0]), graph)
+
+
+def test_cyclic_stage_graph():
+    graph = chain([1, 1, 1])
+    message = _error(_plan({"n0": 0, "n1": 1, "n2": 0}, [0, 1]), graph)
+    assert "cycle" in message and "0 → 1 → 0" in message
+    assert "'n0' (stage 0) feeds 'n1' (stage 1)" in message
+    assert "'n1' (stage 1) feeds 'n2' (stage 0)" in message
+
+
+def test_stage_numbering_must_be_topological():
+    graph = chain([1, 1])
+    message = _error(_plan({"n0": 1, "n1": 0}, [0, 1]), graph)
+    assert "stage 1 feeds the earlier stage 0" in message and "'n0' → 'n1'" in message
+
+
+def test_empty_stage():
+    graph = chain([1, 1])
+    assert "stages [1] have no op" in _error(_plan({"n0": 0, "n1": 2}, [0, 1, 2]), graph)
+
+
+def test_node_in_no_stage_and_unknown_node():
+    graph = chain([1, 1, 1])
+    message = _error(_plan({"n0": 0, "n1": 1, "zz": 1}, [0, 1]), graph)
+    assert "1 ops are in no stage, e.g. ['n2']" in message
+    assert "not in the graph, e.g. ['zz']" in message
+
+
+def test_stage_index_out_of_range():
+    graph = chain([1, 1])
+    assert "outside 0..1" in _error(_plan({"n0": 0, "n1": 5}, [0, 1]), graph)
+
+
+def test_unused_gpu_in_the_middle():
+    graph = chain([1, 1])
+    assert "GPUs [1] run no stage" in _error(_plan({"n0": 0, "n1": 1}, [0, 2]), graph)
+
+
+def test_gpu_beyond_the_key():
+    graph = chain([1, 1])
+    assert "outside 0..3" in _error(_plan({"n0": 0, "n1": 1}, [0, 4]), graph)
+
+
+def test_memory_over_capacity():
+    weights = {"w": param("w", (10, 10))}  # 400 bytes; AdamW: 400 + 400 grad + 800 state
+    a = {"flops": 1.0, "params": ("w",)}
+    graph = make_graph({"a": a, "b": 1.0}, [("a", "b")], params=weights)
+    plan = partition_seq_greedy(graph, UNIT.with_count(2), num_microbatches=2, microbatch_size=1)
+    gpu0 = plan.predicted.gpus[0].memory_bytes
+    assert gpu0 == 1600 + 2 * 16
+    validate_partition(plan, graph, memory_capacity_bytes=gpu0)
+    message = _error(plan, graph, memory_capacity_bytes=gpu0 - 1)
+    assert f"GPU 0 needs {gpu0} bytes" in message and f"its {gpu0 - 1} bytes" in message
+    assert "GPU 1" not in message
+    # per-GPU capacities, and a plan without predictions is estimated from its key
+    assert "GPU 1 needs 32 bytes" in _error(plan, graph, memory_capacity_bytes=[gpu0, 31])
+    bare = replace(plan, predicted=None, key=replace(plan.key, num_microbatches=2))
+    assert f"GPU 0 needs {gpu0} bytes" in _error(bare, graph, memory_capacity_bytes=100)
+
+
+def test_stage_graph_edges():
+    graph = make_graph({"a": 1.0, "b": 1.0, "c": 1.0}, [("a", "b"), ("a", "c"), ("b", "c")])
+    stages = stage_graph(graph, {"a": 0, "b": 1, "c": 2})
+    assert sorted(stages.edges) == [(0, 1), (0, 2), (1, 2)]

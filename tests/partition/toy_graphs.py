@@ -1,0 +1,65 @@
+"""Hand-built CostGraphs and a round-number profile for the partition tests."""
+
+from __future__ import annotations
+
+import networkx as nx
+
+from hf_ftpipe.graph.cost_graph import CostGraph, InputInfo, ParamInfo
+from hf_ftpipe.profile import GPUProfile
+
+# 1 FLOP/s and 1 B/s with no latency or efficiency discount: an op of f FLOPs takes f seconds
+# forward (bytes_accessed is 0), a parameter-free op as long again backward, b bytes take b seconds.
+UNIT = GPUProfile(
+    name="unit", count=4, memory_bytes=10_000,
+    peak_flops={"float32": 1.0}, memory_bandwidth_bytes_per_s=1e12,
+    link_bandwidth_bytes_per_s=1.0, link_latency_s=0.0,
+    compute_efficiency=1.0, memory_efficiency=1.0,
+)
+
+
+def make_graph(
+    nodes: dict[str, float | dict],
+    edges: list[tuple[str, str]],
+    *,
+    params: dict[str, ParamInfo] | None = None,
+    outputs: tuple[str, ...] | None = None,
+    fingerprint: str = "toy-fingerprint",
+) -> CostGraph:
+    """Nodes in execution order: name → FLOPs, or → a dict of attributes to override."""
+    graph = nx.DiGraph()
+    for order, (name, spec) in enumerate(nodes.items()):
+        attrs = {
+            "order": order, "op": "aten.mm.default", "scope": "", "scope_types": (),
+            "output_shapes": ((4,),), "output_dtypes": ("torch.float32",), "output_bytes": 16,
+            "params": (), "batch_inputs": (), "flops": 0.0, "bytes_accessed": 0,
+            "requires_grad": True,
+        }
+        attrs.update(spec if isinstance(spec, dict) else {"flops": float(spec)})
+        graph.add_node(name, **attrs)
+    for u, v in edges:
+        graph.add_edge(u, v, bytes=graph.nodes[u]["output_bytes"])
+    names = list(nodes)
+    return CostGraph(
+        graph=graph,
+        params=params or {},
+        inputs={"input_ids": InputInfo("input_ids", (2, 8), "torch.int64")},
+        outputs=outputs if outputs is not None else (names[-1],),
+        output_names=("loss",),
+        model_class="ToyModel",
+        fingerprint=fingerprint,
+    )
+
+
+def chain(flops: list[float], **kwargs) -> CostGraph:
+    """n0 → n1 → ... with the given FLOPs."""
+    names = [f"n{i}" for i in range(len(flops))]
+    return make_graph(dict(zip(names, flops)), list(zip(names, names[1:])), **kwargs)
+
+
+def param(
+    name: str, shape: tuple[int, ...], *, trainable: bool = True, itemsize: int = 4
+) -> ParamInfo:
+    numel = 1
+    for size in shape:
+        numel *= size
+    return ParamInfo(name, (name,), shape, "torch.float32", numel * itemsize, trainable)

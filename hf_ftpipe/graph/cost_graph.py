@@ -53,6 +53,8 @@ class ParamInfo:
     bytes: int
     requires_grad: bool
     is_buffer: bool = False
+    in_state_dict: bool = True
+    """False for constants the exporter lifted out of the code (they are not model weights)."""
 
     @property
     def numel(self) -> int:

@@ -249,6 +249,7 @@ def _param_infos(model: nn.Module, graph_module: fx.GraphModule, canonical: dict
         if target != name and target not in aliases[name]:
             aliases[name].append(target)
     buffers = {name for name, _ in model.named_buffers()}
+    state_names = set(model.state_dict())
     infos: dict[str, ParamInfo] = {}
     for name, names in aliases.items():
         tensor = _fetch_attr(graph_module, next(t for t, c in canonical.items() if c == name))
@@ -260,6 +261,7 @@ def _param_infos(model: nn.Module, graph_module: fx.GraphModule, canonical: dict
             bytes=tensor.numel() * tensor.element_size(),
             requires_grad=bool(getattr(tensor, "requires_grad", False)),
             is_buffer=name in buffers or not isinstance(tensor, nn.Parameter),
+            in_state_dict=name in state_names,
         )
     return infos
 

@@ -121,10 +121,13 @@ class PipelineEngine:
             yield param
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """This rank's parameters and buffers under their canonical names."""
+        """This rank's weights and buffers under the model's own (canonical) names, constants left out."""
         state: dict[str, torch.Tensor] = {}
         for module in self.modules.values():
-            state.update(module.state_dict())
+            for name, tensor in module.state_dict().items():
+                info = self.graph.params.get(name)
+                if info is not None and info.in_state_dict:
+                    state[name] = tensor
         return state
 
     def train_step(self, batch: Mapping[str, Any]) -> torch.Tensor:

@@ -9,8 +9,22 @@ from .profile import GPUProfile, detect_profile, get_profile, list_profiles
 from .runtime import PipelineEngine
 
 __all__ = [
+    "PipeTrainer", "PipeTrainingArguments",
     "CostGraph", "FtpipeError", "GPUProfile", "Partition", "PartitionError", "PartitionFormatError",
     "PartitionKey", "PipelineEngine", "PipelineError", "ProfileError", "TraceError", "__version__",
     "capture_model", "detect_profile", "get_profile", "list_profiles", "partition_seq_greedy",
     "trace_model", "validate_partition",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # The trainer pulls in transformers' Trainer stack: import it only when asked for.
+    if name == "PipeTrainer":
+        from .trainer import PipeTrainer
+
+        return PipeTrainer
+    if name == "PipeTrainingArguments":
+        from .training_args import PipeTrainingArguments
+
+        return PipeTrainingArguments
+    raise AttributeError(f"module 'hf_ftpipe' has no attribute {name!r}")

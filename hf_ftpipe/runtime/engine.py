@@ -130,6 +130,45 @@ class PipelineEngine:
                     state[name] = tensor
         return state
 
+    def gather_state_dict(self, dst: int = 0) -> dict[str, torch.Tensor] | None:
+        """The whole model's weights on rank ``dst`` (CPU tensors, canonical names); ``None`` elsewhere.
+
+        Every rank must call it. Each tensor comes from the lowest rank holding it, one at a time,
+        so no rank ever holds more than its own weights plus one tensor in flight.
+        """
+        local = self.state_dict()
+        holders: dict[str, int] = {}
+        for spec in self.specs:
+            for name in sorted(self.graph.params_of(spec.nodes)):
+                if self.graph.params[name].in_state_dict:
+                    holders[name] = min(holders.get(name, self.world_size), self.stage_rank[spec.stage_index])
+        gathered: dict[str, torch.Tensor] = {}
+        for name in sorted(holders):
+            owner = holders[name]
+            if owner == dst == self.rank:
+                gathered[name] = local[name].detach().cpu().clone()
+            elif self.rank == owner:
+                self.messenger.wait(dist.isend(local[name].detach().contiguous(), dst), f"sending {name} to rank {dst}")
+            elif self.rank == dst:
+                info = self.graph.params[name]
+                buffer = torch.empty(info.shape, dtype=getattr(torch, info.dtype), device=self.device)
+                self.messenger.wait(dist.irecv(buffer, owner), f"receiving {name} from rank {owner}")
+                gathered[name] = buffer.cpu()
+        return gathered if self.rank == dst else None
+
+    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
+        """Clip by the global gradient norm over every stage (a tied weight counted once); returns the norm."""
+        squares = torch.zeros((), dtype=torch.float64, device=self.device)
+        for name, param in self.named_parameters():
+            if param.grad is not None and self._grad_owner.get(name, self.rank) == self.rank:
+                squares += param.grad.detach().double().pow(2).sum()
+        self.messenger.all_reduce(squares, dist.group.WORLD, "squared gradient norms")
+        total_norm = squares.sqrt().float()
+        if max_norm < float("inf"):
+            grads = [p.grad for p in self.parameters() if p.grad is not None]
+            torch.nn.utils.clip_grads_with_norm_(grads, max_norm, total_norm.to(self.device))
+        return total_norm
+
     def train_step(self, batch: Mapping[str, Any]) -> torch.Tensor:
         """Forward and backward of one mini-batch; returns the mean micro-batch loss on every rank.
 
@@ -355,12 +394,14 @@ class PipelineEngine:
     def _make_tied_groups(self) -> list[tuple[list[nn.Parameter], dist.ProcessGroup | None]]:
         """One process group per set of ranks that hold copies of the same weight."""
         holders: dict[str, set[int]] = defaultdict(set)
+        self._grad_owner: dict[str, int] = {}
         for spec in self.specs:
             for name in self.graph.params_of(spec.nodes):
                 if self.graph.params[name].requires_grad and not self.graph.params[name].is_buffer:
                     holders[name].add(self.stage_rank[spec.stage_index])
         by_ranks: dict[tuple[int, ...], list[str]] = defaultdict(list)
         for name, ranks in sorted(holders.items()):
+            self._grad_owner[name] = min(ranks)
             if len(ranks) > 1:
                 by_ranks[tuple(sorted(ranks))].append(name)
         local = dict(self.named_parameters())

@@ -1,0 +1,309 @@
+"""PipeTrainer: Hugging Face `Trainer`, with the model run as a pipeline across the launched processes.
+
+Swap ``Trainer`` for ``PipeTrainer`` and ``TrainingArguments`` for ``PipeTrainingArguments``;
+launch with ``accelerate launch`` (or ``torchrun``). On the first batch every rank traces the
+model, rank 0 makes (or loads) the partition and shares it, and each rank keeps only its stages.
+
+Stock `Trainer` goes quietly wrong when each rank holds a slice of the model: it would wrap the
+slice in DDP, shard the batches across ranks, count the ranks as data-parallel replicas, clip by
+a local gradient norm and save rank 0's slice only. Each override below undoes one of those.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from transformers import Trainer
+
+from .errors import PartitionFormatError, PipelineError
+from .graph.trace import TracedModel, capture_model
+from .partition import Partition, PartitionKey, partition_seq_greedy, validate_partition
+from .profile import GPUProfile, get_profile
+from .runtime import PipelineEngine
+from .training_args import PipeTrainingArguments
+
+__all__ = ["PipeTrainer"]
+
+logger = logging.getLogger(__name__)
+
+
+class _StagesModule(nn.Module):
+    """What `Trainer` sees as the model being trained: this rank's stages, unwrapped."""
+
+    def __init__(self, engine: PipelineEngine) -> None:
+        super().__init__()
+        self.stages = engine.module
+
+
+class PipeTrainer(Trainer):
+    """`Trainer` that trains and evaluates ``model`` as a pipeline (see `PipeTrainingArguments`).
+
+    ``self.model`` stays the user's model object: `Trainer` reads its config and signature, and
+    `save_model()` writes it with the pipeline's trained weights. Batches must have fixed shapes
+    (pad to a fixed length, e.g. ``padding="max_length"``), since the pipeline is traced once.
+    """
+
+    args: PipeTrainingArguments
+
+    def __init__(self, model: nn.Module | None = None, args: PipeTrainingArguments | None = None, **kwargs: Any) -> None:
+        if args is not None and not isinstance(args, PipeTrainingArguments):
+            raise TypeError(
+                f"PipeTrainer needs `PipeTrainingArguments`, got {type(args).__name__}; "
+                "replace TrainingArguments(...) with PipeTrainingArguments(...)"
+            )
+        super().__init__(model=model, args=args, **kwargs)
+        self.engine: PipelineEngine | None = None
+        self.partition: Partition | None = None
+
+    # -- building the pipeline ----------------------------------------------------------------
+
+    def _ensure_engine(self, inputs: dict[str, Any]) -> PipelineEngine:
+        if self.engine is not None:
+            return self.engine
+        if not dist.is_initialized():
+            raise PipelineError(
+                "PipeTrainer runs one process per pipeline device; start the script with "
+                "`accelerate launch --num_processes N script.py` (CPU: `accelerate launch --multi_gpu "
+                "--num_processes N script.py` with use_cpu=True) or `torchrun --nproc_per_node N script.py`"
+            )
+        size = self.args.per_device_train_batch_size // self.args.num_microbatches
+        rows = next(v.shape[0] for v in inputs.values() if isinstance(v, torch.Tensor))
+        if rows < size:
+            raise PipelineError(
+                f"the first batch has {rows} samples, fewer than one micro-batch of {size} "
+                f"(per_device_train_batch_size={self.args.per_device_train_batch_size} / "
+                f"num_microbatches={self.args.num_microbatches}); use a smaller batch size or more data"
+            )
+        microbatch = {name: value[:size] if isinstance(value, torch.Tensor) else value for name, value in inputs.items()}
+        traced = capture_model(self.model, microbatch)
+        self.partition = self._share_partition(traced, microbatch)
+        self.engine = PipelineEngine(
+            traced, self.partition, num_microbatches=self.args.num_microbatches, device=self.args.device,
+            timeout_s=self.args.pipeline_timeout_s,
+        )
+        stages = self.partition.stages_on(self.engine.rank)
+        params = sum(p.numel() for p in self.engine.parameters())
+        logger.info("rank %d runs stages %s (%d parameters) of %d", self.engine.rank, stages, params, self.partition.num_stages)
+        return self.engine
+
+    def _share_partition(self, traced: TracedModel, microbatch: dict[str, Any]) -> Partition:
+        """Rank 0 makes or loads the plan; every rank gets it as JSON text and checks it against its own trace."""
+        world_size = dist.get_world_size()
+        profile = get_profile(self.args.gpu_profile, count=world_size)
+        payload: list[str | None] = [None]
+        if dist.get_rank() == 0:
+            try:
+                payload[0] = json.dumps(self._make_partition(traced, profile, microbatch).to_dict())
+            except Exception as error:  # the other ranks must not wait for a plan that never comes
+                payload[0] = json.dumps({"error": f"{type(error).__name__}: {error}"})
+                dist.broadcast_object_list(payload, src=0)
+                raise
+        dist.broadcast_object_list(payload, src=0)
+        data = json.loads(payload[0] or "{}")
+        if "error" in data:
+            raise PipelineError(f"[rank {dist.get_rank()}] rank 0 could not make the partition: {data['error']}")
+        partition = Partition.from_dict(data, source="the partition from rank 0")
+        partition.check_matches(traced.cost_graph, source="the partition from rank 0")
+        return partition
+
+    def _make_partition(self, traced: TracedModel, profile: GPUProfile, microbatch: dict[str, Any]) -> Partition:
+        graph = traced.cost_graph
+        microbatch_size = next(v.shape[0] for v in microbatch.values() if isinstance(v, torch.Tensor))
+        optimizer = "adafactor" if "adafactor" in str(self.args.optim) else "adamw"
+        if self.args.partition_file:
+            key = PartitionKey.from_graph(
+                graph, dtype=None, schedule=self.args.pipeline_schedule, num_microbatches=self.args.num_microbatches,
+                gpu_profile=profile.name, num_gpus=profile.count,
+            )
+            partition = Partition.from_json(self.args.partition_file, expected_key=key)
+            partition.check_matches(graph, source=self.args.partition_file)
+        else:
+            partition = partition_seq_greedy(
+                graph, profile, num_stages=profile.count, num_microbatches=self.args.num_microbatches,
+                microbatch_size=microbatch_size, schedule=self.args.pipeline_schedule, optimizer=optimizer,
+            )
+        validate_partition(partition, graph, memory_capacity_bytes=profile.memory_bytes)
+        return partition
+
+    # -- data: the same batches on every rank -------------------------------------------------
+
+    def _get_dataloader(self, dataset: Any, description: str, batch_size: int, *args: Any, **kwargs: Any) -> Any:
+        is_training = kwargs.get("is_training", len(args) > 1 and args[1])
+        drop_last = self.args.dataloader_drop_last
+        # Training steps need whole mini-batches (the pipeline is traced for one shape);
+        # evaluation pads its last batch instead, so no sample is lost.
+        self.args.dataloader_drop_last = bool(is_training) or drop_last
+        try:
+            dataloader = super()._get_dataloader(dataset, description, batch_size, *args, **kwargs)
+        finally:
+            self.args.dataloader_drop_last = drop_last
+        _unshard(dataloader)
+        return dataloader
+
+    def get_total_train_batch_size(self, args: Any) -> int:
+        return self._train_batch_size * args.gradient_accumulation_steps  # ranks are stages, not replicas
+
+    def _get_num_items_in_batch(self, batch_samples: list, device: torch.device) -> None:
+        return None  # the pipeline averages the micro-batch losses itself
+
+    # -- training -----------------------------------------------------------------------------
+
+    def _wrap_model(self, model: nn.Module, training: bool = True, dataloader: Any = None) -> nn.Module:
+        # Never `self.model`, so Trainer neither DDP-wraps nor prepares it.
+        if self.engine is None:
+            return _Placeholder()
+        return _StagesModule(self.engine)
+
+    def _move_model_to_device(self, model: nn.Module, device: torch.device) -> None:
+        pass  # each rank moves only its own stages
+
+    def create_optimizer(self, model: nn.Module | None = None) -> torch.optim.Optimizer:
+        if self.engine is None:
+            raise PipelineError("internal: the optimizer is created before the pipeline is built")
+        return super().create_optimizer(self.engine.module)
+
+    def train(self, *args: Any, **kwargs: Any) -> Any:
+        if self.engine is None:
+            self._ensure_engine(self._first_batch(self.get_train_dataloader()))
+        return super().train(*args, **kwargs)
+
+    def training_step(self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None) -> torch.Tensor:
+        engine = self._ensure_engine(inputs)
+        loss = engine.train_step(self._prepare_inputs(inputs))
+        return loss.detach().to(self.args.device)
+
+    def _clip_grad_norm(self, model: nn.Module) -> torch.Tensor:
+        return self.engine.clip_grad_norm_(self.args.max_grad_norm)
+
+    def _get_grad_norm(self, model: nn.Module, grad_norm: Any = None) -> Any:
+        return grad_norm if grad_norm is not None else self.engine.clip_grad_norm_(float("inf"))
+
+    def _track_num_input_tokens(self, inputs: dict[str, Any]) -> None:
+        if self.args.include_num_input_tokens_seen not in (False, "no", None):
+            name = getattr(self.model, "main_input_name", "input_ids")
+            if name in inputs:
+                self.state.num_input_tokens_seen += int(torch.as_tensor(inputs[name]).numel())
+
+    def floating_point_ops(self, inputs: dict[str, Any]) -> int:
+        # Trainer sums this over ranks; each rank counts only its own parameters' share.
+        if self.engine is None:
+            return 0
+        name = getattr(self.model, "main_input_name", "input_ids")
+        tokens = int(torch.as_tensor(inputs[name]).numel()) if name in inputs else 0
+        return 6 * tokens * sum(p.numel() for p in self.engine.parameters())
+
+    # -- evaluation ---------------------------------------------------------------------------
+
+    def evaluation_loop(self, dataloader: Any, *args: Any, **kwargs: Any) -> Any:
+        self._ensure_engine(self._first_batch(dataloader))
+        # Outputs are already whole and identical on every rank: gathering would duplicate them.
+        self.gather_function = _identity
+        return super().evaluation_loop(dataloader, *args, **kwargs)
+
+    def prediction_step(
+        self, model: nn.Module, inputs: dict[str, Any], prediction_loss_only: bool, ignore_keys: list[str] | None = None
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+        engine = self._ensure_engine(inputs)
+        inputs = self._prepare_inputs(inputs)
+        names = ("loss",) if prediction_loss_only else ("loss", "logits")
+        size = self.args.per_device_train_batch_size  # the traced mini-batch
+        rows = next(v.shape[0] for v in inputs.values() if isinstance(v, torch.Tensor))
+        losses, weights, logits = [], [], []
+        for start in range(0, rows, size):
+            chunk = {k: v[start : start + size] if _is_batched(v, rows) else v for k, v in inputs.items()}
+            real, padded = self._pad_batch(chunk, size)
+            outputs = engine.eval_step(padded, output_names=names)
+            if outputs.get("loss") is not None:
+                losses.append(self._eval_loss(outputs["loss"], real) * real)
+                weights.append(real)
+            if outputs.get("logits") is not None:
+                logits.append(outputs["logits"][:real])
+        loss = torch.stack(losses).sum() / sum(weights) if losses else None
+        if prediction_loss_only:
+            return loss, None, None
+        return loss, torch.cat(logits) if logits else None, inputs.get("labels")
+
+    def _pad_batch(self, inputs: dict[str, Any], size: int) -> tuple[int, dict[str, Any]]:
+        """Pad a short batch to the traced mini-batch size; padded rows carry ignored labels."""
+        real = next(v.shape[0] for v in inputs.values() if isinstance(v, torch.Tensor))
+        if real == size:
+            return real, inputs
+        padded = {}
+        for name, value in inputs.items():
+            if isinstance(value, torch.Tensor) and value.shape[:1] == (real,):
+                filler = value[-1:].expand(size - real, *value.shape[1:]).clone()
+                if name == "labels":
+                    filler.fill_(-100)
+                value = torch.cat([value, filler])
+            padded[name] = value
+        return real, padded
+
+    def _eval_loss(self, microbatch_losses: torch.Tensor | None, real: int) -> torch.Tensor | None:
+        """Mean loss of the micro-batches that hold real samples, weighted by their real samples."""
+        if microbatch_losses is None:
+            return None
+        size = self.engine.graph.inputs
+        per_microbatch = next(i.shape[0] for i in size.values() if i.shape is not None)
+        weights = torch.tensor(
+            [min(per_microbatch, max(0, real - m * per_microbatch)) for m in range(len(microbatch_losses))],
+            dtype=microbatch_losses.dtype, device=microbatch_losses.device,
+        )
+        return (microbatch_losses * weights).sum() / weights.sum()
+
+    # -- saving -------------------------------------------------------------------------------
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """Write one standard checkpoint (rank 0) holding every stage's trained weights; all ranks must call it."""
+        if self.engine is not None:
+            state = self.engine.gather_state_dict(dst=0)
+            if state is not None:
+                missing, unexpected = self.model.load_state_dict(state, strict=False)
+                if unexpected:
+                    raise PartitionFormatError(f"gathered weights unknown to the model: {unexpected[:5]}")
+        super().save_model(output_dir, _internal_call=_internal_call)
+        if dist.is_initialized():
+            dist.barrier()
+
+    def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
+        """Each rank holds the optimizer state of its own stages: save one file per rank."""
+        os.makedirs(output_dir, exist_ok=True)
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        torch.save(self.optimizer.state_dict(), os.path.join(output_dir, f"optimizer_rank{rank}.pt"))
+        if self.args.should_save:
+            torch.save(self.lr_scheduler.state_dict(), os.path.join(output_dir, "scheduler.pt"))
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    def _first_batch(self, dataloader: Any) -> dict[str, Any]:
+        return next(iter(dataloader)) if self.engine is None else {}
+
+
+class _Placeholder(nn.Module):
+    """Stands in for the model before the pipeline exists (Trainer wraps early, then re-wraps)."""
+
+
+def _is_batched(value: Any, rows: int) -> bool:
+    return isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == rows
+
+
+def _identity(value: Any) -> Any:
+    return value
+
+
+def _unshard(dataloader: Any) -> None:
+    """Make accelerate's sharded loader yield every batch on every rank (ranks are stages, not replicas)."""
+    batch_sampler = getattr(dataloader, "batch_sampler", None)
+    if batch_sampler is not None and hasattr(batch_sampler, "num_processes"):
+        batch_sampler.num_processes, batch_sampler.process_index = 1, 0
+        if hasattr(batch_sampler, "even_batches"):
+            batch_sampler.even_batches = False
+    dataset = getattr(dataloader, "dataset", None)
+    if dataset is not None and hasattr(dataset, "num_processes") and hasattr(dataset, "process_index"):
+        dataset.num_processes, dataset.process_index = 1, 0
+

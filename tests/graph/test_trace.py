@@ -1,0 +1,342 @@
+"""capture_model / trace_model: the exported graph computes what the model computes, whole or cut
+into stages, and its CostGraph measures it (shapes, bytes, FLOPs, scopes, fingerprints)."""
+
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+
+import networkx as nx
+import pytest
+import torch
+import transformers
+from torch import nn
+
+from hf_ftpipe.errors import TraceError
+from hf_ftpipe.graph import CostGraph, TracedModel, capture_model, trace_model
+from hf_ftpipe.runtime.stage import build_stage_module, plan_stages
+
+# Test directories are not packages: pytest puts tests/graph on sys.path, not tests/.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from models import KINDS, tiny_batch, tiny_model  # noqa: E402
+
+DOCUMENTED_ATTRIBUTES = {
+    "order": int, "op": str, "scope": str, "scope_types": tuple, "output_shapes": tuple,
+    "output_dtypes": tuple, "output_bytes": int, "params": tuple, "batch_inputs": tuple,
+    "flops": float, "bytes_accessed": int, "requires_grad": bool,
+}
+
+
+def _graph_inputs(traced: TracedModel, batch: dict[str, torch.Tensor]) -> dict[str, object]:
+    """Exactly the inputs the graph takes: the batch's tensors and the constants (``use_cache``)."""
+    return {
+        name: batch[name] if info.shape is not None else info.constant
+        for name, info in traced.cost_graph.inputs.items()
+    }
+
+
+def _contiguous_stages(graph: CostGraph, num_stages: int) -> dict[str, int]:
+    """Cut the execution order into equal runs; a getitem stays with its multi-output producer."""
+    order = graph.topological_order()
+    node_stage = {name: index * num_stages // len(order) for index, name in enumerate(order)}
+    for name in order:
+        multi = [p for p in graph.graph.predecessors(name) if len(graph.node(p)["output_shapes"]) != 1]
+        if multi:
+            node_stage[name] = max(node_stage[p] for p in multi)
+    return node_stage
+
+
+def _build_stages(traced: TracedModel, num_stages: int) -> list[tuple[object, torch.fx.GraphModule]]:
+    specs = plan_stages(traced.cost_graph, _contiguous_stages(traced.cost_graph, num_stages))
+    return [(spec, build_stage_module(traced.graph_module, spec, traced.canonical_names)) for spec in specs]
+
+
+def _run_stages(stages: list, inputs: dict[str, object]) -> dict[str, torch.Tensor]:
+    """Chain the stages as the runtime does, without detaching: returns the model outputs by name."""
+    values: dict[str, torch.Tensor] = {}
+    outputs: dict[str, torch.Tensor] = {}
+    for spec, module in stages:
+        result = module(*[inputs[name] for name in spec.batch_inputs], *[values[v] for v in spec.received])
+        assert len(result) == len(spec.sent)
+        values.update(zip(spec.sent, result, strict=True))
+        outputs.update({name: values[value] for name, value in spec.model_outputs.items()})
+    return outputs
+
+
+# ---------------------------------------------------------------- every kind: values and gradients
+
+
+_LLAMA_BUG = pytest.mark.xfail(
+    strict=True,
+    reason="library bug: Llama's no_grad rotary embedding exports as wrap_with_set_grad_enabled with a "
+    "GraphModule get_attr; trace._param_infos reads it as a tensor (AttributeError: no attribute 'shape')",
+)
+
+
+@pytest.mark.parametrize("kind", [pytest.param(k, marks=_LLAMA_BUG) if k == "llama" else k for k in KINDS])
+def test_graph_and_stages_match_eager(kind: str) -> None:
+    model = tiny_model(kind).train()
+    batch = tiny_batch(kind, 2)
+    expected = model(**batch)
+    expected.loss.backward()
+    expected_grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+
+    traced = capture_model(model, batch)
+    inputs = _graph_inputs(traced, batch)
+    whole = traced.graph_module(**inputs)
+    torch.testing.assert_close(whole.loss, expected.loss, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(whole.logits, expected.logits, atol=1e-5, rtol=1e-5)
+
+    stages = _build_stages(traced, 3)
+    assert [spec.stage_index for spec, _ in stages] == [0, 1, 2]
+    assert all(spec.received for spec, _ in stages[1:]), "every later stage reads something from before"
+    outputs = _run_stages(stages, inputs)
+    assert set(outputs) >= {"loss", "logits"}
+    torch.testing.assert_close(outputs["loss"], expected.loss, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(outputs["logits"], expected.logits, atol=1e-5, rtol=1e-5)
+
+    outputs["loss"].backward()
+    stage_params: dict[str, nn.Parameter] = {}
+    for _, module in stages:
+        stage_params.update(module.named_parameters())
+    model_params = dict(model.named_parameters())
+    assert set(stage_params) <= set(model_params), "stage parameters use the model's canonical names"
+    for name, param in stage_params.items():
+        assert param is model_params[name], f"{name} is a copy, not the model's tensor"
+    assert set(expected_grads) == {name for name, p in stage_params.items() if p.grad is not None}
+    for name, grad in expected_grads.items():
+        torch.testing.assert_close(stage_params[name].grad, grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+# ---------------------------------------------------------------- the CostGraph of tiny T5
+
+
+@pytest.fixture(scope="module")
+def t5_traced() -> TracedModel:
+    return capture_model(tiny_model("t5"), tiny_batch("t5", 2))
+
+
+def test_tied_weight_is_one_parameter(t5_traced: TracedModel) -> None:
+    params = t5_traced.cost_graph.params
+    assert "shared.weight" in params and "lm_head.weight" not in params
+    assert params["shared.weight"].aliases[0] == "shared.weight"
+    assert "lm_head.weight" in params["shared.weight"].aliases
+    assert params["shared.weight"].bytes == 96 * 32 * 4
+    readers = [n for n, a in t5_traced.cost_graph.graph.nodes(data=True) if "shared.weight" in a["params"]]
+    assert {t5_traced.cost_graph.node(n)["op"] for n in readers} == {"aten.embedding.default", "aten.linear.default"}
+
+
+def test_every_node_has_the_documented_attributes(t5_traced: TracedModel) -> None:
+    graph = t5_traced.cost_graph
+    for name, attrs in graph.graph.nodes(data=True):
+        for key, kind in DOCUMENTED_ATTRIBUTES.items():
+            assert isinstance(attrs[key], kind), f"{name}.{key} = {attrs.get(key)!r}"
+        assert len(attrs["output_shapes"]) == len(attrs["output_dtypes"])
+        assert set(attrs["params"]) <= set(graph.params)
+        assert set(attrs["batch_inputs"]) <= set(graph.inputs)
+        assert attrs["bytes_accessed"] >= attrs["output_bytes"]
+
+
+def test_linear_flops_are_2mnk(t5_traced: TracedModel) -> None:
+    graph = t5_traced.cost_graph
+    assert graph.total_flops > 0
+    linears = [n for n in graph.topological_order() if graph.node(n)["op"] in ("aten.linear.default", "aten.addmm.default")]
+    for name in linears:
+        attrs = graph.node(name)
+        (activation,) = [p for p in graph.graph.predecessors(name)]
+        (input_shape,) = graph.node(activation)["output_shapes"]
+        (weight,) = attrs["params"]
+        n, k = graph.params[weight].shape
+        m = 1
+        for size in input_shape[:-1]:
+            m *= size
+        assert input_shape[-1] == k
+        assert attrs["flops"] == 2 * m * n * k, name
+
+    # By hand, batch 2, source 8, target 4, d_model 32 = heads 2 * d_kv 16, d_ff 64, vocab 96.
+    enc_rows, dec_rows, d, ff, vocab = 2 * 8, 2 * 4, 32, 64, 96
+    encoder_layer = 4 * 2 * enc_rows * d * d + 2 * 2 * enc_rows * d * ff
+    decoder_layer = (
+        4 * 2 * dec_rows * d * d  # self-attention q, k, v, o
+        + 2 * 2 * dec_rows * d * d  # cross-attention q, o on the target
+        + 2 * 2 * enc_rows * d * d  # cross-attention k, v on the encoder output
+        + 2 * 2 * dec_rows * d * ff
+    )
+    lm_head = 2 * dec_rows * d * vocab
+    assert len(linears) == 2 * 6 + 2 * 10 + 1
+    assert sum(graph.node(n)["flops"] for n in linears) == 2 * encoder_layer + 2 * decoder_layer + lm_head
+    assert graph.total_flops >= 2 * encoder_layer + 2 * decoder_layer + lm_head
+
+
+def test_graph_is_a_dag_in_execution_order(t5_traced: TracedModel) -> None:
+    graph = t5_traced.cost_graph
+    assert nx.is_directed_acyclic_graph(graph.graph)
+    position = {name: index for index, name in enumerate(graph.topological_order())}
+    assert len(position) == graph.num_nodes
+    for u, v, attrs in graph.graph.edges(data=True):
+        assert position[u] < position[v]
+        assert attrs["bytes"] == graph.node(u)["output_bytes"], (u, v)
+    for name in graph.topological_order():
+        attrs = graph.node(name)
+        expected_bytes = sum(
+            _numel(shape) * torch.empty((), dtype=getattr(torch, dtype)).element_size()
+            for shape, dtype in zip(attrs["output_shapes"], attrs["output_dtypes"], strict=True)
+        )
+        assert attrs["output_bytes"] == expected_bytes, name
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    count = 1
+    for size in shape:
+        count *= size
+    return count
+
+
+def test_requires_grad_follows_dtype_and_parameters(t5_traced: TracedModel) -> None:
+    graph = t5_traced.cost_graph
+    integer = [n for n in graph.topological_order() if graph.node(n)["output_dtypes"] in (("int64",), ("bool",))]
+    assert len(integer) > 10
+    assert not any(graph.node(n)["requires_grad"] for n in integer)
+    assert graph.output_names[0] == "loss"
+    assert graph.node(graph.outputs[0])["requires_grad"] is True
+    assert graph.node(graph.outputs[0])["output_shapes"] == ((),)
+    assert all(graph.node(n)["requires_grad"] for n in graph.topological_order() if graph.node(n)["params"]
+               and graph.node(n)["output_dtypes"] == ("float32",))
+
+
+def test_scopes_name_modules_and_block_types(t5_traced: TracedModel) -> None:
+    graph = t5_traced.cost_graph
+    block0 = [n for n in graph.topological_order() if graph.node(n)["scope"].startswith("encoder.block.0.")]
+    assert block0
+    for name in block0:
+        assert graph.node(name)["scope_types"][:3] == ("T5ForConditionalGeneration", "T5Stack", "T5Block")
+    q = [n for n in block0 if graph.node(n)["params"] == ("encoder.block.0.layer.0.SelfAttention.q.weight",)]
+    assert len(q) == 1 and graph.node(q[0])["scope"] == "encoder.block.0.layer.0.SelfAttention.q"
+    assert graph.node(graph.outputs[0])["scope"] == ""
+
+
+# ---------------------------------------------------------------- meta device and fingerprints
+
+
+def _t5_config(**overrides: object) -> transformers.T5Config:
+    config = copy.deepcopy(tiny_model("t5").config)
+    for key, value in overrides.items():
+        setattr(config, key, value)
+    return config
+
+
+def _meta_batch(kind: str) -> dict[str, torch.Tensor]:
+    return {name: tensor.to("meta") for name, tensor in tiny_batch(kind, 2).items()}
+
+
+def _meta_t5(**overrides: object) -> CostGraph:
+    with torch.device("meta"):
+        model = transformers.T5ForConditionalGeneration(_t5_config(**overrides))
+    return trace_model(model, _meta_batch("t5"))
+
+
+def test_meta_model_measures_like_the_cpu_model(t5_traced: TracedModel) -> None:
+    cpu = t5_traced.cost_graph
+    meta = _meta_t5()
+    assert meta.total_flops == cpu.total_flops
+    assert {name: p.bytes for name, p in meta.params.items() if not p.is_buffer} == {
+        name: p.bytes for name, p in cpu.params.items() if not p.is_buffer
+    }
+    linears = lambda g: [g.node(n)["flops"] for n in g.topological_order() if g.node(n)["op"] == "aten.linear.default"]  # noqa: E731
+    assert linears(meta) == linears(cpu)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="library bug: the export depends on the device. On meta, T5's `_shift_right` constant becomes "
+    "scalar_tensor/view/expand/copy_ instead of lift_fresh_copy/fill_, and the meta SDPA output strides add "
+    "`contiguous` nodes in EncDecAttention: 353 nodes on meta vs 349 on CPU, later node names shift, so "
+    "a partition planned on meta does not name the CPU/GPU graph's nodes",
+)
+def test_meta_and_cpu_captures_are_the_same_graph(t5_traced: TracedModel) -> None:
+    cpu = t5_traced.cost_graph
+    meta = _meta_t5()
+    assert meta.num_nodes == cpu.num_nodes
+    assert meta.topological_order() == cpu.topological_order()
+    assert meta.fingerprint == cpu.fingerprint
+
+
+def test_fingerprint_is_stable_and_tracks_structure_only(t5_traced: TracedModel) -> None:
+    fingerprint = t5_traced.cost_graph.fingerprint
+    assert len(fingerprint) == 16
+    assert trace_model(tiny_model("t5"), tiny_batch("t5", 2)).fingerprint == fingerprint
+
+    meta = _meta_t5().fingerprint
+    assert _meta_t5().fingerprint == meta
+    assert _meta_t5(dropout_rate=0.3).fingerprint == meta
+    assert _meta_t5(num_layers=3, num_decoder_layers=3).fingerprint != meta
+    assert _meta_t5(d_ff=128).fingerprint != meta
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="library bug: with dropout_p > 0 the CPU SDPA export takes the math path, whose output strides "
+    "add `contiguous` nodes (351 vs 349 nodes). Exporting under "
+    "torch.nn.attention.sdpa_kernel([SDPBackend.MATH]) makes the graph independent of the dropout rate",
+)
+def test_cpu_fingerprint_ignores_dropout_rate(t5_traced: TracedModel) -> None:
+    dropout = trace_model(tiny_model("t5", dropout=0.3), tiny_batch("t5", 2))
+    assert dropout.fingerprint == t5_traced.cost_graph.fingerprint
+
+
+# ---------------------------------------------------------------- failures
+
+
+class _Branchy(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.sum() > 0:  # data-dependent Python control flow: not exportable
+            return self.linear(x)
+        return -x
+
+
+def test_untraceable_model_raises_trace_error() -> None:
+    with pytest.raises(TraceError) as info:
+        capture_model(_Branchy(), {"x": torch.randn(2, 4)})
+    message = str(info.value)
+    assert message.startswith("cannot trace _Branchy: torch.export failed")
+    assert "What to try" in message
+    assert "data-dependent" in message
+    assert isinstance(info.value, RuntimeError)
+
+
+# ---------------------------------------------------------------- train / eval
+
+
+def test_stages_follow_train_and_eval_modes() -> None:
+    model = tiny_model("t5", dropout=0.3)
+    batch = tiny_batch("t5", 2)
+    traced = capture_model(model.train(), batch)
+    inputs = _graph_inputs(traced, batch)
+    stages = _build_stages(traced, 3)
+    assert any("dropout" in type(m).__name__.lower() or "ModeAware" in type(m).__name__
+               for _, module in stages for m in module.modules())
+
+    with torch.no_grad():
+        expected_eval = model.eval()(**batch)
+        for _, module in stages:
+            module.eval()
+        evaluated = _run_stages(stages, inputs)
+        torch.testing.assert_close(evaluated["loss"], expected_eval.loss, atol=0, rtol=0)
+        torch.testing.assert_close(evaluated["logits"], expected_eval.logits, atol=0, rtol=0)
+
+        torch.manual_seed(1)
+        expected_train = model.train()(**batch)
+        for _, module in stages:
+            module.train()
+        torch.manual_seed(1)
+        trained = _run_stages(stages, inputs)
+    assert not torch.allclose(trained["logits"], evaluated["logits"])
+    # The same seed draws the same dropout masks in the same order as eager training.
+    torch.testing.assert_close(trained["loss"], expected_train.loss, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(trained["logits"], expected_train.logits, atol=1e-5, rtol=1e-5)

@@ -131,9 +131,16 @@ def greedy_cuts(weights: list[float], num_stages: int) -> list[int]:
 
 
 def _follows_producer(graph: CostGraph, node: str) -> bool:
-    """A side-effect op: no FLOPs, no output, no consumer, and a producer to stay with."""
+    """An op that must share its producer's stage.
+
+    A side-effect op (no FLOPs, no output, no consumer), or an element of a multi-output op
+    (``getitem`` of ``split``): a tuple of tensors is never sent between stages, its parts are.
+    """
     attrs = graph.node(node)
     g = graph.graph
+    producers = list(g.predecessors(node))
+    if len(producers) == 1 and len(graph.node(producers[0])["output_shapes"]) > 1:
+        return True
     return (
         attrs["flops"] == 0
         and attrs["output_bytes"] == 0

@@ -1,0 +1,40 @@
+"""A small PipeTrainer job on a tiny GPT-2, started by `accelerate launch` from the tests.
+
+Each rank writes the weights of its own stages to ``OUTPUT/rank{r}.pt`` so the test can check
+that the saved checkpoint holds exactly what the pipeline trained.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+from datasets import Dataset
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from hf_ftpipe import PipeTrainer, PipeTrainingArguments  # noqa: E402
+from models import tiny_batch, tiny_model  # noqa: E402
+
+
+def main(output_dir: str) -> None:
+    args = PipeTrainingArguments(
+        output_dir=output_dir, use_cpu=True, per_device_train_batch_size=4, per_device_eval_batch_size=4,
+        num_microbatches=2, max_steps=6, learning_rate=1e-2, logging_steps=1, save_strategy="no",
+        report_to="none", seed=0, max_grad_norm=1.0,
+    )
+    data = tiny_batch("gpt2", 26, seed=1)
+    dataset = Dataset.from_dict({k: v.tolist() for k, v in data.items()})
+    trainer = PipeTrainer(model=tiny_model("gpt2"), args=args, train_dataset=dataset, eval_dataset=dataset)
+    trainer.train()
+    metrics = trainer.evaluate()
+    trainer.save_model()
+    rank = trainer.engine.rank
+    torch.save(trainer.engine.state_dict(), Path(output_dir) / f"rank{rank}.pt")
+    if rank == 0:
+        losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+        (Path(output_dir) / "result.json").write_text(json.dumps({"losses": losses, "metrics": metrics}))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,65 @@
+"""PipeTrainer launched for real with `accelerate launch`, two CPU processes, one stage each."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
+
+from hf_ftpipe import PipeTrainingArguments
+
+REPO = Path(__file__).resolve().parents[2]
+LAUNCH = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--main_process_port", "0"]
+
+
+def launch(*command: str, timeout_s: float = 300) -> subprocess.CompletedProcess:
+    result = subprocess.run([*LAUNCH, *command], capture_output=True, text=True, timeout=timeout_s, cwd=REPO)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-8000:]
+    return result
+
+
+def test_checkpoint_loads_with_plain_transformers_and_holds_the_pipeline_weights(tmp_path: Path) -> None:
+    launch(str(REPO / "tests" / "trainer" / "pipe_job.py"), str(tmp_path))
+
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert len(result["losses"]) == 6 and all(math.isfinite(loss) for loss in result["losses"])
+    assert math.isfinite(result["metrics"]["eval_loss"])
+
+    model = AutoModelForCausalLM.from_pretrained(tmp_path)
+    saved = model.state_dict()
+    stage_weights = {**torch.load(tmp_path / "rank0.pt"), **torch.load(tmp_path / "rank1.pt")}
+    assert set(torch.load(tmp_path / "rank0.pt")) != set(torch.load(tmp_path / "rank1.pt"))  # really split
+    for name, value in stage_weights.items():
+        torch.testing.assert_close(saved[name], value, atol=0, rtol=0, msg=name)
+    trained = {name for name, p in model.named_parameters()}
+    assert trained <= set(stage_weights) | {"lm_head.weight"}  # lm_head is tied to transformer.wte
+
+
+def test_quickstart_job_prints_accuracy_and_saves_a_loadable_model(tmp_path: Path) -> None:
+    result = launch("examples/run_glue_pipe.py", "--num_train_epochs", "1", "--output_dir", str(tmp_path))
+    assert "eval accuracy:" in result.stdout, result.stdout[-3000:]
+    accuracy = float(result.stdout.split("eval accuracy:")[1].split()[0])
+    assert 0.0 <= accuracy <= 1.0
+    model = AutoModelForSeq2SeqLM.from_pretrained(tmp_path)
+    assert model.config.d_model == 64
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"num_microbatches": 3}, "`per_device_train_batch_size=8` is not a multiple of `num_microbatches=3`"),
+        ({"gradient_accumulation_steps": 2}, "set it to 1 and raise `per_device_train_batch_size`"),
+        ({"pipeline_schedule": "zero-bubble"}, "choose one of ['gpipe']"),
+        ({"partitioner": "magic"}, "choose one of ['seq-greedy']"),
+    ],
+)
+def test_arguments_name_the_problem_and_the_fix(tmp_path: Path, overrides: dict, message: str) -> None:
+    with pytest.raises(ValueError) as error:
+        PipeTrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", **overrides)
+    assert message in str(error.value)

@@ -22,13 +22,13 @@ import hashlib
 import importlib.metadata
 import json
 import os
-import types
-import typing
-from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 
 from hf_ftpipe.errors import PartitionFormatError
 from hf_ftpipe.graph.cost_graph import CostGraph
+
+from ._json import MAX_FILE_BYTES, build, json_type, read_json
 
 __all__ = [
     "FORMAT_NAME",
@@ -45,8 +45,6 @@ FORMAT_NAME = "hf_ftpipe.partition"
 """Value of the ``"format"`` field: tells a partition file from any other JSON file."""
 FORMAT_VERSION = 1
 SUPPORTED_FORMAT_VERSIONS = (1,)
-MAX_FILE_BYTES = 64 * 2**20
-"""Largest file ``from_json`` reads: a T5-3B plan is ~100 KiB, a file this big is not a plan."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -280,7 +278,7 @@ class Partition:
         """Read a plan written by ``to_json``; with ``expected_key``, refuse a plan for another
         model or setup (see ``check_key``)."""
         path = os.fspath(path)
-        data = _read_json(path)
+        data = read_json(path)
         partition = cls.from_dict(data, source=path)
         if expected_key is not None:
             partition.check_key(expected_key, source=path)
@@ -327,56 +325,10 @@ class Partition:
 # -- loading ----------------------------------------------------------------------------------
 
 
-def _read_json(path: str) -> object:
-    try:
-        size = os.path.getsize(path)
-        if size > MAX_FILE_BYTES:
-            raise PartitionFormatError(
-                f"{path}: file is {size} bytes, more than the {MAX_FILE_BYTES} bytes a partition "
-                "file may have; this is not a partition file"
-            )
-        with open(path, "rb") as f:
-            raw = f.read(MAX_FILE_BYTES + 1)
-    except OSError as e:
-        raise PartitionFormatError(f"{path}: cannot read the partition file: {e}") from e
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise PartitionFormatError(f"{path}: not UTF-8 text, so not a partition file") from e
-    try:
-        return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
-    except json.JSONDecodeError as e:
-        ends_early = e.pos >= len(text.rstrip())
-        why = "it ends early (truncated file?)" if ends_early else "it is corrupt or not JSON"
-        raise PartitionFormatError(
-            f"{path}: not valid JSON, {why}: {e.msg} at line {e.lineno} column {e.colno}. "
-            "Delete the file so that the partition is recomputed."
-        ) from e
-    except ValueError as e:  # from the hooks
-        raise PartitionFormatError(f"{path}: {e}") from e
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result = dict(pairs)
-    if len(result) != len(pairs):
-        seen: set[str] = set()
-        dupes = []
-        for k, _ in pairs:
-            if k in seen:
-                dupes.append(k)
-            seen.add(k)
-        raise ValueError(f"a JSON object repeats the keys {dupes[:5]}")
-    return result
-
-
-def _no_constant(name: str) -> None:
-    raise ValueError(f"{name} is not a number a partition file may hold")
-
-
 def _parse_partition(data: object) -> Partition:
     if not isinstance(data, dict):
         raise PartitionFormatError(
-            f"not a partition file: expected a JSON object, got {_json_type(data)}"
+            f"not a partition file: expected a JSON object, got {json_type(data)}"
         )
     if data.get("format") != FORMAT_NAME:
         found = f"is {data['format']!r}" if "format" in data else "is missing"
@@ -389,7 +341,7 @@ def _parse_partition(data: object) -> Partition:
         raise PartitionFormatError("missing field 'format_version'")
     if isinstance(version, bool) or not isinstance(version, int):
         raise PartitionFormatError(
-            f"field 'format_version' should be int, got {_json_type(version)} {version!r}"
+            f"field 'format_version' should be int, got {json_type(version)} {version!r}"
         )
     if version not in SUPPORTED_FORMAT_VERSIONS:
         newer = version > max(SUPPORTED_FORMAT_VERSIONS)
@@ -403,7 +355,7 @@ def _parse_partition(data: object) -> Partition:
             )
         )
     body = {k: v for k, v in data.items() if k != "format"}
-    partition = _build(Partition, body, "")
+    partition = build(Partition, body, "")
     _check_consistency(partition)
     return partition
 
@@ -440,82 +392,3 @@ def _check_consistency(p: Partition) -> None:
                 f"field 'predicted.gpus' has {len(p.predicted.gpus)} entries, expected one per "
                 f"GPU used ({p.num_devices})"
             )
-
-
-def _build(cls: type, data: object, where: str) -> Any:
-    """Instantiate dataclass ``cls`` from ``data``, checking names and types of every field."""
-    if not isinstance(data, dict):
-        raise PartitionFormatError(
-            f"field '{where}' should be an object, got {_json_type(data)}"
-        )
-    hints = typing.get_type_hints(cls)
-    known = {f.name: f for f in fields(cls) if f.init}
-    unknown = sorted(set(data) - set(known))
-    if unknown:
-        raise PartitionFormatError(
-            f"unknown fields {[_join(where, u) for u in unknown]}; valid ones are "
-            f"{sorted(known)} (a newer hf_ftpipe would have raised format_version)"
-        )
-    values = {}
-    for name, f in known.items():
-        path = _join(where, name)
-        if name not in data:
-            if f.default is MISSING and f.default_factory is MISSING:
-                raise PartitionFormatError(f"missing field '{path}'")
-            continue
-        values[name] = _convert(hints[name], data[name], path)
-    return cls(**values)
-
-
-def _convert(hint: Any, value: object, path: str) -> Any:
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        (inner,) = [a for a in args if a is not type(None)]
-        return _convert(inner, value, path)
-    if is_dataclass(hint):
-        return _build(hint, value, path)
-    if origin is list:
-        if not isinstance(value, list):
-            raise _wrong_type(path, hint, value)
-        return [_convert(args[0], item, f"{path}[{i}]") for i, item in enumerate(value)]
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise _wrong_type(path, hint, value)
-        return {k: _convert(args[1], v, f"{path}[{k!r}]") for k, v in value.items()}
-    if hint is float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise _wrong_type(path, hint, value)
-        return float(value)
-    if hint is int or hint is str:
-        if isinstance(value, bool) or not isinstance(value, hint):
-            raise _wrong_type(path, hint, value)
-        return value
-    raise TypeError(f"no JSON rule for {hint!r} at {path}")  # a bug here, not in the file
-
-
-def _wrong_type(path: str, hint: Any, value: object) -> PartitionFormatError:
-    expected = getattr(hint, "__name__", None) if typing.get_origin(hint) is None else None
-    return PartitionFormatError(
-        f"field '{path}' should be {expected or _type_name(hint)}, got {_json_type(value)} "
-        f"{_short(value)}"
-    )
-
-
-def _type_name(hint: Any) -> str:
-    return str(hint).replace("typing.", "")
-
-
-def _json_type(value: object) -> str:
-    names = {dict: "object", list: "array", str: "string", bool: "bool", int: "int", float: "float"}
-    return "null" if value is None else names.get(type(value), type(value).__name__)
-
-
-def _short(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _join(where: str, name: str) -> str:
-    return f"{where}.{name}" if where else name

@@ -24,7 +24,7 @@ from ..errors import PartitionError, PipelineError
 from ..graph.trace import TracedModel
 from .comm import Messenger
 from .schedule import Action, ScheduleGPipe
-from .stage import StageSpec, build_stage_module, plan_stages
+from .stage import build_stage_module, plan_stages
 
 __all__ = ["PipelineEngine", "StagePlacement"]
 

@@ -9,7 +9,6 @@ import pytest
 
 from hf_ftpipe.errors import PartitionFormatError
 from hf_ftpipe.partition import Partition, PartitionKey, partition_seq_greedy
-from hf_ftpipe.partition import plan as plan_module
 from toy_graphs import UNIT, chain
 
 
@@ -194,7 +193,7 @@ def test_duplicate_keys_and_nan(tmp_path):
 
 
 def test_file_too_large(tmp_path, monkeypatch):
-    monkeypatch.setattr(plan_module, "MAX_FILE_BYTES", 100)
+    monkeypatch.setattr(json_module, "MAX_FILE_BYTES", 100)
     assert "more than the 100 bytes" in _load_error(tmp_path, _plan().to_dict())
 
 

@@ -62,8 +62,12 @@ def _bert_large() -> torch.nn.Module:
 
 LONG = torch.int64
 CASES: dict[str, Case] = {
-    "t5-3b": Case(_t5_3b, {"input_ids": ((8, 512), LONG), "attention_mask": ((8, 512), LONG), "labels": ((8, 128), LONG)}),
-    "gpt2-xl": Case(_gpt2_xl, {"input_ids": ((1, 1024), LONG), "attention_mask": ((1, 1024), LONG), "labels": ((1, 1024), LONG)}),
+    "t5-3b": Case(_t5_3b, {
+        "input_ids": ((8, 512), LONG), "attention_mask": ((8, 512), LONG), "labels": ((8, 128), LONG),
+    }),
+    "gpt2-xl": Case(_gpt2_xl, {
+        "input_ids": ((1, 1024), LONG), "attention_mask": ((1, 1024), LONG), "labels": ((1, 1024), LONG),
+    }),
     "bert-large": Case(_bert_large, {
         "input_ids": ((24, 384), LONG), "attention_mask": ((24, 384), LONG), "token_type_ids": ((24, 384), LONG),
         "start_positions": ((24,), LONG), "end_positions": ((24,), LONG),
@@ -100,7 +104,7 @@ def measure(name: str) -> dict[str, object]:
 def run_child(name: str, timeout_s: float) -> dict[str, object]:
     """``measure(name)`` in a fresh interpreter; its last stdout line is the JSON row."""
     result = subprocess.run(
-        [sys.executable, __file__, "--one", name], capture_output=True, text=True, timeout=timeout_s
+        [sys.executable, __file__, "--one", name], capture_output=True, text=True, timeout=timeout_s, check=False
     )
     lines = result.stdout.strip().splitlines()
     if result.returncode != 0 or not lines:
@@ -111,9 +115,9 @@ def run_child(name: str, timeout_s: float) -> dict[str, object]:
 def print_table(rows: list[dict[str, object]]) -> None:
     columns = ["model", "trace_s", "build_s", "num_nodes", "params_b", "forward_tflops", "peak_rss_mb"]
     widths = [max(len(c), *(len(str(r[c])) for r in rows)) for c in columns]
-    print("  ".join(c.ljust(w) for c, w in zip(columns, widths)))
+    print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)))
     for row in rows:
-        print("  ".join(str(row[c]).ljust(w) for c, w in zip(columns, widths)))
+        print("  ".join(str(row[c]).ljust(w) for c, w in zip(columns, widths, strict=True)))
 
 
 def main() -> None:

@@ -9,6 +9,7 @@ T5-3B-sized model built on the meta device is measured in seconds.
 
 from __future__ import annotations
 
+import copy
 import traceback
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -154,8 +155,10 @@ def _canonical_names(model: nn.Module, graph_module: fx.GraphModule) -> dict[str
     names: dict[str, str] = {}
     for node in graph_module.graph.nodes:
         if node.op == "get_attr":
-            tensor = _fetch_attr(graph_module, node.target)
-            names[node.target] = canonical_by_id.get(id(tensor), node.target)
+            value = _fetch_attr(graph_module, node.target)
+            # Submodules of higher-order ops (autocast or no-grad regions) are code, not weights.
+            if isinstance(value, torch.Tensor):
+                names[node.target] = canonical_by_id.get(id(value), node.target)
     return names
 
 
@@ -190,7 +193,9 @@ def _measure(
 
     graph = nx.DiGraph()
     placeholder_names = {node.name for node in recorder.placeholders}
-    attr_nodes = {node.name for node in graph_module.graph.nodes if node.op == "get_attr"}
+    attr_nodes = {
+        node.name for node in graph_module.graph.nodes if node.op == "get_attr" and node.target in canonical
+    }
     order = 0
     for node in graph_module.graph.nodes:
         if node.op not in ("call_function", "call_module"):
@@ -277,6 +282,7 @@ class _MetaRecorder(fx.Interpreter):
         self._meta_params: dict[str, torch.Tensor] = {}
         self._canonical = canonical
         self._counter = FlopCounterMode(display=False)
+        self._meta_regions: dict[int, fx.GraphModule] = {}
 
     def run(self, *args: Any) -> Any:
         with self._counter, torch.enable_grad():
@@ -294,10 +300,19 @@ class _MetaRecorder(fx.Interpreter):
 
     def call_function(self, target: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
         # The export baked the model's device into factory and `.to()` calls; keep everything on meta.
-        meta = torch.device("meta")
-        args = tuple(meta if isinstance(a, torch.device) else a for a in args)
-        kwargs = {k: meta if isinstance(v, torch.device) else v for k, v in kwargs.items()}
+        args = tuple(self._on_meta(a) for a in args)
+        kwargs = {k: self._on_meta(v) for k, v in kwargs.items()}
         return super().call_function(target, args, kwargs)
+
+    def _on_meta(self, value: Any) -> Any:
+        """Device arguments become meta; so do those inside a higher-order op's region (a submodule)."""
+        if isinstance(value, torch.device):
+            return torch.device("meta")
+        if isinstance(value, fx.GraphModule):
+            if id(value) not in self._meta_regions:
+                self._meta_regions[id(value)] = _with_meta_devices(copy.deepcopy(value))
+            return self._meta_regions[id(value)]
+        return value
 
     def run_node(self, node: fx.Node) -> Any:
         self.current = node.name
@@ -324,6 +339,19 @@ class _MetaRecorder(fx.Interpreter):
                 "scope_types": scope_types,
             }
         return result
+
+
+def _with_meta_devices(region: fx.GraphModule) -> fx.GraphModule:
+    """A higher-order op's region with every baked device argument moved to meta, nested ones too."""
+    meta = torch.device("meta")
+    for node in region.graph.nodes:
+        node.args = tuple(meta if isinstance(a, torch.device) else a for a in node.args)
+        node.kwargs = {k: meta if isinstance(v, torch.device) else v for k, v in node.kwargs.items()}
+    for child in region.children():
+        if isinstance(child, fx.GraphModule):
+            _with_meta_devices(child)
+    region.recompile()
+    return region
 
 
 def _nbytes(tensor: torch.Tensor) -> int:

@@ -72,8 +72,9 @@ def _run_stages(
 
 _LLAMA_BUG = pytest.mark.xfail(
     strict=True,
-    reason="library bug: Llama's no_grad rotary embedding exports as wrap_with_set_grad_enabled with a "
-    "GraphModule get_attr; trace._param_infos reads it as a tensor (AttributeError: no attribute 'shape')",
+    reason="library bug: Llama's no_grad rotary embedding exports as wrap_with_set_grad_enabled(False, submod, ...). "
+    "trace._param_infos reads the submod get_attr as a tensor, and _MetaRecorder does not move the device "
+    "constants inside submod to meta (aten.to.device(inv_freq, cpu): 'Cannot copy out of meta tensor')",
 )
 
 

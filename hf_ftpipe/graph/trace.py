@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import traceback
 from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,12 +32,19 @@ __all__ = ["TracedModel", "trace_model", "capture_model"]
 
 @dataclass
 class TracedModel:
-    """An exported model: the runnable graph (sharing the model's parameters) and its CostGraph."""
+    """An exported model: its graph (traced on meta), its CostGraph, and the model's own tensors.
+
+    The graph always comes from a meta twin of the model, so the same model gives the same
+    graph, node names and fingerprint wherever its weights live (meta, CPU or GPU): a partition
+    planned from a config alone names the nodes the runtime builds.
+    """
 
     graph_module: fx.GraphModule
     cost_graph: CostGraph
     canonical_names: dict[str, str]
-    """Every ``get_attr`` target of the graph → the canonical name of the tensor it reads."""
+    """Every tensor ``get_attr`` target of the graph → the canonical name of the tensor it reads."""
+    tensors: dict[str, torch.Tensor]
+    """Canonical name → the model's real parameter or buffer, which the stages bind to."""
 
 
 def trace_model(model: nn.Module, sample_inputs: Mapping[str, Any]) -> CostGraph:
@@ -58,39 +66,55 @@ def trace_model(model: nn.Module, sample_inputs: Mapping[str, Any]) -> CostGraph
 def capture_model(model: nn.Module, sample_inputs: Mapping[str, Any]) -> TracedModel:
     """Export ``model`` and measure the graph; the runtime builds its stages from the result."""
     inputs = _export_inputs(model, sample_inputs)
-    graph_module = _export(model, inputs)
+    with _weights_on_meta(model):
+        graph_module = _export(model, inputs)
+        canonical = _canonical_names(model, graph_module)
+        state_names = set(model.state_dict())
     make_mode_aware(graph_module)
-    canonical = _canonical_names(model, graph_module)
-    cost_graph = _measure(model, graph_module, inputs, canonical)
-    return TracedModel(graph_module=graph_module, cost_graph=cost_graph, canonical_names=canonical)
+    cost_graph = _measure(model, graph_module, inputs, canonical, state_names)
+    real = dict(model.named_parameters(remove_duplicate=False)) | dict(model.named_buffers(remove_duplicate=False))
+    tensors = {name: real[name] for name in set(canonical.values()) if name in real}
+    return TracedModel(graph_module=graph_module, cost_graph=cost_graph, canonical_names=canonical, tensors=tensors)
+
+
+@contextmanager
+def _weights_on_meta(model: nn.Module) -> Iterator[None]:
+    """Swap every parameter and buffer for a meta twin (tied ones stay tied); put them back on exit."""
+    twins: dict[int, torch.Tensor] = {}
+    swapped: list[tuple[dict[str, Any], str, torch.Tensor]] = []
+    for module in model.modules():
+        for store in (module._parameters, module._buffers):
+            for leaf, tensor in list(store.items()):
+                if tensor is None:
+                    continue
+                if id(tensor) not in twins:
+                    twin = torch.empty_like(tensor, device="meta")
+                    if isinstance(tensor, nn.Parameter):
+                        twin = nn.Parameter(twin, requires_grad=tensor.requires_grad)
+                    twins[id(tensor)] = twin
+                swapped.append((store, leaf, tensor))
+                store[leaf] = twins[id(tensor)]
+    try:
+        yield
+    finally:
+        for store, leaf, tensor in swapped:
+            store[leaf] = tensor
 
 
 def _export_inputs(model: nn.Module, sample_inputs: Mapping[str, Any]) -> dict[str, Any]:
-    """Inputs on the model's device (meta inputs become zeros there); ``use_cache=False`` when accepted.
+    """The sample inputs as meta tensors, plus ``use_cache=False``.
 
-    A KV-cache object in the outputs breaks export, and training never needs one.
+    Only shapes and dtypes matter to the trace. A KV-cache object in the outputs breaks export,
+    and training never needs one.
     """
-    device = _device_of(model)
-    inputs: dict[str, Any] = {}
-    for name, value in sample_inputs.items():
-        if isinstance(value, torch.Tensor) and value.device != device:
-            value = torch.zeros(value.shape, dtype=value.dtype, device=device)
-        inputs[name] = value
+    inputs = {
+        name: torch.empty(value.shape, dtype=value.dtype, device="meta") if isinstance(value, torch.Tensor) else value
+        for name, value in sample_inputs.items()
+    }
     config = getattr(model, "config", None)
-    if config is not None and hasattr(config, "use_cache") and "use_cache" not in inputs:
-        inputs["use_cache"] = False
+    if config is not None and hasattr(config, "use_cache"):
+        inputs.setdefault("use_cache", False)
     return inputs
-
-
-def _device_of(model: nn.Module) -> torch.device:
-    for tensor in _tensors(model):
-        return tensor.device
-    return torch.device("cpu")
-
-
-def _tensors(model: nn.Module) -> Iterator[torch.Tensor]:
-    yield from model.parameters()
-    yield from model.buffers()
 
 
 def _export(model: nn.Module, inputs: dict[str, Any]) -> fx.GraphModule:
@@ -172,14 +196,11 @@ def _fetch_attr(module: nn.Module, target: str) -> Any:
 def _measure(
     model: nn.Module,
     graph_module: fx.GraphModule,
-    inputs: dict[str, Any],
+    meta_inputs: dict[str, Any],
     canonical: dict[str, str],
+    state_names: set[str],
 ) -> CostGraph:
-    params = _param_infos(model, graph_module, canonical)
-    meta_inputs = {
-        name: torch.empty(v.shape, dtype=v.dtype, device="meta") if isinstance(v, torch.Tensor) else v
-        for name, v in inputs.items()
-    }
+    params = _param_infos(model, graph_module, canonical, state_names)
     recorder = _MetaRecorder(graph_module, canonical)
     try:
         recorder.run(*[meta_inputs[node.target] for node in recorder.placeholders])
@@ -228,7 +249,7 @@ def _measure(
         name: InputInfo(name, tuple(v.shape), str(v.dtype).removeprefix("torch."))
         if isinstance(v, torch.Tensor)
         else InputInfo(name, None, None, constant=v)
-        for name, v in inputs.items()
+        for name, v in meta_inputs.items()
     }
     cost_graph = CostGraph(
         graph=graph,
@@ -247,14 +268,15 @@ def _module_op_name(graph_module: fx.GraphModule, node: fx.Node) -> str:
     return str(getattr(submodule, "op", type(submodule).__name__))
 
 
-def _param_infos(model: nn.Module, graph_module: fx.GraphModule, canonical: dict[str, str]) -> dict[str, ParamInfo]:
+def _param_infos(
+    model: nn.Module, graph_module: fx.GraphModule, canonical: dict[str, str], state_names: set[str]
+) -> dict[str, ParamInfo]:
     aliases: dict[str, list[str]] = {}
     for target, name in canonical.items():
         aliases.setdefault(name, [name])
         if target != name and target not in aliases[name]:
             aliases[name].append(target)
     buffers = {name for name, _ in model.named_buffers()}
-    state_names = set(model.state_dict())
     infos: dict[str, ParamInfo] = {}
     for name, names in aliases.items():
         tensor = _fetch_attr(graph_module, next(t for t, c in canonical.items() if c == name))

@@ -10,6 +10,7 @@ the ranks that hold neighbouring stages, sums the gradients of weights that seve
 from __future__ import annotations
 
 import itertools
+import os
 import traceback
 from collections import defaultdict
 from collections.abc import Iterator, Mapping
@@ -25,6 +26,7 @@ from ..graph.trace import TracedModel
 from .comm import Messenger
 from .schedule import Action, ScheduleGPipe
 from .stage import build_stage_module, plan_stages
+from .weights import load_stage_weights
 
 __all__ = ["PipelineEngine", "StagePlacement"]
 
@@ -61,6 +63,8 @@ class PipelineEngine:
         num_microbatches (`int`): micro-batches per mini-batch.
         device (`torch.device`): where this rank's stages run.
         timeout_s (`float`, defaults to 300): the longest wait for any transfer before the step fails.
+        weights_path (`str`, *optional*): a checkpoint folder (safetensors) to read this rank's
+            weights from, for a model built with empty weights (``accelerate.init_empty_weights``).
     """
 
     def __init__(
@@ -71,6 +75,7 @@ class PipelineEngine:
         num_microbatches: int,
         device: torch.device | str = "cpu",
         timeout_s: float = 300.0,
+        weights_path: str | os.PathLike | None = None,
     ) -> None:
         if not dist.is_initialized():
             raise PipelineError("torch.distributed is not initialised; start the job with `accelerate launch` or `torchrun`")
@@ -93,9 +98,22 @@ class PipelineEngine:
         self.schedule = ScheduleGPipe(self.stage_rank, num_microbatches)
         self.actions = self.schedule.actions_of(self.rank)
         self.modules: dict[int, fx.GraphModule] = {
-            s: build_stage_module(traced.graph_module, self.specs[s], traced.canonical_names).to(self.device)
+            s: build_stage_module(
+                traced.graph_module, self.specs[s], traced.canonical_names, traced.tensors, self.device
+            )
             for s in self.local_stages
         }
+        if weights_path is not None:
+            load_stage_weights(self.modules, self.graph, weights_path, self.device)
+        empty = [name for m in self.modules.values() for name, t in m.state_dict().items() if t.is_meta]
+        if empty:
+            raise PipelineError(
+                f"[rank {self.rank}] {len(empty)} weights of this rank's stages are empty (meta), e.g. "
+                f"{empty[:3]}; the model was built without weights: pass `weights_path` (a folder "
+                "written by save_pretrained) so each rank loads its own"
+            )
+        for module in self.modules.values():
+            module.to(self.device)
         self.module = nn.ModuleDict({str(s): m for s, m in self.modules.items()})
         self.transfers = self._plan_transfers()
         self.messenger = Messenger(self.rank, timeout_s, run_id=str(next(_run_counter)))

@@ -10,6 +10,7 @@ rule for neighbours, non-adjacent stages and stages that share a rank (Mixed-Pip
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -93,12 +94,17 @@ def plan_stages(graph: CostGraph, node_stage: Mapping[str, int]) -> list[StageSp
 
 
 def build_stage_module(
-    graph_module: fx.GraphModule, spec: StageSpec, canonical_names: Mapping[str, str]
+    graph_module: fx.GraphModule,
+    spec: StageSpec,
+    canonical_names: Mapping[str, str],
+    tensors: Mapping[str, torch.Tensor],
+    device: torch.device,
 ) -> fx.GraphModule:
     """A GraphModule computing ``spec``: ``forward(*batch_inputs, *received) -> tuple(sent)``.
 
-    Parameters are read under their canonical names (a tied weight is one attribute), and are
-    the model's own tensors: nothing is copied.
+    Parameters are read under their canonical names (a tied weight is one attribute) and bound to
+    ``tensors``, the model's own: nothing is copied. The graph was traced on meta, so every device
+    argument baked into it (``arange(device=...)``, ``.to(device)``) is pointed at ``device``.
     """
     source_nodes = {node.name: node for node in graph_module.graph.nodes}
     graph = fx.Graph()
@@ -117,20 +123,46 @@ def build_stage_module(
     for name in spec.nodes:
         env[name] = graph.node_copy(source_nodes[name], lookup)
     graph.output(tuple(env[name] for name in spec.sent))
-    root = _attribute_root(graph_module, graph, canonical_names)
+    root = _attribute_root(graph_module, graph, canonical_names, tensors, device)
     module = fx.GraphModule(root, graph, class_name=f"Stage{spec.stage_index}")
+    retarget_devices(module, device)
     return module
 
 
+def retarget_devices(module: fx.GraphModule, device: torch.device) -> None:
+    """Point every device argument in ``module``'s graph, and in its nested regions, at ``device``."""
+    for submodule in module.modules():
+        if not isinstance(submodule, fx.GraphModule):
+            continue
+        for node in submodule.graph.nodes:
+            node.args = tuple(device if isinstance(a, torch.device) else a for a in node.args)
+            node.kwargs = {k: device if isinstance(v, torch.device) else v for k, v in node.kwargs.items()}
+        submodule.recompile()
+
+
 def _attribute_root(
-    graph_module: fx.GraphModule, graph: fx.Graph, canonical_names: Mapping[str, str]
+    graph_module: fx.GraphModule,
+    graph: fx.Graph,
+    canonical_names: Mapping[str, str],
+    tensors: Mapping[str, torch.Tensor],
+    device: torch.device,
 ) -> torch.nn.Module:
-    """A module holding exactly the attributes and submodules the stage graph refers to."""
+    """A module holding exactly the tensors and submodules the stage graph refers to."""
     aliases = {canonical: target for target, canonical in canonical_names.items()}
     root = torch.nn.Module()
     for node in graph.nodes:
         if node.op == "get_attr":
-            value = _fetch(graph_module, aliases.get(node.target, node.target))
+            if node.target in tensors:
+                value = tensors[node.target]
+            else:  # a constant the exporter lifted, or a higher-order op's region
+                value = _fetch(graph_module, aliases.get(node.target, node.target))
+                if isinstance(value, fx.GraphModule):
+                    value = copy.deepcopy(value)  # retargeted per stage; the traced graph stays as is
+                elif isinstance(value, torch.Tensor) and value.is_meta:
+                    raise PartitionError(
+                        f"the traced constant {node.target!r} has no value: the exporter created it on "
+                        "the meta device. Please report the model class to hf_ftpipe."
+                    )
             _assign(root, node.target, value)
         elif node.op == "call_module":
             _assign(root, node.target, graph_module.get_submodule(node.target))

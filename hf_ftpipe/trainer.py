@@ -21,11 +21,12 @@ import torch.distributed as dist
 from torch import nn
 from transformers import Trainer
 
-from .errors import PartitionFormatError, PipelineError
+from .errors import PipelineError
 from .graph.trace import TracedModel, capture_model
 from .partition import Partition, PartitionKey, partition_seq_greedy, validate_partition
 from .profile import GPUProfile, get_profile
 from .runtime import PipelineEngine
+from .runtime.weights import release_foreign_weights
 from .training_args import PipeTrainingArguments
 
 __all__ = ["PipeTrainer"]
@@ -81,16 +82,36 @@ class PipeTrainer(Trainer):
                 f"num_microbatches={self.args.num_microbatches}); use a smaller batch size or more data"
             )
         microbatch = {name: value[:size] if isinstance(value, torch.Tensor) else value for name, value in inputs.items()}
+        if any(p.is_meta for p in self.model.parameters()) and hasattr(self.model, "tie_weights"):
+            # accelerate.init_empty_weights registers a new tensor per name, untying shared weights.
+            self.model.tie_weights()
         traced = capture_model(self.model, microbatch)
         self.partition = self._share_partition(traced, microbatch)
         self.engine = PipelineEngine(
             traced, self.partition, num_microbatches=self.args.num_microbatches, device=self.args.device,
-            timeout_s=self.args.pipeline_timeout_s,
+            timeout_s=self.args.pipeline_timeout_s, weights_path=self._weights_path(),
         )
+        if self.args.release_unused_weights:
+            freed = release_foreign_weights(self.model, self.engine.parameters())
+            logger.info("rank %d released %.1f MB of weights other ranks run", self.engine.rank, freed / 2**20)
         stages = self.partition.stages_on(self.engine.rank)
         params = sum(p.numel() for p in self.engine.parameters())
         logger.info("rank %d runs stages %s (%d parameters) of %d", self.engine.rank, stages, params, self.partition.num_stages)
         return self.engine
+
+    def _weights_path(self) -> str | None:
+        """Where a model built with empty weights reads them from (None: the model has its weights)."""
+        if not any(p.is_meta for p in self.model.parameters()):
+            return None
+        if self.args.weights_path:
+            return self.args.weights_path
+        name = getattr(getattr(self.model, "config", None), "_name_or_path", "")
+        if name and os.path.isdir(name):
+            return name
+        raise PipelineError(
+            "the model has empty (meta) weights and no checkpoint to read them from; pass "
+            "`weights_path` (a folder written by save_pretrained) in PipeTrainingArguments"
+        )
 
     def _share_partition(self, traced: TracedModel, microbatch: dict[str, Any]) -> Partition:
         """Rank 0 makes or loads the plan; every rank gets it as JSON text and checks it against its own trace."""
@@ -171,7 +192,30 @@ class PipeTrainer(Trainer):
     def train(self, *args: Any, **kwargs: Any) -> Any:
         if self.engine is None:
             self._ensure_engine(self._first_batch(self.get_train_dataloader()))
-        return super().train(*args, **kwargs)
+        output = super().train(*args, **kwargs)
+        self.sync_model()
+        return output
+
+    def sync_model(self) -> None:
+        """Put the pipeline's current weights into ``self.model`` on rank 0 (all ranks must call it).
+
+        `train()` does it at its end and `save_model()` before writing, so rank 0's ``trainer.model``
+        is the trained model, usable as any transformers model. On other ranks it keeps only the
+        weights of their own stages.
+        """
+        if self.engine is None:
+            return
+        state = self.engine.gather_state_dict(dst=0)
+        if state is None:
+            return
+        missing, unexpected = self.model.load_state_dict(state, strict=False, assign=True)
+        if unexpected:
+            raise PipelineError(f"gathered weights unknown to the model: {unexpected[:5]}")
+        if hasattr(self.model, "tie_weights"):
+            self.model.tie_weights()  # assign=True put new tensors in; re-tie the shared ones
+        still_empty = [name for name, p in self.model.named_parameters() if p.is_meta]
+        if still_empty:
+            raise PipelineError(f"weights missing after gathering the stages: {still_empty[:5]}")
 
     def training_step(self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None) -> torch.Tensor:
         engine = self._ensure_engine(inputs)
@@ -260,12 +304,7 @@ class PipeTrainer(Trainer):
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """Write one standard checkpoint (rank 0) holding every stage's trained weights; all ranks must call it."""
-        if self.engine is not None:
-            state = self.engine.gather_state_dict(dst=0)
-            if state is not None:
-                missing, unexpected = self.model.load_state_dict(state, strict=False)
-                if unexpected:
-                    raise PartitionFormatError(f"gathered weights unknown to the model: {unexpected[:5]}")
+        self.sync_model()
         super().save_model(output_dir, _internal_call=_internal_call)
         if dist.is_initialized():
             dist.barrier()

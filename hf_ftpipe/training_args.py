@@ -43,6 +43,18 @@ class PipeTrainingArguments(TrainingArguments):
         default=None,
         metadata={"help": "A partition JSON to use instead of computing one; refused if made for another model or setup."},
     )
+    weights_path: str | None = field(
+        default=None,
+        metadata={
+            "help": "Checkpoint folder (safetensors) each rank reads its own stages' weights from. Needed when the "
+            "model was built with empty weights (accelerate.init_empty_weights); default: the model's "
+            "name_or_path when that is a local folder."
+        },
+    )
+    release_unused_weights: bool = field(
+        default=True,
+        metadata={"help": "Free, on each rank, the weights of stages other ranks run (one slice per process)."},
+    )
     pipeline_timeout_s: float = field(
         default=300.0,
         metadata={"help": "Longest wait for any transfer between ranks before the whole job stops with an error."},

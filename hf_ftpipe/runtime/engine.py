@@ -97,31 +97,35 @@ class PipelineEngine:
         self.local_stages = [s for s, r in enumerate(self.stage_rank) if r == self.rank]
         self.schedule = ScheduleGPipe(self.stage_rank, num_microbatches)
         self.actions = self.schedule.actions_of(self.rank)
-        self.modules: dict[int, fx.GraphModule] = {
-            s: build_stage_module(
-                traced.graph_module, self.specs[s], traced.canonical_names, traced.tensors, self.device
-            )
+        self.transfers = self._plan_transfers()
+        self.loss_stage = next((s.stage_index for s in self.specs if "loss" in s.model_outputs), None)
+        self.messenger = Messenger(self.rank, timeout_s, run_id=str(next(_run_counter)))
+        # Collective set-up first: a rank that fails below must not leave the others in new_group.
+        self._tied_names = self._make_tied_groups()
+        try:
+            self.modules = self._build_modules(traced, weights_path)
+        except Exception as error:
+            message = f"[rank {self.rank}, stages {self.local_stages}] could not build its stages: {error}"
+            self.messenger.report_failure(message)
+            raise PipelineError(message) from error
+        self.module = nn.ModuleDict({str(s): m for s, m in self.modules.items()})
+        local = dict(self.named_parameters())
+        self._tied_groups = [([local[n] for n in names], group) for names, group in self._tied_names]
+
+    def _build_modules(self, traced: TracedModel, weights_path: str | os.PathLike | None) -> dict[int, fx.GraphModule]:
+        modules = {
+            s: build_stage_module(traced.graph_module, self.specs[s], traced.canonical_names, traced.tensors, self.device)
             for s in self.local_stages
         }
         if weights_path is not None:
-            load_stage_weights(self.modules, self.graph, weights_path, self.device)
-        empty = [name for m in self.modules.values() for name, t in m.state_dict().items() if t.is_meta]
+            load_stage_weights(modules, self.graph, weights_path, self.device)
+        empty = [name for m in modules.values() for name, t in m.state_dict().items() if t.is_meta]
         if empty:
             raise PipelineError(
-                f"[rank {self.rank}] {len(empty)} weights of this rank's stages are empty (meta), e.g. "
-                f"{empty[:3]}; the model was built without weights: pass `weights_path` (a folder "
-                "written by save_pretrained) so each rank loads its own"
+                f"{len(empty)} weights of this rank's stages are empty (meta), e.g. {empty[:3]}; the model "
+                "was built without weights: pass `weights_path` (a folder written by save_pretrained)"
             )
-        for module in self.modules.values():
-            module.to(self.device)
-        self.module = nn.ModuleDict({str(s): m for s, m in self.modules.items()})
-        self.transfers = self._plan_transfers()
-        self.messenger = Messenger(self.rank, timeout_s, run_id=str(next(_run_counter)))
-        self._tied_groups = self._make_tied_groups()
-        self.loss_stage = next((s.stage_index for s in self.specs if "loss" in s.model_outputs), None)
-        self._microbatch_shapes = {
-            name: info.shape for name, info in self.graph.inputs.items() if info.shape is not None
-        }
+        return {s: module.to(self.device) for s, module in modules.items()}
 
     # -- public API -------------------------------------------------------------------------
 
@@ -409,8 +413,8 @@ class PipelineEngine:
 
     # -- after the micro-batches ------------------------------------------------------------
 
-    def _make_tied_groups(self) -> list[tuple[list[nn.Parameter], dist.ProcessGroup | None]]:
-        """One process group per set of ranks that hold copies of the same weight."""
+    def _make_tied_groups(self) -> list[tuple[list[str], dist.ProcessGroup]]:
+        """One process group per set of ranks holding copies of the same weights; this rank's groups."""
         holders: dict[str, set[int]] = defaultdict(set)
         self._grad_owner: dict[str, int] = {}
         for spec in self.specs:
@@ -422,12 +426,11 @@ class PipelineEngine:
             self._grad_owner[name] = min(ranks)
             if len(ranks) > 1:
                 by_ranks[tuple(sorted(ranks))].append(name)
-        local = dict(self.named_parameters())
         groups = []
         for ranks, names in sorted(by_ranks.items()):
             group = dist.new_group(list(ranks))  # every rank must take part in creating every group
             if self.rank in ranks:
-                groups.append(([local[n] for n in names], group))
+                groups.append((names, group))
         return groups
 
     def _sum_tied_gradients(self) -> None:

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import torch
+from accelerate import init_empty_weights
 from datasets import Dataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -17,15 +18,21 @@ from hf_ftpipe import PipeTrainer, PipeTrainingArguments  # noqa: E402
 from models import tiny_batch, tiny_model  # noqa: E402
 
 
-def main(output_dir: str) -> None:
+def main(output_dir: str, weights_path: str | None = None) -> None:
     args = PipeTrainingArguments(
+        weights_path=weights_path,
         output_dir=output_dir, use_cpu=True, per_device_train_batch_size=4, per_device_eval_batch_size=4,
         num_microbatches=2, max_steps=6, learning_rate=1e-2, logging_steps=1, save_strategy="no",
         report_to="none", seed=0, max_grad_norm=1.0,
     )
     data = tiny_batch("gpt2", 26, seed=1)
     dataset = Dataset.from_dict({k: v.tolist() for k, v in data.items()})
-    trainer = PipeTrainer(model=tiny_model("gpt2"), args=args, train_dataset=dataset, eval_dataset=dataset)
+    if weights_path is None:
+        model = tiny_model("gpt2")
+    else:  # every rank reads only its own stages' weights from the checkpoint
+        with init_empty_weights():
+            model = tiny_model("gpt2")
+    trainer = PipeTrainer(model=model, args=args, train_dataset=dataset, eval_dataset=dataset)
     trainer.train()
     metrics = trainer.evaluate()
     trainer.save_model()
@@ -37,4 +44,4 @@ def main(output_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:])

@@ -14,6 +14,9 @@ from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
 from hf_ftpipe import PipeTrainingArguments
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from models import tiny_model  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[2]
 LAUNCH = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--main_process_port", "0"]
 
@@ -39,6 +42,20 @@ def test_checkpoint_loads_with_plain_transformers_and_holds_the_pipeline_weights
         torch.testing.assert_close(saved[name], value, atol=0, rtol=0, msg=name)
     trained = {name for name, p in model.named_parameters()}
     assert trained <= set(stage_weights) | {"lm_head.weight"}  # lm_head is tied to transformer.wte
+
+
+def test_model_built_without_weights_loads_each_stage_from_the_checkpoint(tmp_path: Path) -> None:
+    initial = tmp_path / "initial"
+    tiny_model("gpt2").save_pretrained(initial)
+    launch(str(REPO / "tests" / "trainer" / "pipe_job.py"), str(tmp_path / "full"))
+    launch(str(REPO / "tests" / "trainer" / "pipe_job.py"), str(tmp_path / "empty"), str(initial))
+
+    full = json.loads((tmp_path / "full" / "result.json").read_text())
+    empty = json.loads((tmp_path / "empty" / "result.json").read_text())
+    assert empty["losses"] == full["losses"]
+    expected = AutoModelForCausalLM.from_pretrained(tmp_path / "full").state_dict()
+    for name, value in AutoModelForCausalLM.from_pretrained(tmp_path / "empty").state_dict().items():
+        torch.testing.assert_close(value, expected[name], atol=0, rtol=0, msg=name)
 
 
 def test_quickstart_job_prints_accuracy_and_saves_a_loadable_model(tmp_path: Path) -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import itertools
 import os
 import traceback
-from collections import defaultdict
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -26,6 +25,7 @@ from ..graph.trace import TracedModel
 from .comm import Messenger
 from .schedule import Action, ScheduleGPipe
 from .stage import build_stage_module, plan_stages
+from .weight_sync import WeightSync
 from .weights import load_stage_weights
 
 __all__ = ["PipelineEngine", "StagePlacement"]
@@ -101,7 +101,7 @@ class PipelineEngine:
         self.loss_stage = next((s.stage_index for s in self.specs if "loss" in s.model_outputs), None)
         self.messenger = Messenger(self.rank, timeout_s, run_id=str(next(_run_counter)))
         # Collective set-up first: a rank that fails below must not leave the others in new_group.
-        self._tied_names = self._make_tied_groups()
+        self.weight_sync = WeightSync(self.graph, self.specs, self.stage_rank, self.messenger, self.device)
         try:
             self.modules = self._build_modules(traced, weights_path)
         except Exception as error:
@@ -109,8 +109,6 @@ class PipelineEngine:
             self.messenger.report_failure(message)
             raise PipelineError(message) from error
         self.module = nn.ModuleDict({str(s): m for s, m in self.modules.items()})
-        local = dict(self.named_parameters())
-        self._tied_groups = [([local[n] for n in names], group) for names, group in self._tied_names]
 
     def _build_modules(self, traced: TracedModel, weights_path: str | os.PathLike | None) -> dict[int, fx.GraphModule]:
         modules = {
@@ -155,41 +153,14 @@ class PipelineEngine:
     def gather_state_dict(self, dst: int = 0) -> dict[str, torch.Tensor] | None:
         """The whole model's weights on rank ``dst`` (CPU tensors, canonical names); ``None`` elsewhere.
 
-        Every rank must call it. Each tensor comes from the lowest rank holding it, one at a time,
-        so no rank ever holds more than its own weights plus one tensor in flight.
+        Every rank must call it.
         """
-        local = self.state_dict()
-        holders: dict[str, int] = {}
-        for spec in self.specs:
-            for name in sorted(self.graph.params_of(spec.nodes)):
-                if self.graph.params[name].in_state_dict:
-                    holders[name] = min(holders.get(name, self.world_size), self.stage_rank[spec.stage_index])
-        gathered: dict[str, torch.Tensor] = {}
-        for name in sorted(holders):
-            owner = holders[name]
-            if owner == dst == self.rank:
-                gathered[name] = local[name].detach().cpu().clone()
-            elif self.rank == owner:
-                self.messenger.wait(dist.isend(local[name].detach().contiguous(), dst), f"sending {name} to rank {dst}")
-            elif self.rank == dst:
-                info = self.graph.params[name]
-                buffer = torch.empty(info.shape, dtype=getattr(torch, info.dtype), device=self.device)
-                self.messenger.wait(dist.irecv(buffer, owner), f"receiving {name} from rank {owner}")
-                gathered[name] = buffer.cpu()
-        return gathered if self.rank == dst else None
+        names = [name for name in self.weight_sync.holders if self.graph.params[name].in_state_dict]
+        return self.weight_sync.gather(self.state_dict(), names, dst)
 
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
         """Clip by the global gradient norm over every stage (a tied weight counted once); returns the norm."""
-        squares = torch.zeros((), dtype=torch.float64, device=self.device)
-        for name, param in self.named_parameters():
-            if param.grad is not None and self._grad_owner.get(name, self.rank) == self.rank:
-                squares += param.grad.detach().double().pow(2).sum()
-        self.messenger.all_reduce(squares, dist.group.WORLD, "squared gradient norms")
-        total_norm = squares.sqrt().float()
-        if max_norm < float("inf"):
-            grads = [p.grad for p in self.parameters() if p.grad is not None]
-            torch.nn.utils.clip_grads_with_norm_(grads, max_norm, total_norm.to(self.device))
-        return total_norm
+        return self.weight_sync.clip_grad_norm_(dict(self.named_parameters()), max_norm)
 
     def train_step(self, batch: Mapping[str, Any]) -> torch.Tensor:
         """Forward and backward of one mini-batch; returns the mean micro-batch loss on every rank.
@@ -256,7 +227,7 @@ class PipelineEngine:
                 raise PipelineError(message) from error
         self.messenger.flush()
         if training:
-            self._sum_tied_gradients()
+            self.weight_sync.sum_tied_gradients(dict(self.named_parameters()))
         loss = self._mean_loss()
         if training:
             self._outputs.clear()
@@ -412,38 +383,6 @@ class PipelineEngine:
         return tuple(attrs["output_shapes"][0]), getattr(torch, attrs["output_dtypes"][0])
 
     # -- after the micro-batches ------------------------------------------------------------
-
-    def _make_tied_groups(self) -> list[tuple[list[str], dist.ProcessGroup]]:
-        """One process group per set of ranks holding copies of the same weights; this rank's groups."""
-        holders: dict[str, set[int]] = defaultdict(set)
-        self._grad_owner: dict[str, int] = {}
-        for spec in self.specs:
-            for name in self.graph.params_of(spec.nodes):
-                if self.graph.params[name].requires_grad and not self.graph.params[name].is_buffer:
-                    holders[name].add(self.stage_rank[spec.stage_index])
-        by_ranks: dict[tuple[int, ...], list[str]] = defaultdict(list)
-        for name, ranks in sorted(holders.items()):
-            self._grad_owner[name] = min(ranks)
-            if len(ranks) > 1:
-                by_ranks[tuple(sorted(ranks))].append(name)
-        groups = []
-        for ranks, names in sorted(by_ranks.items()):
-            group = dist.new_group(list(ranks))  # every rank must take part in creating every group
-            if self.rank in ranks:
-                groups.append((names, group))
-        return groups
-
-    def _sum_tied_gradients(self) -> None:
-        """Sum the gradients of weights held on several ranks so every copy takes the same step."""
-        for params, group in self._tied_groups:
-            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-            flat = torch.cat([g.reshape(-1) for g in grads])
-            self.messenger.all_reduce(flat, group, "tied-weight gradients")
-            offset = 0
-            for param in params:
-                size = param.numel()
-                param.grad = flat[offset : offset + size].view_as(param).clone()
-                offset += size
 
     def _mean_loss(self) -> torch.Tensor:
         if self.loss_stage is None:

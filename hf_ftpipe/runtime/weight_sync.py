@@ -1,0 +1,102 @@
+"""Weights that span ranks: tied copies summed, the global gradient norm, the whole model gathered.
+
+A weight read by stages on several ranks (T5's ``shared`` embedding, GPT-2's ``wte`` and
+``lm_head``) has one copy per rank. Summing their gradients before the step gives each copy the
+single-process gradient, so the copies stay identical without ever being sent. The lowest rank
+holding a weight is its owner: it alone counts it in the gradient norm and sends it when the
+model is gathered.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..graph.cost_graph import CostGraph
+from .comm import Messenger
+from .stage import StageSpec
+
+__all__ = ["WeightSync"]
+
+
+class WeightSync:
+    """Cross-rank operations on one rank's weights.
+
+    Constructing it creates one process group per set of ranks sharing weights: every rank must
+    construct it, in the same order as the others.
+    """
+
+    def __init__(
+        self, graph: CostGraph, specs: Sequence[StageSpec], stage_rank: Sequence[int], messenger: Messenger,
+        device: torch.device,
+    ) -> None:
+        self.graph = graph
+        self.rank = messenger.rank
+        self.messenger = messenger
+        self.device = device
+        holders: dict[str, set[int]] = defaultdict(set)
+        for spec in specs:
+            for name in graph.params_of(spec.nodes):
+                holders[name].add(stage_rank[spec.stage_index])
+        self.holders = {name: tuple(sorted(ranks)) for name, ranks in sorted(holders.items())}
+        self._groups: list[tuple[list[str], dist.ProcessGroup]] = []
+        by_ranks: dict[tuple[int, ...], list[str]] = defaultdict(list)
+        for name, ranks in self.holders.items():
+            info = graph.params[name]
+            if len(ranks) > 1 and info.requires_grad and not info.is_buffer:
+                by_ranks[ranks].append(name)
+        for ranks, names in sorted(by_ranks.items()):
+            group = dist.new_group(list(ranks))
+            if self.rank in ranks:
+                self._groups.append((names, group))
+
+    def owner(self, name: str) -> int:
+        return self.holders[name][0]
+
+    def sum_tied_gradients(self, params: Mapping[str, nn.Parameter]) -> None:
+        """Give every copy of a shared weight the sum of the copies' gradients."""
+        for names, group in self._groups:
+            grads = [params[n].grad if params[n].grad is not None else torch.zeros_like(params[n]) for n in names]
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            self.messenger.all_reduce(flat, group, "tied-weight gradients")
+            offset = 0
+            for name in names:
+                size = params[name].numel()
+                params[name].grad = flat[offset : offset + size].view_as(params[name]).clone()
+                offset += size
+
+    def clip_grad_norm_(self, params: Mapping[str, nn.Parameter], max_norm: float) -> torch.Tensor:
+        """Clip by the norm over every stage's gradients (a shared weight counted once); returns the norm."""
+        squares = torch.zeros((), dtype=torch.float64, device=self.device)
+        for name, param in params.items():
+            if param.grad is not None and self.owner(name) == self.rank:
+                squares += param.grad.detach().double().pow(2).sum()
+        self.messenger.all_reduce(squares, dist.group.WORLD, "squared gradient norms")
+        total_norm = squares.sqrt().float()
+        if max_norm < float("inf"):
+            grads = [p.grad for p in params.values() if p.grad is not None]
+            torch.nn.utils.clip_grads_with_norm_(grads, max_norm, total_norm.to(self.device))
+        return total_norm
+
+    def gather(self, local: Mapping[str, torch.Tensor], names: Iterable[str], dst: int) -> dict[str, torch.Tensor] | None:
+        """The tensors ``names`` on rank ``dst`` (CPU), each sent by its owner; ``None`` on other ranks.
+
+        One tensor is in flight at a time, so no rank holds more than its own weights plus one.
+        """
+        gathered: dict[str, torch.Tensor] = {}
+        for name in sorted(names):
+            owner = self.owner(name)
+            if owner == dst == self.rank:
+                gathered[name] = local[name].detach().cpu().clone()
+            elif self.rank == owner:
+                self.messenger.wait(dist.isend(local[name].detach().contiguous(), dst), f"sending {name} to rank {dst}")
+            elif self.rank == dst:
+                info = self.graph.params[name]
+                buffer = torch.empty(info.shape, dtype=getattr(torch, info.dtype), device=self.device)
+                self.messenger.wait(dist.irecv(buffer, owner), f"receiving {name} from rank {owner}")
+                gathered[name] = buffer.cpu()
+        return gathered if self.rank == dst else None

@@ -39,8 +39,16 @@ def _t5_3b() -> torch.nn.Module:
     from transformers import T5Config, T5ForConditionalGeneration
 
     config = T5Config(
-        vocab_size=32128, d_model=1024, d_kv=128, d_ff=16384, num_layers=24, num_decoder_layers=24,
-        num_heads=32, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1,
+        vocab_size=32128,
+        d_model=1024,
+        d_kv=128,
+        d_ff=16384,
+        num_layers=24,
+        num_decoder_layers=24,
+        num_heads=32,
+        decoder_start_token_id=0,
+        pad_token_id=0,
+        eos_token_id=1,
     )
     return T5ForConditionalGeneration(config)
 
@@ -55,23 +63,43 @@ def _bert_large() -> torch.nn.Module:
     from transformers import BertConfig, BertForQuestionAnswering
 
     config = BertConfig(
-        vocab_size=30522, hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096,
+        vocab_size=30522,
+        hidden_size=1024,
+        num_hidden_layers=24,
+        num_attention_heads=16,
+        intermediate_size=4096,
     )
     return BertForQuestionAnswering(config)
 
 
 LONG = torch.int64
 CASES: dict[str, Case] = {
-    "t5-3b": Case(_t5_3b, {
-        "input_ids": ((8, 512), LONG), "attention_mask": ((8, 512), LONG), "labels": ((8, 128), LONG),
-    }),
-    "gpt2-xl": Case(_gpt2_xl, {
-        "input_ids": ((1, 1024), LONG), "attention_mask": ((1, 1024), LONG), "labels": ((1, 1024), LONG),
-    }),
-    "bert-large": Case(_bert_large, {
-        "input_ids": ((24, 384), LONG), "attention_mask": ((24, 384), LONG), "token_type_ids": ((24, 384), LONG),
-        "start_positions": ((24,), LONG), "end_positions": ((24,), LONG),
-    }),
+    "t5-3b": Case(
+        _t5_3b,
+        {
+            "input_ids": ((8, 512), LONG),
+            "attention_mask": ((8, 512), LONG),
+            "labels": ((8, 128), LONG),
+        },
+    ),
+    "gpt2-xl": Case(
+        _gpt2_xl,
+        {
+            "input_ids": ((1, 1024), LONG),
+            "attention_mask": ((1, 1024), LONG),
+            "labels": ((1, 1024), LONG),
+        },
+    ),
+    "bert-large": Case(
+        _bert_large,
+        {
+            "input_ids": ((24, 384), LONG),
+            "attention_mask": ((24, 384), LONG),
+            "token_type_ids": ((24, 384), LONG),
+            "start_positions": ((24,), LONG),
+            "end_positions": ((24,), LONG),
+        },
+    ),
 }
 
 

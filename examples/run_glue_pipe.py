@@ -59,10 +59,34 @@ class TaskArguments:
 def default_arguments() -> list[str]:
     """The Quickstart's settings: CPU, a couple of minutes on 2 cores."""
     return [
-        "--output_dir", "pipe_output/rte", "--use_cpu", "true", "--num_train_epochs", "12",
-        "--per_device_train_batch_size", "16", "--per_device_eval_batch_size", "16", "--num_microbatches", "4",
-        "--learning_rate", "3e-3", "--warmup_steps", "20", "--logging_steps", "50", "--eval_strategy", "no",
-        "--save_strategy", "no", "--report_to", "none", "--seed", "42", "--dataloader_drop_last", "false",
+        "--output_dir",
+        "pipe_output/rte",
+        "--use_cpu",
+        "true",
+        "--num_train_epochs",
+        "12",
+        "--per_device_train_batch_size",
+        "16",
+        "--per_device_eval_batch_size",
+        "16",
+        "--num_microbatches",
+        "4",
+        "--learning_rate",
+        "3e-3",
+        "--warmup_steps",
+        "20",
+        "--logging_steps",
+        "50",
+        "--eval_strategy",
+        "no",
+        "--save_strategy",
+        "no",
+        "--report_to",
+        "none",
+        "--seed",
+        "42",
+        "--dataloader_drop_last",
+        "false",
     ]
 
 
@@ -87,8 +111,12 @@ def main() -> None:
         data = raw.map(preprocess, batched=True, remove_columns=raw["train"].column_names)
 
     trainer = PipeTrainer(
-        model=model, args=args, train_dataset=data["train"], eval_dataset=data["validation"],
-        data_collator=default_data_collator, compute_metrics=exact_match_accuracy,
+        model=model,
+        args=args,
+        train_dataset=data["train"],
+        eval_dataset=data["validation"],
+        data_collator=default_data_collator,
+        compute_metrics=exact_match_accuracy,
         preprocess_logits_for_metrics=lambda logits, labels: logits.argmax(-1),
     )
     trainer.train()
@@ -110,9 +138,17 @@ def load_model(task: TaskArguments, args: PipeTrainingArguments, raw) -> tuple:
             build_t5_tokenizer(texts, vocab_size=512).save_pretrained(tokenizer_dir)
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     config = T5Config(
-        vocab_size=len(tokenizer), d_model=64, d_ff=128, d_kv=16, num_heads=4, num_layers=2,
-        num_decoder_layers=2, dropout_rate=0.0, decoder_start_token_id=tokenizer.pad_token_id,
-        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+        vocab_size=len(tokenizer),
+        d_model=64,
+        d_ff=128,
+        d_kv=16,
+        num_heads=4,
+        num_layers=2,
+        num_decoder_layers=2,
+        dropout_rate=0.0,
+        decoder_start_token_id=tokenizer.pad_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
     )
     torch.manual_seed(args.seed)
     return tokenizer, T5ForConditionalGeneration(config)
@@ -127,7 +163,7 @@ def exact_match_accuracy(prediction) -> dict[str, float]:
     """
     predicted, labels = prediction.predictions, prediction.label_ids
     mask = labels != -100
-    correct = [bool(np.all(p[m] == l[m])) for p, l, m in zip(predicted, labels, mask)]
+    correct = [bool(np.all(p[m] == y[m])) for p, y, m in zip(predicted, labels, mask)]
     return {"accuracy": accuracy([int(c) for c in correct], [1] * len(correct))}
 
 

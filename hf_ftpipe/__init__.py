@@ -9,11 +9,27 @@ from .profile import GPUProfile, detect_profile, get_profile, list_profiles
 from .runtime import PipelineEngine
 
 __all__ = [
-    "PipeTrainer", "PipeTrainingArguments",
-    "CostGraph", "FtpipeError", "GPUProfile", "Partition", "PartitionError", "PartitionFormatError",
-    "PartitionKey", "PipelineEngine", "PipelineError", "ProfileError", "TraceError", "__version__",
-    "capture_model", "detect_profile", "get_profile", "list_profiles", "partition_seq_greedy",
-    "trace_model", "validate_partition",
+    "PipeTrainer",
+    "PipeTrainingArguments",
+    "CostGraph",
+    "FtpipeError",
+    "GPUProfile",
+    "Partition",
+    "PartitionError",
+    "PartitionFormatError",
+    "PartitionKey",
+    "PipelineEngine",
+    "PipelineError",
+    "ProfileError",
+    "TraceError",
+    "__version__",
+    "capture_model",
+    "detect_profile",
+    "get_profile",
+    "list_profiles",
+    "partition_seq_greedy",
+    "trace_model",
+    "validate_partition",
 ]
 
 

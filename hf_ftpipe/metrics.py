@@ -145,7 +145,7 @@ def squad_em_f1(predictions: Sequence[str], references: Sequence[Sequence[str]])
         `dict[str, float]`: ``{"exact_match": ..., "f1": ...}``, both in ``[0, 1]``.
     """
     n = _check_same_length(predictions=predictions, references=references)
-    for i, (prediction, golds) in enumerate(zip(predictions, references)):
+    for i, (_, golds) in enumerate(zip(predictions, references)):
         if isinstance(golds, str):
             raise ValueError(
                 f"`references[{i}]` is the string {golds!r}; pass a list of gold answers, e.g. [{golds!r}]"

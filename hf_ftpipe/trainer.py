@@ -52,7 +52,9 @@ class PipeTrainer(Trainer):
 
     args: PipeTrainingArguments
 
-    def __init__(self, model: nn.Module | None = None, args: PipeTrainingArguments | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self, model: nn.Module | None = None, args: PipeTrainingArguments | None = None, **kwargs: Any
+    ) -> None:
         if args is not None and not isinstance(args, PipeTrainingArguments):
             raise TypeError(
                 f"PipeTrainer needs `PipeTrainingArguments`, got {type(args).__name__}; "
@@ -81,22 +83,30 @@ class PipeTrainer(Trainer):
                 f"(per_device_train_batch_size={self.args.per_device_train_batch_size} / "
                 f"num_microbatches={self.args.num_microbatches}); use a smaller batch size or more data"
             )
-        microbatch = {name: value[:size] if isinstance(value, torch.Tensor) else value for name, value in inputs.items()}
+        microbatch = {
+            name: value[:size] if isinstance(value, torch.Tensor) else value for name, value in inputs.items()
+        }
         if any(p.is_meta for p in self.model.parameters()) and hasattr(self.model, "tie_weights"):
             # accelerate.init_empty_weights registers a new tensor per name, untying shared weights.
             self.model.tie_weights()
         traced = capture_model(self.model, microbatch)
         self.partition = self._share_partition(traced, microbatch)
         self.engine = PipelineEngine(
-            traced, self.partition, num_microbatches=self.args.num_microbatches, device=self.args.device,
-            timeout_s=self.args.pipeline_timeout_s, weights_path=self._weights_path(),
+            traced,
+            self.partition,
+            num_microbatches=self.args.num_microbatches,
+            device=self.args.device,
+            timeout_s=self.args.pipeline_timeout_s,
+            weights_path=self._weights_path(),
         )
         if self.args.release_unused_weights:
             freed = release_foreign_weights(self.model, self.engine.parameters())
             logger.info("rank %d released %.1f MB of weights other ranks run", self.engine.rank, freed / 2**20)
         stages = self.partition.stages_on(self.engine.rank)
         params = sum(p.numel() for p in self.engine.parameters())
-        logger.info("rank %d runs stages %s (%d parameters) of %d", self.engine.rank, stages, params, self.partition.num_stages)
+        logger.info(
+            "rank %d runs stages %s (%d parameters) of %d", self.engine.rank, stages, params, self.partition.num_stages
+        )
         return self.engine
 
     def _weights_path(self) -> str | None:
@@ -139,15 +149,24 @@ class PipeTrainer(Trainer):
         optimizer = "adafactor" if "adafactor" in str(self.args.optim) else "adamw"
         if self.args.partition_file:
             key = PartitionKey.from_graph(
-                graph, dtype=None, schedule=self.args.pipeline_schedule, num_microbatches=self.args.num_microbatches,
-                gpu_profile=profile.name, num_gpus=profile.count,
+                graph,
+                dtype=None,
+                schedule=self.args.pipeline_schedule,
+                num_microbatches=self.args.num_microbatches,
+                gpu_profile=profile.name,
+                num_gpus=profile.count,
             )
             partition = Partition.from_json(self.args.partition_file, expected_key=key)
             partition.check_matches(graph, source=self.args.partition_file)
         else:
             partition = partition_seq_greedy(
-                graph, profile, num_stages=profile.count, num_microbatches=self.args.num_microbatches,
-                microbatch_size=microbatch_size, schedule=self.args.pipeline_schedule, optimizer=optimizer,
+                graph,
+                profile,
+                num_stages=profile.count,
+                num_microbatches=self.args.num_microbatches,
+                microbatch_size=microbatch_size,
+                schedule=self.args.pipeline_schedule,
+                optimizer=optimizer,
             )
         validate_partition(partition, graph, memory_capacity_bytes=profile.memory_bytes)
         return partition
@@ -296,7 +315,8 @@ class PipeTrainer(Trainer):
         per_microbatch = next(i.shape[0] for i in size.values() if i.shape is not None)
         weights = torch.tensor(
             [min(per_microbatch, max(0, real - m * per_microbatch)) for m in range(len(microbatch_losses))],
-            dtype=microbatch_losses.dtype, device=microbatch_losses.device,
+            dtype=microbatch_losses.dtype,
+            device=microbatch_losses.device,
         )
         return (microbatch_losses * weights).sum() / weights.sum()
 
@@ -345,4 +365,3 @@ def _unshard(dataloader: Any) -> None:
     dataset = getattr(dataloader, "dataset", None)
     if dataset is not None and hasattr(dataset, "num_processes") and hasattr(dataset, "process_index"):
         dataset.num_processes, dataset.process_index = 1, 0
-

@@ -37,11 +37,16 @@ class PipeTrainingArguments(TrainingArguments):
     )
     gpu_profile: str = field(
         default="auto",
-        metadata={"help": "GPU profile for the cost model: 'auto' (detect), a built-in name (e.g. 'a100-80gb') or a JSON file."},
+        metadata={
+            "help": "GPU profile for the cost model: 'auto' (detect), a built-in name (e.g. 'a100-80gb') "
+            "or a JSON file."
+        },
     )
     partition_file: str | None = field(
         default=None,
-        metadata={"help": "A partition JSON to use instead of computing one; refused if made for another model or setup."},
+        metadata={
+            "help": "A partition JSON to use instead of computing one; refused if made for another model or setup."
+        },
     )
     weights_path: str | None = field(
         default=None,

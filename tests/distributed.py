@@ -7,8 +7,8 @@ A rank's return value (anything picklable) or its traceback comes back to the te
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import io
+import multiprocessing as mp
 import os
 import queue as queue_module
 import tempfile
@@ -35,7 +35,10 @@ def _entry(fn: Callable, rank: int, world_size: int, rendezvous: str, queue: Any
     torch.set_num_threads(1)
     try:
         dist.init_process_group(
-            "gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world_size,
+            "gloo",
+            init_method=f"file://{rendezvous}",
+            rank=rank,
+            world_size=world_size,
             timeout=timedelta(seconds=60),
         )
         # Tensors are sent as bytes: torch's shared-memory handles die with the process.
@@ -44,7 +47,7 @@ def _entry(fn: Callable, rank: int, world_size: int, rendezvous: str, queue: Any
         queue.put(RankResult(rank, value=buffer.getvalue()))
     except BaseException:
         queue.put(RankResult(rank, error=traceback.format_exc()))
-        raise SystemExit(1)
+        raise SystemExit(1) from None
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -16,43 +16,94 @@ def tiny_model(kind: str, dropout: float = 0.0, seed: int = 0) -> nn.Module:
     torch.manual_seed(seed)
     if kind == "t5":
         config = transformers.T5Config(
-            vocab_size=VOCAB, d_model=32, d_ff=64, num_layers=2, num_decoder_layers=2, num_heads=2,
-            d_kv=16, dropout_rate=dropout, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1,
+            vocab_size=VOCAB,
+            d_model=32,
+            d_ff=64,
+            num_layers=2,
+            num_decoder_layers=2,
+            num_heads=2,
+            d_kv=16,
+            dropout_rate=dropout,
+            decoder_start_token_id=0,
+            pad_token_id=0,
+            eos_token_id=1,
         )
         return transformers.T5ForConditionalGeneration(config)
     if kind == "gpt2":
         config = transformers.GPT2Config(
-            vocab_size=VOCAB, n_positions=32, n_embd=32, n_layer=2, n_head=2, resid_pdrop=dropout,
-            embd_pdrop=dropout, attn_pdrop=dropout, bos_token_id=1, eos_token_id=1,
+            vocab_size=VOCAB,
+            n_positions=32,
+            n_embd=32,
+            n_layer=2,
+            n_head=2,
+            resid_pdrop=dropout,
+            embd_pdrop=dropout,
+            attn_pdrop=dropout,
+            bos_token_id=1,
+            eos_token_id=1,
         )
         return transformers.GPT2LMHeadModel(config)
     if kind == "bert":
         config = transformers.BertConfig(
-            vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-            intermediate_size=64, max_position_embeddings=32, hidden_dropout_prob=dropout,
-            attention_probs_dropout_prob=dropout, num_labels=2,
+            vocab_size=VOCAB,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=64,
+            max_position_embeddings=32,
+            hidden_dropout_prob=dropout,
+            attention_probs_dropout_prob=dropout,
+            num_labels=2,
         )
         return transformers.BertForSequenceClassification(config)
     if kind == "roberta":
         config = transformers.RobertaConfig(
-            vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-            intermediate_size=64, max_position_embeddings=40, hidden_dropout_prob=dropout,
-            attention_probs_dropout_prob=dropout, num_labels=2, pad_token_id=1,
+            vocab_size=VOCAB,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=64,
+            max_position_embeddings=40,
+            hidden_dropout_prob=dropout,
+            attention_probs_dropout_prob=dropout,
+            num_labels=2,
+            pad_token_id=1,
         )
         return transformers.RobertaForSequenceClassification(config)
     if kind == "bart":
         config = transformers.BartConfig(
-            vocab_size=VOCAB, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2,
-            decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=32,
-            dropout=dropout, attention_dropout=dropout, activation_dropout=dropout,
-            pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2, forced_eos_token_id=None,
+            vocab_size=VOCAB,
+            d_model=32,
+            encoder_layers=2,
+            decoder_layers=2,
+            encoder_attention_heads=2,
+            decoder_attention_heads=2,
+            encoder_ffn_dim=64,
+            decoder_ffn_dim=64,
+            max_position_embeddings=32,
+            dropout=dropout,
+            attention_dropout=dropout,
+            activation_dropout=dropout,
+            pad_token_id=1,
+            bos_token_id=0,
+            eos_token_id=2,
+            decoder_start_token_id=2,
+            forced_eos_token_id=None,
         )
         return transformers.BartForConditionalGeneration(config)
     if kind == "llama":
         config = transformers.LlamaConfig(
-            vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
-            attention_dropout=dropout, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+            vocab_size=VOCAB,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=32,
+            attention_dropout=dropout,
+            bos_token_id=1,
+            eos_token_id=2,
+            pad_token_id=0,
         )
         return transformers.LlamaForCausalLM(config)
     raise ValueError(f"unknown tiny model kind {kind!r}")

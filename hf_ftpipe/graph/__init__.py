@@ -5,6 +5,13 @@ from .fingerprint import graph_hash, model_fingerprint, structural_config
 from .trace import TracedModel, capture_model, trace_model
 
 __all__ = [
-    "CostGraph", "InputInfo", "ParamInfo", "TracedModel", "capture_model", "graph_hash",
-    "model_fingerprint", "structural_config", "trace_model",
+    "CostGraph",
+    "InputInfo",
+    "ParamInfo",
+    "TracedModel",
+    "capture_model",
+    "graph_hash",
+    "model_fingerprint",
+    "structural_config",
+    "trace_model",
 ]

@@ -109,11 +109,7 @@ class CostGraph:
     def param_bytes(self, nodes: Iterable[str] | None = None, trainable_only: bool = False) -> int:
         """Bytes of the distinct parameters read by ``nodes`` (all nodes when ``None``)."""
         names = self.params_of(nodes) if nodes is not None else set(self.params)
-        return sum(
-            self.params[name].bytes
-            for name in names
-            if not trainable_only or self.params[name].requires_grad
-        )
+        return sum(self.params[name].bytes for name in names if not trainable_only or self.params[name].requires_grad)
 
     def params_of(self, nodes: Iterable[str]) -> set[str]:
         """Canonical names of the parameters and buffers read by ``nodes``."""

@@ -15,12 +15,33 @@ __all__ = ["model_fingerprint", "graph_hash", "structural_config"]
 
 # Config entries that change neither the graph's structure nor its costs.
 _NON_STRUCTURAL = {
-    "_name_or_path", "transformers_version", "architectures", "id2label", "label2id",
-    "torch_dtype", "dtype", "use_cache", "output_attentions", "output_hidden_states",
-    "return_dict", "finetuning_task", "task_specific_params", "problem_type", "_commit_hash",
-    "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id", "decoder_start_token_id",
-    "prefix", "tokenizer_class", "initializer_range", "initializer_factor", "layer_norm_epsilon",
-    "layer_norm_eps", "_attn_implementation_autoset",
+    "_name_or_path",
+    "transformers_version",
+    "architectures",
+    "id2label",
+    "label2id",
+    "torch_dtype",
+    "dtype",
+    "use_cache",
+    "output_attentions",
+    "output_hidden_states",
+    "return_dict",
+    "finetuning_task",
+    "task_specific_params",
+    "problem_type",
+    "_commit_hash",
+    "bos_token_id",
+    "eos_token_id",
+    "pad_token_id",
+    "sep_token_id",
+    "decoder_start_token_id",
+    "prefix",
+    "tokenizer_class",
+    "initializer_range",
+    "initializer_factor",
+    "layer_norm_epsilon",
+    "layer_norm_eps",
+    "_attn_implementation_autoset",
 }
 
 
@@ -41,8 +62,16 @@ def graph_hash(graph: CostGraph) -> str:
     digest = hashlib.sha256()
     for name in graph.topological_order():
         attrs = graph.node(name)
-        row = [name, attrs["op"], attrs["scope"], sorted(graph.graph.predecessors(name)),
-               attrs["output_shapes"], attrs["output_dtypes"], attrs["params"], attrs["batch_inputs"]]
+        row = [
+            name,
+            attrs["op"],
+            attrs["scope"],
+            sorted(graph.graph.predecessors(name)),
+            attrs["output_shapes"],
+            attrs["output_dtypes"],
+            attrs["params"],
+            attrs["batch_inputs"],
+        ]
         digest.update(json.dumps(row, default=list).encode())
     for param in sorted(graph.params.values(), key=lambda p: p.name):
         digest.update(json.dumps([param.name, param.shape, param.dtype, param.requires_grad]).encode())

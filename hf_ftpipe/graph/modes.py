@@ -66,4 +66,3 @@ def make_mode_aware(graph_module: fx.GraphModule) -> int:
     if count:
         graph_module.recompile()
     return count
-

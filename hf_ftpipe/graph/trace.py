@@ -214,9 +214,7 @@ def _measure(
 
     graph = nx.DiGraph()
     placeholder_names = {node.name for node in recorder.placeholders}
-    attr_nodes = {
-        node.name for node in graph_module.graph.nodes if node.op == "get_attr" and node.target in canonical
-    }
+    attr_nodes = {node.name for node in graph_module.graph.nodes if node.op == "get_attr" and node.target in canonical}
     order = 0
     for node in graph_module.graph.nodes:
         if node.op not in ("call_function", "call_module"):

@@ -65,9 +65,7 @@ def _no_constant(name: str) -> None:
 def build(cls: type, data: object, where: str) -> Any:
     """Instantiate dataclass ``cls`` from ``data``, checking names and types of every field."""
     if not isinstance(data, dict):
-        raise PartitionFormatError(
-            f"field '{where}' should be an object, got {json_type(data)}"
-        )
+        raise PartitionFormatError(f"field '{where}' should be an object, got {json_type(data)}")
     hints = typing.get_type_hints(cls)
     known = {f.name: f for f in fields(cls) if f.init}
     unknown = sorted(set(data) - set(known))
@@ -118,8 +116,7 @@ def _convert(hint: Any, value: object, path: str) -> Any:
 def _wrong_type(path: str, hint: Any, value: object) -> PartitionFormatError:
     expected = getattr(hint, "__name__", None) if typing.get_origin(hint) is None else None
     return PartitionFormatError(
-        f"field '{path}' should be {expected or _type_name(hint)}, got {json_type(value)} "
-        f"{_short(value)}"
+        f"field '{path}' should be {expected or _type_name(hint)}, got {json_type(value)} {_short(value)}"
     )
 
 

@@ -203,8 +203,7 @@ class _Memory:
         self.stage_params = [graph.params_of(nodes) for nodes in stage_nodes]
         self.versions = [weight_versions(schedule, s, num_stages) for s in range(num_stages)]
         self.activations = [
-            sum(graph.node(n)["output_bytes"] for n in nodes)
-            * in_flight(schedule, s, num_stages, num_microbatches)
+            sum(graph.node(n)["output_bytes"] for n in nodes) * in_flight(schedule, s, num_stages, num_microbatches)
             for s, nodes in enumerate(stage_nodes)
         ]
 
@@ -256,9 +255,7 @@ def estimate_memory(
     return [memory.of_gpu(g)["memory_bytes"] for g in range(num_devices)]
 
 
-def _stage_nodes(
-    graph: CostGraph, node_stage: Mapping[str, int], stage_device: Sequence[int]
-) -> list[list[str]]:
+def _stage_nodes(graph: CostGraph, node_stage: Mapping[str, int], stage_device: Sequence[int]) -> list[list[str]]:
     """Nodes of each stage in execution order; a plain error for a map that does not fit."""
     missing = [n for n in graph.graph.nodes if n not in node_stage]
     if missing:

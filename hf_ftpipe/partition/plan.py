@@ -91,11 +91,7 @@ class PartitionKey:
         num_gpus: int,
     ) -> PartitionKey:
         """The key of ``graph`` (fingerprint, class, tensor input shapes) planned for this setup."""
-        shapes = {
-            name: list(info.shape)
-            for name, info in sorted(graph.inputs.items())
-            if info.shape is not None
-        }
+        shapes = {name: list(info.shape) for name, info in sorted(graph.inputs.items()) if info.shape is not None}
         return cls(
             model_fingerprint=graph.fingerprint,
             model_class=graph.model_class,
@@ -272,9 +268,7 @@ class Partition:
             raise PartitionFormatError(f"{source}: {e}") from None
 
     @classmethod
-    def from_json(
-        cls, path: str | os.PathLike, expected_key: PartitionKey | None = None
-    ) -> Partition:
+    def from_json(cls, path: str | os.PathLike, expected_key: PartitionKey | None = None) -> Partition:
         """Read a plan written by ``to_json``; with ``expected_key``, refuse a plan for another
         model or setup (see ``check_key``)."""
         path = os.fspath(path)
@@ -312,9 +306,7 @@ class Partition:
         if missing:
             lines.append(f"  {len(missing)} ops of the model are in no stage, e.g. {missing[:5]}")
         if extra:
-            lines.append(
-                f"  {len(extra)} ops of the partition are not in the model, e.g. {extra[:5]}"
-            )
+            lines.append(f"  {len(extra)} ops of the partition are not in the model, e.g. {extra[:5]}")
         lines.append(
             "It was made for another model (or another version of it). Delete the file so that "
             "the partition is recomputed, or pass the `partition_file` made for this model."
@@ -327,22 +319,17 @@ class Partition:
 
 def _parse_partition(data: object) -> Partition:
     if not isinstance(data, dict):
-        raise PartitionFormatError(
-            f"not a partition file: expected a JSON object, got {json_type(data)}"
-        )
+        raise PartitionFormatError(f"not a partition file: expected a JSON object, got {json_type(data)}")
     if data.get("format") != FORMAT_NAME:
         found = f"is {data['format']!r}" if "format" in data else "is missing"
         raise PartitionFormatError(
-            f"not a partition file: field 'format' {found}, expected {FORMAT_NAME!r} "
-            "(is this some other JSON file?)"
+            f"not a partition file: field 'format' {found}, expected {FORMAT_NAME!r} (is this some other JSON file?)"
         )
     version = data.get("format_version", MISSING)
     if version is MISSING:
         raise PartitionFormatError("missing field 'format_version'")
     if isinstance(version, bool) or not isinstance(version, int):
-        raise PartitionFormatError(
-            f"field 'format_version' should be int, got {json_type(version)} {version!r}"
-        )
+        raise PartitionFormatError(f"field 'format_version' should be int, got {json_type(version)} {version!r}")
     if version not in SUPPORTED_FORMAT_VERSIONS:
         newer = version > max(SUPPORTED_FORMAT_VERSIONS)
         raise PartitionFormatError(
@@ -378,14 +365,11 @@ def _check_consistency(p: Partition) -> None:
         )
     for name in ("num_microbatches", "num_gpus"):
         if getattr(p.key, name) < 1:
-            raise PartitionFormatError(
-                f"field 'key.{name}' must be ≥ 1, got {getattr(p.key, name)}"
-            )
+            raise PartitionFormatError(f"field 'key.{name}' must be ≥ 1, got {getattr(p.key, name)}")
     if p.predicted is not None:
         if len(p.predicted.stages) != num_stages:
             raise PartitionFormatError(
-                f"field 'predicted.stages' has {len(p.predicted.stages)} entries, expected one "
-                f"per stage ({num_stages})"
+                f"field 'predicted.stages' has {len(p.predicted.stages)} entries, expected one per stage ({num_stages})"
             )
         if len(p.predicted.gpus) != p.num_devices:
             raise PartitionFormatError(

@@ -67,9 +67,7 @@ def partition_seq_greedy(
             num_gpus=profile.count,
         )
     else:
-        _check_key_agrees(
-            key, schedule=schedule, num_microbatches=num_microbatches, num_gpus=profile.count
-        )
+        _check_key_agrees(key, schedule=schedule, num_microbatches=num_microbatches, num_gpus=profile.count)
 
     costs = node_costs(graph, profile, dtype)
     order = graph.topological_order()
@@ -77,8 +75,7 @@ def partition_seq_greedy(
     cuttable = [n for n in order if n not in followers]
     if len(cuttable) < num_stages:
         raise PartitionError(
-            f"model has {len(cuttable)} ops, fewer than {num_stages} stages; "
-            f"use num_stages ≤ {len(cuttable)}"
+            f"model has {len(cuttable)} ops, fewer than {num_stages} stages; use num_stages ≤ {len(cuttable)}"
         )
     weights = [costs[n].total_s for n in cuttable]
     if sum(weights) == 0:  # nothing to balance: balance op counts instead
@@ -167,6 +164,5 @@ def _check_key_agrees(key: PartitionKey, **expected: object) -> None:
     ]
     if wrong:
         raise PartitionError(
-            f"`key` disagrees with the arguments: {', '.join(wrong)}; "
-            "pass matching arguments or no key"
+            f"`key` disagrees with the arguments: {', '.join(wrong)}; pass matching arguments or no key"
         )

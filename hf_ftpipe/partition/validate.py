@@ -62,10 +62,7 @@ def _structure_problems(partition: Partition, graph: CostGraph) -> list[str]:
         problems.append(f"{len(extra)} ops of the partition are not in the graph, e.g. {extra[:5]}")
     bad = {n: s for n, s in node_stage.items() if not _is_index(s, num_stages)}
     if bad:
-        problems.append(
-            f"{len(bad)} ops have a stage outside 0..{num_stages - 1}, "
-            f"e.g. {dict(list(bad.items())[:5])}"
-        )
+        problems.append(f"{len(bad)} ops have a stage outside 0..{num_stages - 1}, e.g. {dict(list(bad.items())[:5])}")
     if num_stages == 0:
         problems.append("there are no stages (`stage_device` is empty)")
     used = set(node_stage.values())
@@ -108,9 +105,7 @@ def _order_problems(partition: Partition, graph: CostGraph) -> list[str]:
     ]
 
 
-def _memory_problems(
-    partition: Partition, graph: CostGraph, capacity: int | Sequence[int]
-) -> list[str]:
+def _memory_problems(partition: Partition, graph: CostGraph, capacity: int | Sequence[int]) -> list[str]:
     if partition.predicted is not None:
         used = [gpu.memory_bytes for gpu in partition.predicted.gpus]
     else:

@@ -43,9 +43,7 @@ class NodeCost:
         return self.forward_s + self.backward_s
 
 
-def compute_time_s(
-    flops: float, bytes_accessed: float, profile: GPUProfile, dtype: object = "float32"
-) -> float:
+def compute_time_s(flops: float, bytes_accessed: float, profile: GPUProfile, dtype: object = "float32") -> float:
     """Roofline time: ``max(flops / effective peak[dtype], bytes / effective memory bandwidth)``.
 
     The effective rates are the datasheet values times the profile's efficiencies (see
@@ -58,9 +56,7 @@ def compute_time_s(
     return max(compute_s, memory_s)
 
 
-def backward_factor(
-    *, requires_grad: bool, reads_trainable_params: bool, inputs_require_grad: bool = True
-) -> int:
+def backward_factor(*, requires_grad: bool, reads_trainable_params: bool, inputs_require_grad: bool = True) -> int:
     """How many forward-sized products the backward of an op does: 0, 1 or 2.
 
     The backward of ``y = x @ W`` computes ``dx = dy @ W.T`` (needed when ``x`` requires grad) and
@@ -107,9 +103,7 @@ def comm_time_s(num_bytes: float, profile: GPUProfile) -> float:
     return profile.link_latency_s + num_bytes / profile.link_bandwidth_bytes_per_s
 
 
-def node_costs(
-    graph: CostGraph, profile: GPUProfile, dtype: object | None = None
-) -> dict[str, NodeCost]:
+def node_costs(graph: CostGraph, profile: GPUProfile, dtype: object | None = None) -> dict[str, NodeCost]:
     """Forward and backward time of every node of ``graph`` on one device of ``profile``.
 
     ``dtype`` (e.g. ``"bfloat16"`` to plan for autocast) overrides each node's own dtype, which is
@@ -125,9 +119,7 @@ def node_costs(
         forward_s = compute_time_s(flops, bytes_accessed, profile, node_dtype)
         trainable = _reads_trainable_params(graph, name, attrs)
         # Model inputs are not nodes and never require grad, so only producers count here.
-        inputs_require_grad = any(
-            nodes[u].get("requires_grad", False) for u in graph.graph.predecessors(name)
-        )
+        inputs_require_grad = any(nodes[u].get("requires_grad", False) for u in graph.graph.predecessors(name))
         factor = backward_factor(
             requires_grad=requires_grad,
             reads_trainable_params=trainable,

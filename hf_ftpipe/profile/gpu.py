@@ -9,10 +9,10 @@ and save the result with ``to_json``.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import warnings
-import math
 from dataclasses import MISSING, asdict, dataclass, fields, replace
 from typing import Any, Literal, get_args
 
@@ -33,8 +33,7 @@ DType = Literal["float32", "float16", "bfloat16"]
 """The dtypes a profile lists a peak for; every other dtype is costed at the ``float32`` peak."""
 
 _DTYPES: tuple[str, ...] = get_args(DType)
-_DTYPE_ALIASES = {"float": "float32", "fp32": "float32", "half": "float16", "fp16": "float16",
-                  "bf16": "bfloat16"}
+_DTYPE_ALIASES = {"float": "float32", "fp32": "float32", "half": "float16", "fp16": "float16", "bf16": "bfloat16"}
 # A missing half-precision peak falls back along this chain (the next-slower kind of unit).
 _FALLBACK = {"bfloat16": "float16", "float16": "float32"}
 _JSON_VERSION = 1
@@ -92,9 +91,7 @@ class GPUProfile:
             )
         unknown = sorted(set(self.peak_flops) - set(_DTYPES))
         if unknown:
-            raise ProfileError(
-                f"`peak_flops` has unknown dtype keys {unknown}; use only {list(_DTYPES)}"
-            )
+            raise ProfileError(f"`peak_flops` has unknown dtype keys {unknown}; use only {list(_DTYPES)}")
         if "float32" not in self.peak_flops:
             raise ProfileError(
                 f"`peak_flops` of profile {self.name!r} has no 'float32' entry "
@@ -154,15 +151,11 @@ class GPUProfile:
         known = {f.name: f for f in fields(cls)}
         unknown = sorted(set(data) - set(known))
         if unknown:
-            raise ProfileError(
-                f"unknown GPU profile keys {unknown}; valid keys are {sorted(known)}"
-            )
+            raise ProfileError(f"unknown GPU profile keys {unknown}; valid keys are {sorted(known)}")
         required = [name for name, f in known.items() if f.default is MISSING]
         missing = [name for name in required if name not in data]
         if missing:
-            raise ProfileError(
-                f"GPU profile is missing the keys {missing}; all of {required} are required"
-            )
+            raise ProfileError(f"GPU profile is missing the keys {missing}; all of {required} are required")
         values = dict(data)
         for name in ("count", "memory_bytes"):
             # JSON writers may emit 1.1e10 for an integer; accept a whole float.
@@ -225,12 +218,16 @@ def _check_float(name: str, value: object, allow_zero: bool = False) -> None:
         raise ProfileError(f"`{name}` must be a finite number {bound}, got {value!r}")
 
 
-def _gpu(name: str, gib: int, fp32: float, fp16: float, bf16: float, mem_bw: float, link_bw: float,
-         latency_s: float) -> GPUProfile:
+def _gpu(
+    name: str, gib: int, fp32: float, fp16: float, bf16: float, mem_bw: float, link_bw: float, latency_s: float
+) -> GPUProfile:
     return GPUProfile(
-        name=name, count=1, memory_bytes=gib * _GiB,
+        name=name,
+        count=1,
+        memory_bytes=gib * _GiB,
         peak_flops={"float32": fp32, "float16": fp16, "bfloat16": bf16},
-        memory_bandwidth_bytes_per_s=mem_bw, link_bandwidth_bytes_per_s=link_bw,
+        memory_bandwidth_bytes_per_s=mem_bw,
+        link_bandwidth_bytes_per_s=link_bw,
         link_latency_s=latency_s,
     )
 
@@ -258,9 +255,12 @@ BUILTIN_PROFILES: dict[str, GPUProfile] = {
         # A modest host (8 cores with AVX2 FMA); fixed so that CPU plans are reproducible.
         # Without AMX, half precision is slower than fp32. Link: gloo over loopback TCP.
         GPUProfile(
-            name="cpu", count=1, memory_bytes=16 * _GiB,
+            name="cpu",
+            count=1,
+            memory_bytes=16 * _GiB,
             peak_flops={"float32": 0.5e12, "float16": 0.1e12, "bfloat16": 0.25e12},
-            memory_bandwidth_bytes_per_s=20e9, link_bandwidth_bytes_per_s=5e9,
+            memory_bandwidth_bytes_per_s=20e9,
+            link_bandwidth_bytes_per_s=5e9,
             link_latency_s=50e-6,
         ),
     )
@@ -272,9 +272,16 @@ _GENERIC = _gpu("generic-cuda", 8, 13.4e12, 71e12, 71e12, 300e9, _PCIE3, _PCIE_L
 # How torch.cuda.get_device_name() spells each family ("NVIDIA A100-SXM4-80GB",
 # "Tesla V100-SXM2-16GB", "NVIDIA GeForce RTX 2080 Ti", "NVIDIA L4"), after _words().
 _FAMILIES: dict[str, str] = {
-    "rtx2080ti": r"\brtx 2080 ti\b", "v100-16gb": r"\bv100\b", "v100-32gb": r"\bv100\b",
-    "a100-40gb": r"\ba100\b", "a100-80gb": r"\ba100\b", "h100": r"\bh100\b", "h200": r"\bh200\b",
-    "l4": r"\bl4\b", "rtx3090": r"\brtx 3090\b", "rtx4090": r"\brtx 4090\b",
+    "rtx2080ti": r"\brtx 2080 ti\b",
+    "v100-16gb": r"\bv100\b",
+    "v100-32gb": r"\bv100\b",
+    "a100-40gb": r"\ba100\b",
+    "a100-80gb": r"\ba100\b",
+    "h100": r"\bh100\b",
+    "h200": r"\bh200\b",
+    "l4": r"\bl4\b",
+    "rtx3090": r"\brtx 3090\b",
+    "rtx4090": r"\brtx 4090\b",
 }
 
 
@@ -293,9 +300,7 @@ def list_profiles() -> list[GPUProfile]:
     return list(BUILTIN_PROFILES.values())
 
 
-def get_profile(
-    spec: str | os.PathLike | dict[str, Any] | GPUProfile, count: int | None = None
-) -> GPUProfile:
+def get_profile(spec: str | os.PathLike | dict[str, Any] | GPUProfile, count: int | None = None) -> GPUProfile:
     """Resolve ``spec`` to a profile, with ``count`` devices when given.
 
     ``spec`` is a built-in name (any case and spacing: ``"RTX 2080 Ti"``, ``"A100-80GB"``),
@@ -307,9 +312,7 @@ def get_profile(
         profile = GPUProfile.from_dict(spec)
     elif isinstance(spec, str) and spec.strip().lower() == "auto":
         return detect_profile(count)
-    elif isinstance(spec, os.PathLike) or (
-        isinstance(spec, str) and (spec.endswith(".json") or os.path.isfile(spec))
-    ):
+    elif isinstance(spec, os.PathLike) or (isinstance(spec, str) and (spec.endswith(".json") or os.path.isfile(spec))):
         profile = GPUProfile.from_json(spec)
     elif isinstance(spec, str):
         by_key = {_key(name): p for name, p in BUILTIN_PROFILES.items()}
@@ -321,8 +324,7 @@ def get_profile(
         profile = by_key[_key(spec)]
     else:
         raise ProfileError(
-            f"`spec` must be a profile name, 'auto', a JSON path, a dict or a GPUProfile, "
-            f"got {type(spec).__name__}"
+            f"`spec` must be a profile name, 'auto', a JSON path, a dict or a GPUProfile, got {type(spec).__name__}"
         )
     return profile if count is None else profile.with_count(count)
 
@@ -330,9 +332,7 @@ def get_profile(
 def match_device_name(device_name: str, memory_bytes: int) -> GPUProfile | None:
     """The built-in for a CUDA device name; the memory variant nearest ``memory_bytes`` wins."""
     words = _words(device_name)
-    candidates = [
-        BUILTIN_PROFILES[name] for name, pattern in _FAMILIES.items() if re.search(pattern, words)
-    ]
+    candidates = [BUILTIN_PROFILES[name] for name, pattern in _FAMILIES.items() if re.search(pattern, words)]
     if not candidates:
         return None
     return min(candidates, key=lambda p: abs(p.memory_bytes - memory_bytes))

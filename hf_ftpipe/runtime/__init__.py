@@ -6,6 +6,14 @@ from .schedule import Action, ScheduleGPipe, format_actions
 from .stage import StageSpec, build_stage_module, plan_stages
 
 __all__ = [
-    "Action", "Messenger", "PipelineEngine", "ScheduleGPipe", "StagePlacement", "StageSpec",
-    "build_stage_module", "format_actions", "init_distributed", "plan_stages",
+    "Action",
+    "Messenger",
+    "PipelineEngine",
+    "ScheduleGPipe",
+    "StagePlacement",
+    "StageSpec",
+    "build_stage_module",
+    "format_actions",
+    "init_distributed",
+    "plan_stages",
 ]

@@ -78,7 +78,9 @@ class PipelineEngine:
         weights_path: str | os.PathLike | None = None,
     ) -> None:
         if not dist.is_initialized():
-            raise PipelineError("torch.distributed is not initialised; start the job with `accelerate launch` or `torchrun`")
+            raise PipelineError(
+                "torch.distributed is not initialised; start the job with `accelerate launch` or `torchrun`"
+            )
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
         self.device = torch.device(device)
@@ -112,7 +114,9 @@ class PipelineEngine:
 
     def _build_modules(self, traced: TracedModel, weights_path: str | os.PathLike | None) -> dict[int, fx.GraphModule]:
         modules = {
-            s: build_stage_module(traced.graph_module, self.specs[s], traced.canonical_names, traced.tensors, self.device)
+            s: build_stage_module(
+                traced.graph_module, self.specs[s], traced.canonical_names, traced.tensors, self.device
+            )
             for s in self.local_stages
         }
         if weights_path is not None:
@@ -170,7 +174,9 @@ class PipelineEngine:
         return self._step(batch, training=True)
 
     @torch.no_grad()
-    def eval_step(self, batch: Mapping[str, Any], output_names: tuple[str, ...] = ("loss", "logits")) -> dict[str, torch.Tensor]:
+    def eval_step(
+        self, batch: Mapping[str, Any], output_names: tuple[str, ...] = ("loss", "logits")
+    ) -> dict[str, torch.Tensor]:
         """Forward only; returns the requested model outputs, concatenated over micro-batches, on every rank."""
         self._step(batch, training=False)
         outputs: dict[str, torch.Tensor] = {}
@@ -183,7 +189,9 @@ class PipelineEngine:
             pieces = []
             for m in range(self.num_microbatches):
                 local = self._outputs.get((value, m)) if self.stage_rank[owner.stage_index] == self.rank else None
-                tensor = local.detach().clone() if local is not None else torch.empty(shape, dtype=dtype, device=self.device)
+                tensor = (
+                    local.detach().clone() if local is not None else torch.empty(shape, dtype=dtype, device=self.device)
+                )
                 pieces.append(self.messenger.broadcast(tensor, self.stage_rank[owner.stage_index], name))
             outputs[name] = torch.stack(pieces) if pieces[0].dim() == 0 else torch.cat(pieces)
         self._outputs.clear()
@@ -284,7 +292,9 @@ class PipelineEngine:
             transfer = self.transfers.get(value)
             if transfer is not None:
                 for dst in transfer.target_ranks:
-                    self.messenger.send(tensor, dst, self._tag(transfer, m, backward=False), f"{value} of micro-batch {m}")
+                    self.messenger.send(
+                        tensor, dst, self._tag(transfer, m, backward=False), f"{value} of micro-batch {m}"
+                    )
         if "loss" in spec.model_outputs:
             self._losses[m] = outputs[spec.sent.index(spec.model_outputs["loss"])].detach()
 
@@ -319,8 +329,12 @@ class PipelineEngine:
         if (value, m) not in self._received:
             transfer = self.transfers[value]
             self._received[(value, m)] = self.messenger.recv(
-                transfer.shape, transfer.dtype, self.device, transfer.source_rank,
-                self._tag(transfer, m, backward=False), f"{value} of micro-batch {m}",
+                transfer.shape,
+                transfer.dtype,
+                self.device,
+                transfer.source_rank,
+                self._tag(transfer, m, backward=False),
+                f"{value} of micro-batch {m}",
             )
         return self._received[(value, m)]
 
@@ -333,8 +347,12 @@ class PipelineEngine:
         if transfer is not None:
             for src in transfer.target_ranks:
                 remote = self.messenger.recv(
-                    transfer.shape, transfer.dtype, self.device, src,
-                    self._tag(transfer, m, backward=True), f"gradient of {value} for micro-batch {m}",
+                    transfer.shape,
+                    transfer.dtype,
+                    self.device,
+                    src,
+                    self._tag(transfer, m, backward=True),
+                    f"gradient of {value} for micro-batch {m}",
                 )
                 grad = remote if grad is None else grad + remote
         return grad
@@ -354,7 +372,9 @@ class PipelineEngine:
         if self._grad_parts_left[key] == 0:
             transfer = self.transfers[value]
             self.messenger.send(
-                self._grads.pop(key), transfer.source_rank, self._tag(transfer, m, backward=True),
+                self._grads.pop(key),
+                transfer.source_rank,
+                self._tag(transfer, m, backward=True),
                 f"gradient of {value} for micro-batch {m}",
             )
             del self._grad_parts_left[key]
@@ -372,8 +392,13 @@ class PipelineEngine:
                     continue
                 shape, dtype = self._value_shape(value)
                 transfers[value] = _Transfer(
-                    value_id=len(transfers), name=value, producer_stage=spec.stage_index, source_rank=source,
-                    target_ranks=targets, shape=shape, dtype=dtype,
+                    value_id=len(transfers),
+                    name=value,
+                    producer_stage=spec.stage_index,
+                    source_rank=source,
+                    target_ranks=targets,
+                    shape=shape,
+                    dtype=dtype,
                     requires_grad=bool(self.graph.node(value)["requires_grad"]),
                 )
         return transfers

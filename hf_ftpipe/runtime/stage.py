@@ -51,7 +51,9 @@ def plan_stages(graph: CostGraph, node_stage: Mapping[str, int]) -> list[StageSp
         specs[node_stage[name]].nodes.append(name)
     for spec in specs:
         if not spec.nodes:
-            raise PartitionError(f"stage {spec.stage_index} of {num_stages} has no node; drop it or renumber the stages")
+            raise PartitionError(
+                f"stage {spec.stage_index} of {num_stages} has no node; drop it or renumber the stages"
+            )
 
     for name in graph.topological_order():
         stage = node_stage[name]
@@ -191,4 +193,3 @@ def _assign(root: torch.nn.Module, target: str, value: object) -> None:
         module.register_buffer(leaf, value)
     else:
         setattr(module, leaf, value)
-

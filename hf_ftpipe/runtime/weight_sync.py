@@ -31,7 +31,11 @@ class WeightSync:
     """
 
     def __init__(
-        self, graph: CostGraph, specs: Sequence[StageSpec], stage_rank: Sequence[int], messenger: Messenger,
+        self,
+        graph: CostGraph,
+        specs: Sequence[StageSpec],
+        stage_rank: Sequence[int],
+        messenger: Messenger,
         device: torch.device,
     ) -> None:
         self.graph = graph
@@ -82,7 +86,9 @@ class WeightSync:
             torch.nn.utils.clip_grads_with_norm_(grads, max_norm, total_norm.to(self.device))
         return total_norm
 
-    def gather(self, local: Mapping[str, torch.Tensor], names: Iterable[str], dst: int) -> dict[str, torch.Tensor] | None:
+    def gather(
+        self, local: Mapping[str, torch.Tensor], names: Iterable[str], dst: int
+    ) -> dict[str, torch.Tensor] | None:
         """The tensors ``names`` on rank ``dst`` (CPU), each sent by its owner; ``None`` on other ranks.
 
         One tensor is in flight at a time, so no rank holds more than its own weights plus one.

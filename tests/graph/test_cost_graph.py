@@ -29,15 +29,29 @@ def graph() -> CostGraph:
     digraph = nx.DiGraph()
     for name, (order, output_bytes, params, flops) in NODES.items():  # insertion order is not execution order
         digraph.add_node(
-            name, order=order, op="aten.mm.default", scope="", scope_types=(), output_shapes=((output_bytes // 4,),),
-            output_dtypes=("float32",), output_bytes=output_bytes, params=params, batch_inputs=(),
-            flops=flops, bytes_accessed=output_bytes, requires_grad=True,
+            name,
+            order=order,
+            op="aten.mm.default",
+            scope="",
+            scope_types=(),
+            output_shapes=((output_bytes // 4,),),
+            output_dtypes=("float32",),
+            output_bytes=output_bytes,
+            params=params,
+            batch_inputs=(),
+            flops=flops,
+            bytes_accessed=output_bytes,
+            requires_grad=True,
         )
     for u, v in EDGES:
         digraph.add_edge(u, v, bytes=NODES[u][1])
     return CostGraph(
-        graph=digraph, params=PARAMS, inputs={"input_ids": InputInfo("input_ids", (2, 8), "int64")},
-        outputs=("head",), output_names=("loss",), model_class="Toy",
+        graph=digraph,
+        params=PARAMS,
+        inputs={"input_ids": InputInfo("input_ids", (2, 8), "int64")},
+        outputs=("head",),
+        output_names=("loss",),
+        model_class="Toy",
     )
 
 

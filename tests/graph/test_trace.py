@@ -23,9 +23,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from models import KINDS, tiny_batch, tiny_model
 
 DOCUMENTED_ATTRIBUTES = {
-    "order": int, "op": str, "scope": str, "scope_types": tuple, "output_shapes": tuple,
-    "output_dtypes": tuple, "output_bytes": int, "params": tuple, "batch_inputs": tuple,
-    "flops": float, "bytes_accessed": int, "requires_grad": bool,
+    "order": int,
+    "op": str,
+    "scope": str,
+    "scope_types": tuple,
+    "output_shapes": tuple,
+    "output_dtypes": tuple,
+    "output_bytes": int,
+    "params": tuple,
+    "batch_inputs": tuple,
+    "flops": float,
+    "bytes_accessed": int,
+    "requires_grad": bool,
 }
 
 
@@ -203,8 +212,11 @@ def test_requires_grad_follows_dtype_and_parameters(t5_traced: TracedModel) -> N
     assert graph.output_names[0] == "loss"
     assert graph.node(graph.outputs[0])["requires_grad"] is True
     assert graph.node(graph.outputs[0])["output_shapes"] == ((),)
-    assert all(graph.node(n)["requires_grad"] for n in graph.topological_order() if graph.node(n)["params"]
-               and graph.node(n)["output_dtypes"] == ("float32",))
+    assert all(
+        graph.node(n)["requires_grad"]
+        for n in graph.topological_order()
+        if graph.node(n)["params"] and graph.node(n)["output_dtypes"] == ("float32",)
+    )
 
 
 def test_scopes_name_modules_and_block_types(t5_traced: TracedModel) -> None:

@@ -12,18 +12,15 @@ from hf_ftpipe.partition import (
     in_flight,
     optimizer_state_bytes,
 )
+
 from toy_graphs import UNIT, chain, make_graph, param
 
 
 def test_cco_two_gpus_hand_computed():
     # a (10 FLOP) → b (5) → c (5); UNIT: 1 FLOP/s, parameter-free ops cost as much backward,
     # 1 B/s links without latency. Stage 0 = {a} on GPU 0, stage 1 = {b, c} on GPU 1.
-    graph = make_graph(
-        {"a": {"flops": 10.0, "output_bytes": 30}, "b": 5.0, "c": 5.0}, [("a", "b"), ("b", "c")]
-    )
-    plan = estimate(
-        graph, {"a": 0, "b": 1, "c": 1}, [0, 1], UNIT, num_microbatches=4, microbatch_size=8
-    )
+    graph = make_graph({"a": {"flops": 10.0, "output_bytes": 30}, "b": 5.0, "c": 5.0}, [("a", "b"), ("b", "c")])
+    plan = estimate(graph, {"a": 0, "b": 1, "c": 1}, [0, 1], UNIT, num_microbatches=4, microbatch_size=8)
     gpu0, gpu1 = plan.gpus
     assert (gpu0.compute_s, gpu1.compute_s) == (20.0, 20.0)  # 10 + 10 backward; 2 × (5 + 5)
     # GPU 0 sends 30 B forward (30 s) and receives their 30 B of gradients back (30 s):
@@ -53,9 +50,7 @@ def test_gradients_only_for_outputs_that_require_grad():
 
 def test_output_sent_once_per_destination_stage_and_not_within_a_gpu():
     # a feeds b and c (both stage 1, GPU 1) and d (stage 2, back on GPU 0)
-    graph = make_graph(
-        {"a": 1.0, "b": 1.0, "c": 1.0, "d": 1.0}, [("a", "b"), ("a", "c"), ("a", "d"), ("c", "d")]
-    )
+    graph = make_graph({"a": 1.0, "b": 1.0, "c": 1.0, "d": 1.0}, [("a", "b"), ("a", "c"), ("a", "d"), ("c", "d")])
     node_stage = {"a": 0, "b": 1, "c": 1, "d": 2}
     plan = estimate(graph, node_stage, [0, 1, 0], UNIT, num_microbatches=1, microbatch_size=1)
     assert [s.fwd_out_bytes for s in plan.stages] == [16, 16, 0]  # a → stage 1 once; c → 2
@@ -90,8 +85,9 @@ def test_memory_gpipe_with_tied_weight_and_adamw():
 
 def test_1f1b_holds_fewer_microbatches():
     graph = chain([1, 1, 1])
-    plan = estimate(graph, {"n0": 0, "n1": 1, "n2": 2}, [0, 1, 2], UNIT, num_microbatches=8,
-                    microbatch_size=1, schedule="1f1b")
+    plan = estimate(
+        graph, {"n0": 0, "n1": 1, "n2": 2}, [0, 1, 2], UNIT, num_microbatches=8, microbatch_size=1, schedule="1f1b"
+    )
     assert [g.activation_bytes for g in plan.gpus] == [16 * 3, 16 * 2, 16 * 1]
     assert in_flight("1f1b", 0, 3, 2) == 2 and in_flight("gpipe", 2, 3, 8) == 8
 
@@ -100,8 +96,9 @@ def test_async_stashes_weight_versions():
     params = {"w": param("w", (2, 2))}
     a = {"flops": 1.0, "params": ("w",)}
     graph = make_graph({"a": a, "b": 1.0}, [("a", "b")], params=params)
-    plan = estimate(graph, {"a": 0, "b": 1}, [0, 1], UNIT, num_microbatches=4, microbatch_size=1,
-                    schedule="async", optimizer="sgd")
+    plan = estimate(
+        graph, {"a": 0, "b": 1}, [0, 1], UNIT, num_microbatches=4, microbatch_size=1, schedule="async", optimizer="sgd"
+    )
     assert plan.gpus[0].weights_bytes == 2 * 16  # stage 0 of 2: two versions in flight
 
 

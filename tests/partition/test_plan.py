@@ -10,6 +10,7 @@ import pytest
 from hf_ftpipe.errors import PartitionFormatError
 from hf_ftpipe.partition import Partition, PartitionKey, partition_seq_greedy
 from hf_ftpipe.partition import _json as json_module
+
 from toy_graphs import UNIT, chain
 
 

@@ -8,6 +8,7 @@ from hf_ftpipe.errors import PartitionFormatError
 from hf_ftpipe.graph import trace_model
 from hf_ftpipe.partition import Partition, PartitionKey, partition_seq_greedy, validate_partition
 from hf_ftpipe.profile import get_profile
+
 from models import tiny_batch, tiny_model
 
 

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from hf_ftpipe.errors import PartitionError
 from hf_ftpipe.partition import greedy_cuts, partition_seq_greedy, validate_partition
+
 from toy_graphs import UNIT, chain, make_graph
 
 
@@ -56,8 +57,13 @@ def test_small_dag_is_topological():
 def test_side_effect_op_stays_with_its_producer():
     # "check" asserts on a's output; it runs last but must not open or pad a stage
     graph = make_graph(
-        {"a": 1.0, "b": 1.0, "c": 1.0, "d": 1.0,
-         "check": {"flops": 0.0, "output_bytes": 0, "op": "aten._assert_tensor_metadata.default"}},
+        {
+            "a": 1.0,
+            "b": 1.0,
+            "c": 1.0,
+            "d": 1.0,
+            "check": {"flops": 0.0, "output_bytes": 0, "op": "aten._assert_tensor_metadata.default"},
+        },
         [("a", "b"), ("b", "c"), ("c", "d"), ("a", "check")],
         outputs=("d",),
     )

@@ -14,11 +14,18 @@ from hf_ftpipe.partition import (
     stage_graph,
     validate_partition,
 )
+
 from toy_graphs import UNIT, chain, make_graph, param
 
 KEY = PartitionKey(
-    model_fingerprint="toy-fingerprint", model_class="ToyModel", input_shapes={"input_ids": [2, 8]},
-    dtype="float32", schedule="gpipe", num_microbatches=2, gpu_profile="unit", num_gpus=4,
+    model_fingerprint="toy-fingerprint",
+    model_class="ToyModel",
+    input_shapes={"input_ids": [2, 8]},
+    dtype="float32",
+    schedule="gpipe",
+    num_microbatches=2,
+    gpu_profile="unit",
+    num_gpus=4,
 )
 
 

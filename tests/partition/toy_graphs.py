@@ -10,10 +10,15 @@ from hf_ftpipe.profile import GPUProfile
 # 1 FLOP/s and 1 B/s with no latency or efficiency discount: an op of f FLOPs takes f seconds
 # forward (bytes_accessed is 0), a parameter-free op as long again backward, b bytes take b seconds.
 UNIT = GPUProfile(
-    name="unit", count=4, memory_bytes=10_000,
-    peak_flops={"float32": 1.0}, memory_bandwidth_bytes_per_s=1e12,
-    link_bandwidth_bytes_per_s=1.0, link_latency_s=0.0,
-    compute_efficiency=1.0, memory_efficiency=1.0,
+    name="unit",
+    count=4,
+    memory_bytes=10_000,
+    peak_flops={"float32": 1.0},
+    memory_bandwidth_bytes_per_s=1e12,
+    link_bandwidth_bytes_per_s=1.0,
+    link_latency_s=0.0,
+    compute_efficiency=1.0,
+    memory_efficiency=1.0,
 )
 
 
@@ -29,9 +34,17 @@ def make_graph(
     graph = nx.DiGraph()
     for order, (name, spec) in enumerate(nodes.items()):
         attrs = {
-            "order": order, "op": "aten.mm.default", "scope": "", "scope_types": (),
-            "output_shapes": ((4,),), "output_dtypes": ("torch.float32",), "output_bytes": 16,
-            "params": (), "batch_inputs": (), "flops": 0.0, "bytes_accessed": 0,
+            "order": order,
+            "op": "aten.mm.default",
+            "scope": "",
+            "scope_types": (),
+            "output_shapes": ((4,),),
+            "output_dtypes": ("torch.float32",),
+            "output_bytes": 16,
+            "params": (),
+            "batch_inputs": (),
+            "flops": 0.0,
+            "bytes_accessed": 0,
             "requires_grad": True,
         }
         attrs.update(spec if isinstance(spec, dict) else {"flops": float(spec)})
@@ -56,9 +69,7 @@ def chain(flops: list[float], **kwargs) -> CostGraph:
     return make_graph(dict(zip(names, flops)), list(zip(names, names[1:])), **kwargs)
 
 
-def param(
-    name: str, shape: tuple[int, ...], *, trainable: bool = True, itemsize: int = 4
-) -> ParamInfo:
+def param(name: str, shape: tuple[int, ...], *, trainable: bool = True, itemsize: int = 4) -> ParamInfo:
     numel = 1
     for size in shape:
         numel *= size

@@ -21,10 +21,15 @@ from hf_ftpipe.profile import (
 
 # Round numbers and no efficiency discount, so every expected time is mental arithmetic.
 TOY = GPUProfile(
-    name="toy", count=2, memory_bytes=1000,
+    name="toy",
+    count=2,
+    memory_bytes=1000,
     peak_flops={"float32": 100.0, "bfloat16": 400.0},
-    memory_bandwidth_bytes_per_s=10.0, link_bandwidth_bytes_per_s=2.0, link_latency_s=0.5,
-    compute_efficiency=1.0, memory_efficiency=1.0,
+    memory_bandwidth_bytes_per_s=10.0,
+    link_bandwidth_bytes_per_s=2.0,
+    link_latency_s=0.5,
+    compute_efficiency=1.0,
+    memory_efficiency=1.0,
 )
 
 
@@ -66,15 +71,25 @@ def test_efficiencies_scale_the_builtin_roofline():
     ],
 )
 def test_backward_factor(requires_grad, trainable, inputs_grad, factor):
-    assert backward_factor(
-        requires_grad=requires_grad,
-        reads_trainable_params=trainable,
-        inputs_require_grad=inputs_grad,
-    ) == factor
-    assert backward_time_s(
-        1000, 50, TOY, requires_grad=requires_grad, reads_trainable_params=trainable,
-        inputs_require_grad=inputs_grad,
-    ) == factor * 10.0
+    assert (
+        backward_factor(
+            requires_grad=requires_grad,
+            reads_trainable_params=trainable,
+            inputs_require_grad=inputs_grad,
+        )
+        == factor
+    )
+    assert (
+        backward_time_s(
+            1000,
+            50,
+            TOY,
+            requires_grad=requires_grad,
+            reads_trainable_params=trainable,
+            inputs_require_grad=inputs_grad,
+        )
+        == factor * 10.0
+    )
 
 
 def test_backward_defaults_are_a_parameter_free_op():
@@ -89,25 +104,34 @@ def test_comm_time():
     assert comm_time_s(450e6, h100) == pytest.approx(h100.link_latency_s + 1e-3)
 
 
-@pytest.mark.parametrize("call", [
-    lambda: compute_time_s(-1, 0, TOY),
-    lambda: compute_time_s(0, math.nan, TOY),
-    lambda: comm_time_s(-8, TOY),
-])
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: compute_time_s(-1, 0, TOY),
+        lambda: compute_time_s(0, math.nan, TOY),
+        lambda: comm_time_s(-8, TOY),
+    ],
+)
 def test_negative_amounts_are_rejected(call):
     with pytest.raises(ProfileError, match="must be >= 0"):
         call()
 
 
 def _param(name: str, trainable: bool) -> ParamInfo:
-    return ParamInfo(name=name, aliases=(name,), shape=(4, 4), dtype="torch.float32", bytes=64,
-                     requires_grad=trainable)
+    return ParamInfo(name=name, aliases=(name,), shape=(4, 4), dtype="torch.float32", bytes=64, requires_grad=trainable)
 
 
 def _node(order, flops, bytes_accessed, requires_grad, params=(), dtype="torch.float32"):
-    return dict(order=order, op="aten.x", flops=flops, bytes_accessed=bytes_accessed,
-                output_bytes=bytes_accessed // 2, params=params, requires_grad=requires_grad,
-                output_dtypes=(dtype,))
+    return dict(
+        order=order,
+        op="aten.x",
+        flops=flops,
+        bytes_accessed=bytes_accessed,
+        output_bytes=bytes_accessed // 2,
+        params=params,
+        requires_grad=requires_grad,
+        output_dtypes=(dtype,),
+    )
 
 
 @pytest.fixture
@@ -128,9 +152,7 @@ def graph() -> CostGraph:
         "fc.bias": _param("fc.bias", True),
         "frozen.weight": _param("frozen.weight", False),
     }
-    return CostGraph(
-        graph=g, params=params, inputs={}, outputs=("frozen",), output_names=("logits",)
-    )
+    return CostGraph(graph=g, params=params, inputs={}, outputs=("frozen",), output_names=("logits",))
 
 
 def test_node_costs(graph):

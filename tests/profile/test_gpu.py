@@ -76,8 +76,15 @@ def test_list_profiles_has_every_builtin_and_cpu():
 
 @pytest.mark.parametrize(
     "spec, expected",
-    [("RTX 2080 Ti", "rtx2080ti"), ("A100-80GB", "a100-80gb"), ("a100_40gb", "a100-40gb"),
-     ("H100", "h100"), ("NVIDIA L4", "l4"), ("GeForce RTX 4090", "rtx4090"), ("CPU", "cpu")],
+    [
+        ("RTX 2080 Ti", "rtx2080ti"),
+        ("A100-80GB", "a100-80gb"),
+        ("a100_40gb", "a100-40gb"),
+        ("H100", "h100"),
+        ("NVIDIA L4", "l4"),
+        ("GeForce RTX 4090", "rtx4090"),
+        ("CPU", "cpu"),
+    ],
 )
 def test_get_profile_accepts_spellings(spec, expected):
     assert get_profile(spec) == BUILTIN_PROFILES[expected]
@@ -125,8 +132,13 @@ def test_json_round_trip(tmp_path):
 )
 def test_dict_round_trip_any_valid_values(count, memory_bytes, fp32, bandwidth, latency):
     profile = GPUProfile.from_dict(
-        small_profile(count=count, memory_bytes=memory_bytes, peak_flops={"float32": fp32},
-                      memory_bandwidth_bytes_per_s=bandwidth, link_latency_s=latency)
+        small_profile(
+            count=count,
+            memory_bytes=memory_bytes,
+            peak_flops={"float32": fp32},
+            memory_bandwidth_bytes_per_s=bandwidth,
+            link_latency_s=latency,
+        )
     )
     assert GPUProfile.from_dict(json.loads(json.dumps(profile.to_dict()))) == profile
 
@@ -227,8 +239,14 @@ def test_profile_owns_its_peak_dict():
 
 @pytest.mark.parametrize(
     "raw, expected",
-    [(torch.float32, "float32"), ("torch.bfloat16", "bfloat16"), ("fp16", "float16"),
-     ("half", "float16"), ("float", "float32"), ("torch.int64", "int64")],
+    [
+        (torch.float32, "float32"),
+        ("torch.bfloat16", "bfloat16"),
+        ("fp16", "float16"),
+        ("half", "float16"),
+        ("float", "float32"),
+        ("torch.int64", "int64"),
+    ],
 )
 def test_canonical_dtype(raw, expected):
     assert canonical_dtype(raw) == expected
@@ -243,10 +261,16 @@ def test_detect_without_cuda_is_cpu():
 
 @pytest.mark.parametrize(
     "device_name, memory_gib, expected",
-    [("NVIDIA A100-SXM4-80GB", 80, "a100-80gb"), ("NVIDIA A100-SXM4-40GB", 39.4, "a100-40gb"),
-     ("Tesla V100-SXM2-16GB", 15.8, "v100-16gb"), ("NVIDIA H100 80GB HBM3", 79.2, "h100"),
-     ("NVIDIA GeForce RTX 2080 Ti", 10.7, "rtx2080ti"), ("NVIDIA L4", 22, "l4"),
-     ("NVIDIA L40S", 45, None), ("NVIDIA GeForce RTX 2080", 8, None)],
+    [
+        ("NVIDIA A100-SXM4-80GB", 80, "a100-80gb"),
+        ("NVIDIA A100-SXM4-40GB", 39.4, "a100-40gb"),
+        ("Tesla V100-SXM2-16GB", 15.8, "v100-16gb"),
+        ("NVIDIA H100 80GB HBM3", 79.2, "h100"),
+        ("NVIDIA GeForce RTX 2080 Ti", 10.7, "rtx2080ti"),
+        ("NVIDIA L4", 22, "l4"),
+        ("NVIDIA L40S", 45, None),
+        ("NVIDIA GeForce RTX 2080", 8, None),
+    ],
 )
 def test_match_device_name(device_name, memory_gib, expected):
     match = match_device_name(device_name, int(memory_gib * GiB))

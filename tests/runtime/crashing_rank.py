@@ -9,6 +9,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hf_ftpipe.graph import capture_model  # noqa: E402
 from hf_ftpipe.runtime import PipelineEngine  # noqa: E402
+
 from models import tiny_batch, tiny_model  # noqa: E402
 from test_engine import contiguous_placement  # noqa: E402
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from distributed import run_ranks, values_or_raise
 from hf_ftpipe.graph import capture_model
 from hf_ftpipe.partition import Partition
 from hf_ftpipe.runtime import PipelineEngine
+
+from distributed import run_ranks, values_or_raise
 from models import tiny_batch, tiny_model
 
 MICROBATCH = 2

@@ -18,8 +18,19 @@ def free_port() -> int:
 def test_raising_rank_stops_every_rank_within_60_s() -> None:
     start = time.monotonic()
     result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()), str(SCRIPT)],
-        capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "--master_port",
+            str(free_port()),
+            str(SCRIPT),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     elapsed = time.monotonic() - start
     output = result.stdout + result.stderr

@@ -15,15 +15,25 @@ from datasets import Dataset
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hf_ftpipe import PipeTrainer, PipeTrainingArguments  # noqa: E402
+
 from models import tiny_batch, tiny_model  # noqa: E402
 
 
 def main(output_dir: str, weights_path: str | None = None) -> None:
     args = PipeTrainingArguments(
         weights_path=weights_path,
-        output_dir=output_dir, use_cpu=True, per_device_train_batch_size=4, per_device_eval_batch_size=4,
-        num_microbatches=2, max_steps=6, learning_rate=1e-2, logging_steps=1, save_strategy="no",
-        report_to="none", seed=0, max_grad_norm=1.0,
+        output_dir=output_dir,
+        use_cpu=True,
+        per_device_train_batch_size=4,
+        per_device_eval_batch_size=4,
+        num_microbatches=2,
+        max_steps=6,
+        learning_rate=1e-2,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        seed=0,
+        max_grad_norm=1.0,
     )
     data = tiny_batch("gpt2", 26, seed=1)
     dataset = Dataset.from_dict({k: v.tolist() for k, v in data.items()})

@@ -18,7 +18,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from models import tiny_model  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
-LAUNCH = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--main_process_port", "0"]
+LAUNCH = [
+    sys.executable,
+    "-m",
+    "accelerate.commands.launch",
+    "--multi_gpu",
+    "--num_processes",
+    "2",
+    "--main_process_port",
+    "0",
+]
 
 
 def launch(*command: str, timeout_s: float = 300) -> subprocess.CompletedProcess:

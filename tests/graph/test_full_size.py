@@ -22,8 +22,16 @@ def _ids(batch: int, length: int) -> torch.Tensor:
         (
             "t5-3b",
             lambda: _meta(
-                transformers.T5Config, transformers.T5ForConditionalGeneration, vocab_size=32128, d_model=1024,
-                d_ff=16384, d_kv=128, num_heads=32, num_layers=24, num_decoder_layers=24, decoder_start_token_id=0,
+                transformers.T5Config,
+                transformers.T5ForConditionalGeneration,
+                vocab_size=32128,
+                d_model=1024,
+                d_ff=16384,
+                d_kv=128,
+                num_heads=32,
+                num_layers=24,
+                num_decoder_layers=24,
+                decoder_start_token_id=0,
                 pad_token_id=0,
             ),
             lambda: {"input_ids": _ids(4, 512), "labels": _ids(4, 4)},
@@ -32,8 +40,13 @@ def _ids(batch: int, length: int) -> torch.Tensor:
         (
             "gpt2-xl",
             lambda: _meta(
-                transformers.GPT2Config, transformers.GPT2LMHeadModel, vocab_size=50257, n_positions=1024,
-                n_embd=1600, n_layer=48, n_head=25,
+                transformers.GPT2Config,
+                transformers.GPT2LMHeadModel,
+                vocab_size=50257,
+                n_positions=1024,
+                n_embd=1600,
+                n_layer=48,
+                n_head=25,
             ),
             lambda: {"input_ids": _ids(1, 1024), "labels": _ids(1, 1024)},
             1.56,
@@ -41,8 +54,13 @@ def _ids(batch: int, length: int) -> torch.Tensor:
         (
             "bert-large",
             lambda: _meta(
-                transformers.BertConfig, transformers.BertForQuestionAnswering, vocab_size=30522, hidden_size=1024,
-                num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096,
+                transformers.BertConfig,
+                transformers.BertForQuestionAnswering,
+                vocab_size=30522,
+                hidden_size=1024,
+                num_hidden_layers=24,
+                num_attention_heads=16,
+                intermediate_size=4096,
             ),
             lambda: {
                 "input_ids": _ids(24, 384),

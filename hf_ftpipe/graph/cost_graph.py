@@ -24,6 +24,10 @@ name. Node attributes (all plain Python values, so a graph pickles, hashes and p
     forward floating-point operations (``FlopCounterMode``'s count).
 ``bytes_accessed`` (`int`)
     bytes read and written by the forward: tensor inputs + outputs + parameters.
+``saved_bytes`` (`int`)
+    bytes of the tensors autograd keeps from this node's forward until its backward (views of one
+    tensor counted once, weights not at all): the activation memory one micro-batch in flight
+    costs. Often far less than ``output_bytes`` summed, since views and temporaries are free.
 ``requires_grad`` (`bool`)
     whether the node's outputs take part in backward (a floating output downstream of a
     trainable parameter). Decides which activations travel back as gradients.

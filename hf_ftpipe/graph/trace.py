@@ -234,6 +234,7 @@ def _measure(
             batch_inputs=tuple(p.name for p in producers if p.name in placeholder_names),
             flops=record["flops"],
             bytes_accessed=record["bytes"] + record["input_bytes"],
+            saved_bytes=record["saved_bytes"],
             requires_grad=record["requires_grad"],
         )
         order += 1
@@ -303,10 +304,22 @@ class _MetaRecorder(fx.Interpreter):
         self._canonical = canonical
         self._counter = FlopCounterMode(display=False)
         self._meta_regions: dict[int, fx.GraphModule] = {}
+        self._saved: dict[int, torch.Tensor] = {}
+        self._saved_now = 0
+        self._param_ids: set[int] = set()
 
     def run(self, *args: Any) -> Any:
-        with self._counter, torch.enable_grad():
+        hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda tensor: tensor)
+        with self._counter, torch.enable_grad(), hooks:
             return super().run(*args)
+
+    def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Count a tensor autograd keeps for backward once, views of it included, weights excluded."""
+        base = tensor._base if tensor._base is not None else tensor
+        if id(base) not in self._saved and id(base) not in self._param_ids:
+            self._saved[id(base)] = base  # holding it keeps the id from being reused
+            self._saved_now += _nbytes(base)
+        return tensor
 
     def fetch_attr(self, target: str) -> Any:
         key = self._canonical.get(target, target)
@@ -316,6 +329,7 @@ class _MetaRecorder(fx.Interpreter):
                 return real
             meta = torch.empty(real.shape, dtype=real.dtype, device="meta")
             self._meta_params[key] = meta.requires_grad_(real.requires_grad and real.is_floating_point())
+            self._param_ids.add(id(self._meta_params[key]))
         return self._meta_params[key]
 
     def call_function(self, target: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
@@ -336,6 +350,7 @@ class _MetaRecorder(fx.Interpreter):
 
     def run_node(self, node: fx.Node) -> Any:
         self.current = node.name
+        self._saved_now = 0
         flops_before = self._counter.get_total_flops()
         result = super().run_node(node)
         if node.op in ("call_function", "call_module"):
@@ -352,6 +367,7 @@ class _MetaRecorder(fx.Interpreter):
                 "shapes": tuple(tuple(t.shape) for t in tensors),
                 "dtypes": tuple(str(t.dtype).removeprefix("torch.") for t in tensors),
                 "bytes": sum(_nbytes(t) for t in tensors),
+                "saved_bytes": self._saved_now,
                 "input_bytes": sum(_nbytes(t) for t in inputs),
                 "flops": float(self._counter.get_total_flops() - flops_before),
                 "requires_grad": any(t.requires_grad for t in tensors),

@@ -34,6 +34,7 @@ DOCUMENTED_ATTRIBUTES = {
     "batch_inputs": tuple,
     "flops": float,
     "bytes_accessed": int,
+    "saved_bytes": int,
     "requires_grad": bool,
 }
 
@@ -125,6 +126,22 @@ def test_graph_and_stages_match_eager(kind: str) -> None:
 @pytest.fixture(scope="module")
 def t5_traced() -> TracedModel:
     return capture_model(tiny_model("t5"), tiny_batch("t5", 2))
+
+
+def test_saved_bytes_count_what_backward_keeps(t5_traced: TracedModel) -> None:
+    graph = t5_traced.cost_graph
+    saved = {n: graph.node(n)["saved_bytes"] for n in graph.topological_order()}
+    # A linear layer keeps its input for the weight gradient: at least one activation's worth
+    # is kept somewhere before each linear (the input is saved by the first op that needs it).
+    assert sum(saved.values()) > 0
+    assert all(value >= 0 for value in saved.values())
+    # Integer bookkeeping (positions, masks built from ids) keeps nothing for backward.
+    for name in saved:
+        if graph.node(name)["output_dtypes"] == ("int64",):
+            assert saved[name] == 0, name
+    # Weights are not activations: no single op keeps more than its inputs and outputs.
+    for name, value in saved.items():
+        assert value <= graph.node(name)["bytes_accessed"], name
 
 
 def test_tied_weight_is_one_parameter(t5_traced: TracedModel) -> None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Literal, get_args
 
 from hf_ftpipe.errors import PartitionError
@@ -44,6 +45,20 @@ __all__ = [
 
 Optimizer = Literal["sgd", "sgd-momentum", "adam", "adamw", "adafactor"]
 Schedule = Literal["gpipe", "1f1b", "async", "2bw"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryOptions:
+    """How memory is budgeted when a plan is made and checked."""
+
+    headroom: float = 0.1
+    """Fraction of each GPU's memory kept free (allocator fragmentation, CUDA context, buffers)."""
+    recompute: bool = False
+    """Activation recomputation: a stage keeps only its inputs per micro-batch in flight, and
+    recomputes one micro-batch's activations during its backward."""
+    gradient_accumulation_steps: int = 1
+    """For `async`: micro-batches per weight update; fewer updates in flight means fewer stashed
+    weight versions."""
 
 
 def estimate(

@@ -23,7 +23,10 @@ from transformers import Trainer
 
 from .errors import PipelineError
 from .graph.trace import TracedModel, capture_model
-from .partition import Partition, PartitionKey, partition_seq_greedy, validate_partition
+from .partition import Partition, PartitionKey, validate_partition
+from .partition.auto import PartitionerResult, reason_line
+from .partition.estimate import MemoryOptions
+from .partition.registry import get_partitioner
 from .profile import GPUProfile, get_profile
 from .runtime import PipelineEngine
 from .runtime.weights import release_foreign_weights
@@ -159,15 +162,33 @@ class PipeTrainer(Trainer):
             partition = Partition.from_json(self.args.partition_file, expected_key=key)
             partition.check_matches(graph, source=self.args.partition_file)
         else:
-            partition = partition_seq_greedy(
+            options: dict[str, Any] = {}
+            report: list[PartitionerResult] = []
+            if self.args.partitioner == "auto":
+                options["report"] = report
+            partition = get_partitioner(self.args.partitioner)(
                 graph,
                 profile,
-                num_stages=profile.count,
                 num_microbatches=self.args.num_microbatches,
                 microbatch_size=microbatch_size,
                 schedule=self.args.pipeline_schedule,
                 optimizer=optimizer,
+                # The runtime keeps every activation (no recomputation yet).
+                memory=MemoryOptions(headroom=self.args.partition_memory_headroom, recompute=False),
+                **options,
             )
+            for result in report:
+                logger.info("partitioner %s: %s", result.partitioner, _summary(result))
+            predicted = partition.predicted
+            if predicted is not None:
+                logger.info(
+                    "partition by %s: %d stages on %d GPUs, %.3g samples/s predicted, worst GPU / ideal %.3f",
+                    partition.partitioner,
+                    partition.num_stages,
+                    partition.num_devices,
+                    predicted.throughput_samples_per_s,
+                    predicted.imbalance,
+                )
         validate_partition(partition, graph, memory_capacity_bytes=profile.memory_bytes)
         return partition
 
@@ -345,6 +366,16 @@ class PipeTrainer(Trainer):
 
 class _Placeholder(nn.Module):
     """Stands in for the model before the pipeline exists (Trainer wraps early, then re-wraps)."""
+
+
+def _summary(result: PartitionerResult) -> str:
+    if result.step_time_s is None:
+        return f"no plan ({reason_line(result)})"
+    verdict = "fits" if result.feasible else f"does not fit ({reason_line(result)})"
+    return (
+        f"{result.throughput_samples_per_s:.3g} samples/s, worst GPU / ideal {result.worst_over_ideal:.3f}, "
+        f"peak memory {result.max_memory_fraction:.0%}, {result.time_s:.2f} s, {verdict}"
+    )
 
 
 def _is_batched(value: Any, rows: int) -> bool:

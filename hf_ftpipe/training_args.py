@@ -10,7 +10,6 @@ from transformers import TrainingArguments
 __all__ = ["PipeTrainingArguments"]
 
 SUPPORTED_SCHEDULES = ("gpipe",)
-SUPPORTED_PARTITIONERS = ("seq-greedy",)
 
 
 @dataclass
@@ -31,9 +30,19 @@ class PipeTrainingArguments(TrainingArguments):
         default=4,
         metadata={"help": "Micro-batches per mini-batch; per_device_train_batch_size must be a multiple of it."},
     )
-    partitioner: Literal["seq-greedy"] = field(
-        default="seq-greedy",
-        metadata={"help": "How the model is cut into stages. 'seq-greedy': contiguous stages of equal cost."},
+    partitioner: str = field(
+        default="auto",
+        metadata={
+            "help": "How the model is cut into stages: a registered partitioner (hf_ftpipe.partition."
+            "available_partitioners()). 'auto': run them all and keep the fastest plan that fits memory; "
+            "'seq-greedy': contiguous stages of equal cost."
+        },
+    )
+    partition_memory_headroom: float = field(
+        default=0.1,
+        metadata={
+            "help": "Fraction of each GPU's memory the partition leaves free (allocator, CUDA context, buffers)."
+        },
     )
     gpu_profile: str = field(
         default="auto",
@@ -72,10 +81,13 @@ class PipeTrainingArguments(TrainingArguments):
                 f"`pipeline_schedule={self.pipeline_schedule!r}` is not available in this version; "
                 f"choose one of {list(SUPPORTED_SCHEDULES)}"
             )
-        if self.partitioner not in SUPPORTED_PARTITIONERS:
+        partitioners = _available_partitioners()
+        if self.partitioner not in partitioners:
+            raise ValueError(f"`partitioner={self.partitioner!r}` is not available; choose one of {partitioners}")
+        if not 0.0 <= self.partition_memory_headroom < 1.0:
             raise ValueError(
-                f"`partitioner={self.partitioner!r}` is not available in this version; "
-                f"choose one of {list(SUPPORTED_PARTITIONERS)}"
+                f"`partition_memory_headroom` is the fraction of GPU memory kept free and must be in [0, 1), "
+                f"got {self.partition_memory_headroom}; e.g. 0.1 keeps 10% free"
             )
         if self.num_microbatches < 1:
             raise ValueError(f"`num_microbatches` must be at least 1, got {self.num_microbatches}")
@@ -94,3 +106,12 @@ class PipeTrainingArguments(TrainingArguments):
             )
         if self.pipeline_timeout_s <= 0:
             raise ValueError(f"`pipeline_timeout_s` must be positive, got {self.pipeline_timeout_s}")
+
+
+def _available_partitioners() -> list[str]:
+    """Every registered partitioner name; importing the package registers the built-in ones."""
+    import hf_ftpipe.partition  # noqa: F401
+    import hf_ftpipe.partition.auto  # noqa: F401
+    from hf_ftpipe.partition.registry import available_partitioners
+
+    return available_partitioners()

@@ -13,9 +13,19 @@ hand tensors over in memory. A producer's output is sent once to each stage on a
 reads it, and stages exchange one message per direction per micro-batch.
 
 Memory of a GPU: weights (distinct parameters and buffers, a tied weight once) × the versions the
-schedule keeps + gradients + optimizer state + activations × micro-batches in flight. Activations
-are approximated by the outputs of the GPU's ops. ``gpipe`` is the reference; the other schedules
-are approximations (see ``in_flight`` and ``weight_versions``).
+schedule keeps + gradients + optimizer state + activations × micro-batches in flight. The
+activations of one micro-batch are the ``saved_bytes`` of the GPU's ops: what autograd keeps from
+forward to backward (``output_bytes`` for a hand-built graph without it). ``gpipe`` is the
+reference; the other schedules are approximations (see ``in_flight`` and ``weight_versions``).
+
+With recomputation (``MemoryOptions.recompute``, activation checkpointing per stage) a stage keeps,
+per micro-batch in flight, only the values it received from other stages, plus the full
+activations of the one micro-batch it is recomputing; it pays for that with its forward run a
+second time, counted in its ``backward_s`` (and in the ideal). Inputs read straight from the batch
+(ids, masks, labels) are small and left out.
+
+Capacity: ``GPUCost.capacity_bytes`` is the device's raw memory; a plan is feasible when every GPU
+needs at most ``usable_capacity(profile, memory)``, the raw memory less the ``headroom`` fraction.
 """
 
 from __future__ import annotations
@@ -33,6 +43,7 @@ from hf_ftpipe.profile.cost import NodeCost, comm_time_s, node_costs
 from hf_ftpipe.profile.gpu import GPUProfile
 
 __all__ = [
+    "MemoryOptions",
     "Optimizer",
     "Schedule",
     "estimate",
@@ -40,6 +51,7 @@ __all__ = [
     "gpu_cost_s",
     "in_flight",
     "optimizer_state_bytes",
+    "usable_capacity",
     "weight_versions",
 ]
 
@@ -60,6 +72,22 @@ class MemoryOptions:
     """For `async`: micro-batches per weight update; fewer updates in flight means fewer stashed
     weight versions."""
 
+    def __post_init__(self) -> None:
+        if isinstance(self.headroom, bool) or not isinstance(self.headroom, (int, float)):
+            raise PartitionError(f"`headroom` must be a number in [0, 1), got {self.headroom!r}")
+        if not 0.0 <= self.headroom < 1.0:
+            raise PartitionError(
+                f"`headroom` is the fraction of GPU memory kept free and must be in [0, 1), got "
+                f"{self.headroom!r}; e.g. 0.1 keeps 10% free"
+            )
+        _check_positive("gradient_accumulation_steps", self.gradient_accumulation_steps)
+
+
+def usable_capacity(profile: GPUProfile, memory: MemoryOptions | None = None) -> int:
+    """Bytes a plan may use on one GPU of ``profile``: its memory less ``memory.headroom``."""
+    headroom = (memory or MemoryOptions()).headroom
+    return int(profile.memory_bytes * (1.0 - headroom))
+
 
 def estimate(
     graph: CostGraph,
@@ -73,6 +101,7 @@ def estimate(
     schedule: Schedule = "gpipe",
     dtype: str | None = None,
     costs: Mapping[str, NodeCost] | None = None,
+    memory: MemoryOptions | None = None,
 ) -> Prediction:
     """Predict per-stage and per-GPU time and memory of a plan (see the module docstring).
 
@@ -83,18 +112,23 @@ def estimate(
         dtype (`str`, *optional*): compute dtype for ``node_costs``; each node's own by default.
         costs (`Mapping[str, NodeCost]`, *optional*): ``node_costs(graph, profile, dtype)``
             when the caller already has them (partitioners that estimate many plans).
+        memory (`MemoryOptions`, *optional*): recomputation and gradient accumulation (they change
+            time and memory); ``MemoryOptions()`` by default.
     """
     _check_choice("schedule", schedule, Schedule)
     _check_choice("optimizer", optimizer, Optimizer)
     _check_positive("num_microbatches", num_microbatches)
     _check_positive("microbatch_size", microbatch_size)
+    options = memory or MemoryOptions()
     if costs is None:
         costs = node_costs(graph, profile, dtype)
     stage_nodes = _stage_nodes(graph, node_stage, stage_device)
     num_stages = len(stage_device)
+    # Recomputation runs each forward again just before its backward.
+    forward_again = 1.0 if options.recompute else 0.0
 
     fwd_bytes, grad_bytes = _cross_gpu_traffic(graph, node_stage, stage_device)
-    memory = _Memory(graph, stage_nodes, stage_device, num_microbatches, optimizer, schedule)
+    model = _Memory(graph, node_stage, stage_nodes, stage_device, num_microbatches, optimizer, schedule, options)
     stages = []
 
     def seconds(transfers: dict[int, int]) -> float:  # one message per stage pair
@@ -103,18 +137,19 @@ def estimate(
     for s, nodes in enumerate(stage_nodes):
         sent = {t: b for (src, t), b in fwd_bytes.items() if src == s}
         received = {src: b for (src, t), b in fwd_bytes.items() if t == s}
+        forward_s = math.fsum(costs[n].forward_s for n in nodes)
         stages.append(
             StageCost(
                 device=stage_device[s],
-                forward_s=math.fsum(costs[n].forward_s for n in nodes),
-                backward_s=math.fsum(costs[n].backward_s for n in nodes),
+                forward_s=forward_s,
+                backward_s=math.fsum(costs[n].backward_s for n in nodes) + forward_again * forward_s,
                 fwd_in_bytes=sum(received.values()),
                 fwd_out_bytes=sum(sent.values()),
                 comm_fwd_in_s=seconds(received),
                 comm_fwd_out_s=seconds(sent),
                 comm_bwd_in_s=seconds({t: grad_bytes[s, t] for t in sent}),
                 comm_bwd_out_s=seconds({src: grad_bytes[src, s] for src in received}),
-                memory_bytes=memory.of_stage(s),
+                memory_bytes=model.of_stage(s),
             )
         )
 
@@ -132,10 +167,10 @@ def estimate(
                 comm_bwd_in_s=bwd_in_s,
                 cost_s=gpu_cost_s(compute_s, fwd_out_s, bwd_in_s),
                 capacity_bytes=profile.memory_bytes,
-                **memory.of_gpu(g),
+                **model.of_gpu(g),
             )
         )
-    total_compute_s = math.fsum(costs[n].total_s for n in graph.graph)
+    total_compute_s = math.fsum(costs[n].total_s + forward_again * costs[n].forward_s for n in graph.graph)
     return Prediction(
         schedule=schedule,
         num_microbatches=num_microbatches,
@@ -166,15 +201,37 @@ def in_flight(schedule: str, stage_index: int, num_stages: int, num_microbatches
     return min(num_microbatches, num_stages - stage_index)
 
 
-def weight_versions(schedule: str, stage_index: int, num_stages: int) -> int:
-    """Copies of its weights a stage keeps: PipeDream's weight stashing keeps one per micro-batch
-    between its forward and its backward (``num_stages − stage_index``), 2BW two, flushing
-    schedules one."""
-    if schedule == "async":
-        return num_stages - stage_index
+def weight_versions(
+    schedule: str,
+    stage_index: int,
+    num_stages: int,
+    *,
+    num_microbatches: int | None = None,
+    gradient_accumulation_steps: int = 1,
+) -> int:
+    """Copies of its weights a stage keeps: flushing schedules (``gpipe``, ``1f1b``) one, 2BW two,
+    ``async`` (PipeDream's weight stashing) one per weight version still in flight.
+
+    Under ``async`` the forward and backward of a micro-batch use the same version. A stage has
+    k = ``in_flight(...)`` micro-batches between their forward and backward (``num_stages −
+    stage_index`` in the steady state; ``num_microbatches`` caps it when given). They are k
+    consecutive micro-batches, and the weights change once every G =
+    ``gradient_accumulation_steps`` of them, so they span at most ⌈(k − 1) / G⌉ + 1 versions; the
+    newest of those is the current weights. G = 1 gives k: PipeDream's "depth d from the end keeps
+    d + 1 versions"::
+
+        k = 4, G = 1: micro-batches 5 6 7 8 → versions 5 6 7 8    (4 copies)
+        k = 4, G = 2: micro-batches 5 6 7 8 → versions 2 3 3 4    (⌈3/2⌉ + 1 = 3 copies)
+    """
     if schedule == "2bw":
         return 2
-    return 1
+    if schedule != "async":
+        return 1
+    if num_microbatches is None:
+        k = num_stages - stage_index
+    else:
+        k = in_flight(schedule, stage_index, num_stages, num_microbatches)
+    return -(-(k - 1) // gradient_accumulation_steps) + 1
 
 
 def optimizer_state_bytes(optimizer: str, shape: tuple[int, ...], num_bytes: int) -> int:
@@ -206,21 +263,38 @@ class _Memory:
     def __init__(
         self,
         graph: CostGraph,
+        node_stage: Mapping[str, int],
         stage_nodes: list[list[str]],
         stage_device: Sequence[int],
         num_microbatches: int,
         optimizer: str,
         schedule: str,
+        options: MemoryOptions,
     ) -> None:
         self.graph, self.stage_device = graph, stage_device
         self.optimizer = optimizer
         num_stages = len(stage_nodes)
         self.stage_params = [graph.params_of(nodes) for nodes in stage_nodes]
-        self.versions = [weight_versions(schedule, s, num_stages) for s in range(num_stages)]
-        self.activations = [
-            sum(graph.node(n)["output_bytes"] for n in nodes) * in_flight(schedule, s, num_stages, num_microbatches)
-            for s, nodes in enumerate(stage_nodes)
+        self.versions = [
+            weight_versions(
+                schedule,
+                s,
+                num_stages,
+                num_microbatches=num_microbatches,
+                gradient_accumulation_steps=options.gradient_accumulation_steps,
+            )
+            for s in range(num_stages)
         ]
+        self.activations = []
+        for s, nodes in enumerate(stage_nodes):
+            saved = sum(saved_bytes(graph, n) for n in nodes)
+            held = in_flight(schedule, s, num_stages, num_microbatches)
+            if options.recompute:
+                inputs = {u for v in nodes for u in graph.graph.predecessors(v) if node_stage[u] != s}
+                kept = sum(graph.node(u)["output_bytes"] for u in inputs)
+                self.activations.append(kept * held + saved)
+            else:
+                self.activations.append(saved * held)
 
     def _params(self, versions_of: dict[str, int]) -> dict[str, int]:
         weights = gradients = optimizer = 0
@@ -260,14 +334,26 @@ def estimate_memory(
     num_microbatches: int,
     optimizer: Optimizer = "adamw",
     schedule: Schedule = "gpipe",
+    memory: MemoryOptions | None = None,
 ) -> list[int]:
     """Predicted memory bytes of each GPU (index = device), without a profile."""
     _check_choice("schedule", schedule, Schedule)
     _check_choice("optimizer", optimizer, Optimizer)
+    _check_positive("num_microbatches", num_microbatches)
     stage_nodes = _stage_nodes(graph, node_stage, stage_device)
-    memory = _Memory(graph, stage_nodes, stage_device, num_microbatches, optimizer, schedule)
+    model = _Memory(
+        graph, node_stage, stage_nodes, stage_device, num_microbatches, optimizer, schedule, memory or MemoryOptions()
+    )
     num_devices = max(stage_device, default=-1) + 1
-    return [memory.of_gpu(g)["memory_bytes"] for g in range(num_devices)]
+    return [model.of_gpu(g)["memory_bytes"] for g in range(num_devices)]
+
+
+def saved_bytes(graph: CostGraph, node: str) -> int:
+    """Activation bytes ``node`` keeps per micro-batch: ``saved_bytes``, else ``output_bytes``
+    (hand-built graphs)."""
+    attrs = graph.node(node)
+    value = attrs.get("saved_bytes")
+    return attrs["output_bytes"] if value is None else value
 
 
 def _stage_nodes(graph: CostGraph, node_stage: Mapping[str, int], stage_device: Sequence[int]) -> list[list[str]]:

@@ -146,10 +146,13 @@ class GPUCost:
     gradient_bytes: int
     optimizer_bytes: int
     activation_bytes: int
-    """Outputs of the GPU's ops times the micro-batches in flight."""
+    """What autograd keeps of the GPU's ops (``saved_bytes``) times the micro-batches in flight;
+    with recomputation, the stage inputs per micro-batch in flight plus one micro-batch in full."""
     memory_bytes: int
     """The sum of the four above."""
     capacity_bytes: int
+    """The device's raw memory (``GPUProfile.memory_bytes``); plans are made to fit it less the
+    headroom (``estimate.usable_capacity``)."""
 
 
 @dataclass(kw_only=True)
@@ -176,6 +179,16 @@ class Prediction:
     def imbalance(self) -> float:
         """``step_time_s / ideal_step_time_s``: 1.0 is perfect; FTPipe reports ~1.09 on T5-3B."""
         return self.step_time_s / self.ideal_step_time_s if self.ideal_step_time_s > 0 else 1.0
+
+    @property
+    def worst_over_ideal(self) -> float:
+        """The worst GPU's cost over the ideal: the name ``compare`` reports ``imbalance`` under."""
+        return self.imbalance
+
+    @property
+    def max_memory_fraction(self) -> float:
+        """max over GPUs of memory / raw capacity; a plan with headroom h keeps it ≤ 1 − h."""
+        return max((g.memory_bytes / g.capacity_bytes for g in self.gpus if g.capacity_bytes > 0), default=0.0)
 
 
 def collect_versions() -> dict[str, str]:

@@ -9,24 +9,25 @@ the baseline the others must beat. Steps:
    of that op the total is nearer the target; never leave a stage empty.
 3. Stage s runs on GPU s. Contiguous pieces of a topological order are numbered topologically.
 
-Ops that do nothing and feed nothing (``aten._assert_tensor_metadata``) are not cut on: they join
-the latest stage among their producers, which keeps the numbering topological.
+Parts of multi-output ops (``getitem``) and side-effect ops are not cut on: they join the latest
+stage among their producers (see ``_contiguous``).
 """
 
 from __future__ import annotations
 
-from hf_ftpipe.errors import PartitionError
 from hf_ftpipe.graph.cost_graph import CostGraph
-from hf_ftpipe.partition.estimate import Optimizer, Schedule, estimate
+from hf_ftpipe.partition._contiguous import Setup
+from hf_ftpipe.partition.estimate import MemoryOptions, Optimizer, Schedule
 from hf_ftpipe.partition.plan import Partition, PartitionKey
-from hf_ftpipe.profile.cost import node_costs
-from hf_ftpipe.profile.gpu import GPUProfile, canonical_dtype
+from hf_ftpipe.partition.registry import register_partitioner
+from hf_ftpipe.profile.gpu import GPUProfile
 
 __all__ = ["greedy_cuts", "partition_seq_greedy"]
 
 NAME = "seq-greedy"
 
 
+@register_partitioner(NAME)
 def partition_seq_greedy(
     graph: CostGraph,
     profile: GPUProfile,
@@ -38,6 +39,7 @@ def partition_seq_greedy(
     optimizer: Optimizer = "adamw",
     dtype: str | None = None,
     key: PartitionKey | None = None,
+    memory: MemoryOptions | None = None,
 ) -> Partition:
     """Cut ``graph`` into ``num_stages`` contiguous stages of about equal compute, one per GPU.
 
@@ -47,62 +49,24 @@ def partition_seq_greedy(
             by default each op's own, and the key records the parameters' dtype.
         key (`PartitionKey`, *optional*): the key to record; by default built from ``graph``,
             ``profile`` and the other arguments, which it must agree with.
+        memory (`MemoryOptions`, *optional*): headroom, recomputation, gradient accumulation.
+
+    Raises ``PartitionError`` when the plan does not fit the usable memory of a GPU: the cuts
+    ignore memory (use ``seq-dp`` for a memory-aware contiguous plan).
     """
-    num_stages = profile.count if num_stages is None else num_stages
-    if isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 1:
-        raise PartitionError(f"`num_stages` must be a positive integer, got {num_stages!r}")
-    if num_stages > profile.count:
-        raise PartitionError(
-            f"seq-greedy puts one stage on each GPU: `num_stages` ({num_stages}) is more than the "
-            f"{profile.count} GPUs of profile {profile.name!r}; pass num_stages ≤ "
-            f"{profile.count} or use the mixed partitioner to put several stages on a GPU"
-        )
-    if key is None:
-        key = PartitionKey.from_graph(
-            graph,
-            dtype=canonical_dtype(dtype) if dtype is not None else _params_dtype(graph),
-            schedule=schedule,
-            num_microbatches=num_microbatches,
-            gpu_profile=profile.name,
-            num_gpus=profile.count,
-        )
-    else:
-        _check_key_agrees(key, schedule=schedule, num_microbatches=num_microbatches, num_gpus=profile.count)
-
-    costs = node_costs(graph, profile, dtype)
-    order = graph.topological_order()
-    followers = {n for n in order if _follows_producer(graph, n)}
-    cuttable = [n for n in order if n not in followers]
-    if len(cuttable) < num_stages:
-        raise PartitionError(
-            f"model has {len(cuttable)} ops, fewer than {num_stages} stages; use num_stages ≤ {len(cuttable)}"
-        )
-    weights = [costs[n].total_s for n in cuttable]
-    if sum(weights) == 0:  # nothing to balance: balance op counts instead
-        weights = [1.0] * len(cuttable)
-    bounds = [0, *greedy_cuts(weights, num_stages), len(cuttable)]
-
-    node_stage: dict[str, int] = {}
-    for s in range(num_stages):
-        for n in cuttable[bounds[s] : bounds[s + 1]]:
-            node_stage[n] = s
-    for n in order:  # producers come first in execution order
-        if n in followers:
-            node_stage[n] = max(node_stage[u] for u in graph.graph.predecessors(n))
-    node_stage = {n: node_stage[n] for n in order}
-    stage_device = list(range(num_stages))
-    predicted = estimate(
-        graph, node_stage, stage_device, profile,
-        num_microbatches=num_microbatches, microbatch_size=microbatch_size,
-        optimizer=optimizer, schedule=schedule, dtype=dtype, costs=costs,
+    setup = Setup.of(
+        NAME, graph, profile, num_stages,
+        num_microbatches=num_microbatches, microbatch_size=microbatch_size, schedule=schedule,
+        optimizer=optimizer, dtype=dtype, key=key, memory=memory,
     )  # fmt: skip
-    return Partition(
-        node_stage=node_stage,
-        stage_device=stage_device,
-        partitioner=NAME,
-        key=key,
-        predicted=predicted,
-    )
+    # Followers (see _contiguous) weigh nothing here; they join their producer's stage.
+    forward_again = 1.0 if setup.memory.recompute else 0.0
+    cost = setup.costs
+    weights = [cost[n].total_s + forward_again * cost[n].forward_s for n in setup.cut_order.cuttable]
+    if sum(weights) == 0:  # nothing to balance: balance op counts instead
+        weights = [1.0] * len(weights)
+    bounds = [0, *greedy_cuts(weights, setup.num_stages), len(weights)]
+    return setup.partition(bounds)
 
 
 def greedy_cuts(weights: list[float], num_stages: int) -> list[int]:
@@ -125,44 +89,3 @@ def greedy_cuts(weights: list[float], num_stages: int) -> list[int]:
         lowest = cuts[-1] + 1 if cuts else 1
         cuts.append(min(max(cut, lowest), n - (num_stages - k)))
     return cuts
-
-
-def _follows_producer(graph: CostGraph, node: str) -> bool:
-    """An op that must share its producer's stage.
-
-    A side-effect op (no FLOPs, no output, no consumer), or an element of a multi-output op
-    (``getitem`` of ``split``): a tuple of tensors is never sent between stages, its parts are.
-    """
-    attrs = graph.node(node)
-    g = graph.graph
-    producers = list(g.predecessors(node))
-    if len(producers) == 1 and len(graph.node(producers[0])["output_shapes"]) > 1:
-        return True
-    return (
-        attrs["flops"] == 0
-        and attrs["output_bytes"] == 0
-        and g.out_degree(node) == 0
-        and g.in_degree(node) > 0
-        and node not in graph.outputs
-    )
-
-
-def _params_dtype(graph: CostGraph) -> str:
-    """The dtype holding the most parameter bytes (``float32`` for a graph without parameters)."""
-    by_dtype: dict[str, int] = {}
-    for info in graph.params.values():
-        name = canonical_dtype(info.dtype)
-        by_dtype[name] = by_dtype.get(name, 0) + info.bytes
-    return max(by_dtype, key=by_dtype.__getitem__) if by_dtype else "float32"
-
-
-def _check_key_agrees(key: PartitionKey, **expected: object) -> None:
-    wrong = [
-        f"{name}={getattr(key, name)!r} (argument: {value!r})"
-        for name, value in expected.items()
-        if getattr(key, name) != value
-    ]
-    if wrong:
-        raise PartitionError(
-            f"`key` disagrees with the arguments: {', '.join(wrong)}; pass matching arguments or no key"
-        )

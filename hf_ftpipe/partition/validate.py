@@ -8,7 +8,7 @@ import networkx as nx
 
 from hf_ftpipe.errors import PartitionError
 from hf_ftpipe.graph.cost_graph import CostGraph
-from hf_ftpipe.partition.estimate import estimate_memory
+from hf_ftpipe.partition.estimate import MemoryOptions, estimate_memory
 from hf_ftpipe.partition.plan import Partition
 
 __all__ = ["stage_graph", "validate_partition"]
@@ -18,6 +18,8 @@ def validate_partition(
     partition: Partition,
     graph: CostGraph,
     memory_capacity_bytes: int | Sequence[int] | None = None,
+    *,
+    memory: MemoryOptions | None = None,
 ) -> None:
     """Raise ``PartitionError`` unless ``partition`` is runnable on ``graph``.
 
@@ -27,15 +29,19 @@ def validate_partition(
        ``0..num_stages-1``, every stage has an op, GPU indices ``0..num_devices-1`` are all used;
     2. the stage graph (an edge s → t where an op of s feeds an op of t) has no cycle, and its
        numbering is topological: stage s only feeds stages > s (the runtime runs stages in index
-       order within a micro-batch);
+       order within a micro-batch); the output of a multi-output op (a tuple) stays in its stage:
+       the runtime sends tensors, so the ``getitem`` ops that take it apart run beside it;
     3. with ``memory_capacity_bytes`` (one number for every GPU, or one per GPU), each GPU's
        predicted memory fits: from ``partition.predicted``, or estimated for the key's schedule
-       and micro-batches with AdamW when the plan has no prediction.
+       and micro-batches with AdamW (and ``memory``'s recomputation) when the plan has no
+       prediction. With ``memory``, each capacity is first reduced by ``memory.headroom``;
+       without it, the capacities are taken as they are.
     """
     _raise_if("the partition does not fit the graph", _structure_problems(partition, graph))
-    _raise_if("the stage graph is not a pipeline", _order_problems(partition, graph))
+    order_problems = _order_problems(partition, graph) + _tuple_problems(partition, graph)
+    _raise_if("the stage graph is not a pipeline", order_problems)
     if memory_capacity_bytes is not None:
-        problems = _memory_problems(partition, graph, memory_capacity_bytes)
+        problems = _memory_problems(partition, graph, memory_capacity_bytes, memory)
         _raise_if("the partition does not fit in GPU memory", problems)
 
 
@@ -105,7 +111,24 @@ def _order_problems(partition: Partition, graph: CostGraph) -> list[str]:
     ]
 
 
-def _memory_problems(partition: Partition, graph: CostGraph, capacity: int | Sequence[int]) -> list[str]:
+def _tuple_problems(partition: Partition, graph: CostGraph) -> list[str]:
+    problems = []
+    for u in graph.topological_order():
+        if len(graph.node(u)["output_shapes"]) > 1:
+            s = partition.node_stage[u]
+            away = [(v, partition.node_stage[v]) for v in graph.graph.successors(u) if partition.node_stage[v] != s]
+            if away:
+                where = ", ".join(f"{v!r} (stage {t})" for v, t in away[:5])
+                problems.append(
+                    f"{u!r} (stage {s}) returns {len(graph.node(u)['output_shapes'])} tensors as one tuple, "
+                    f"and {where} take it apart in another stage; put them in stage {s}"
+                )
+    return problems
+
+
+def _memory_problems(
+    partition: Partition, graph: CostGraph, capacity: int | Sequence[int], memory: MemoryOptions | None
+) -> list[str]:
     if partition.predicted is not None:
         used = [gpu.memory_bytes for gpu in partition.predicted.gpus]
     else:
@@ -115,6 +138,7 @@ def _memory_problems(partition: Partition, graph: CostGraph, capacity: int | Seq
             partition.stage_device,
             num_microbatches=partition.key.num_microbatches,
             schedule=partition.key.schedule,  # type: ignore[arg-type]
+            memory=memory,
         )
     capacities = [capacity] * len(used) if isinstance(capacity, int) else list(capacity)
     if len(capacities) < len(used):
@@ -122,12 +146,18 @@ def _memory_problems(partition: Partition, graph: CostGraph, capacity: int | Seq
             f"`memory_capacity_bytes` lists {len(capacities)} GPUs, the partition uses "
             f"{len(used)}; give one number, or one per GPU"
         )
-    return [
-        f"GPU {g} needs {need} bytes ({need / 2**30:.2f} GiB), more than its {cap} bytes "
-        f"({cap / 2**30:.2f} GiB); use more GPUs, fewer micro-batches or a memory-aware partitioner"
-        for g, (need, cap) in enumerate(zip(used, capacities))
-        if need > cap
-    ]
+    headroom = memory.headroom if memory is not None else 0.0
+    note = f" less {headroom * 100:g}% headroom" if headroom else ""
+    problems = []
+    for g, (need, raw) in enumerate(zip(used, capacities)):
+        cap = int(raw * (1.0 - headroom))
+        if need > cap:
+            problems.append(
+                f"GPU {g} needs {need} bytes ({need / 2**30:.2f} GiB), more than its {cap} bytes "
+                f"({cap / 2**30:.2f} GiB{note}); use more GPUs, fewer micro-batches, `recompute=True` "
+                "or a memory-aware partitioner"
+            )
+    return problems
 
 
 def _is_index(value: object, size: int) -> bool:

@@ -6,11 +6,14 @@ import pytest
 
 from hf_ftpipe.errors import PartitionError
 from hf_ftpipe.partition import (
+    MemoryOptions,
     estimate,
     estimate_memory,
     gpu_cost_s,
     in_flight,
     optimizer_state_bytes,
+    usable_capacity,
+    weight_versions,
 )
 
 from toy_graphs import UNIT, chain, make_graph, param
@@ -120,3 +123,95 @@ def test_unknown_choices_list_the_valid_ones():
         estimate(chain([1, 1]), {"n0": 0}, [0], UNIT, **sizes)
     with pytest.raises(PartitionError, match="`num_microbatches` must be a positive integer"):
         estimate(graph, {"n0": 0}, [0], UNIT, num_microbatches=0, microbatch_size=1)
+
+
+def test_activations_are_saved_bytes_and_output_bytes_only_without_them():
+    graph = make_graph(
+        {"a": {"flops": 1.0, "output_bytes": 100, "saved_bytes": 7}, "b": {"flops": 1.0, "output_bytes": 5}},
+        [("a", "b")],
+    )
+    plan = estimate(graph, {"a": 0, "b": 0}, [0], UNIT, num_microbatches=2, microbatch_size=1)
+    assert plan.gpus[0].activation_bytes == (7 + 5) * 2  # b has no saved_bytes: its output
+
+
+def test_recompute_keeps_stage_inputs_per_microbatch_and_runs_forward_twice():
+    # a → b → c, a → c; stage 0 = {a}, stage 1 = {b, c}; 1F1B with 4 micro-batches: stage 0
+    # holds 2 in flight, stage 1 one.
+    graph = make_graph(
+        {
+            "a": {"flops": 3.0, "output_bytes": 10, "saved_bytes": 50},
+            "b": {"flops": 2.0, "output_bytes": 20, "saved_bytes": 60},
+            "c": {"flops": 1.0, "output_bytes": 30, "saved_bytes": 70},
+        },
+        [("a", "b"), ("b", "c"), ("a", "c")],
+    )
+    sizes = {"num_microbatches": 4, "microbatch_size": 1, "schedule": "1f1b"}
+    plain = estimate(graph, {"a": 0, "b": 1, "c": 1}, [0, 1], UNIT, **sizes)
+    assert [g.activation_bytes for g in plain.gpus] == [50 * 2, (60 + 70) * 1]
+    again = estimate(graph, {"a": 0, "b": 1, "c": 1}, [0, 1], UNIT, **sizes, memory=MemoryOptions(recompute=True))
+    # stage 0 reads only the batch; stage 1 keeps a's output (once, though two ops read it)
+    assert [g.activation_bytes for g in again.gpus] == [0 * 2 + 50, 10 * 1 + (60 + 70)]
+    assert [s.backward_s for s in again.stages] == [3.0 + 3.0, 3.0 + 3.0]  # backward + forward again
+    assert [g.compute_s for g in again.gpus] == [9.0, 9.0]
+    assert again.ideal_step_time_s == 18.0 / UNIT.count
+
+
+@pytest.mark.parametrize(
+    ("schedule", "stage_index", "accumulation", "expected"),
+    [
+        ("gpipe", 0, 1, 1),
+        ("1f1b", 0, 1, 1),
+        ("2bw", 0, 1, 2),
+        ("2bw", 3, 1, 2),
+        ("async", 0, 1, 4),  # 4 micro-batches in flight, one version each
+        ("async", 3, 1, 1),  # the last stage updates right after each backward
+        ("async", 0, 2, 3),  # micro-batches 5 6 7 8 used versions 2 3 3 4
+        ("async", 0, 4, 2),
+        ("async", 0, 100, 2),
+        ("async", 2, 2, 2),
+    ],
+)
+def test_weight_versions(schedule, stage_index, accumulation, expected):
+    got = weight_versions(schedule, stage_index, 4, num_microbatches=8, gradient_accumulation_steps=accumulation)
+    assert got == expected
+
+
+def test_async_versions_capped_by_microbatches_in_flight():
+    assert weight_versions("async", 0, 8, num_microbatches=3) == 3
+    assert weight_versions("async", 0, 8) == 8
+
+
+def test_async_with_gradient_accumulation_stashes_fewer_versions():
+    params = {"w": param("w", (2, 2))}
+    a = {"flops": 1.0, "params": ("w",)}
+    graph = make_graph({"a": a, "b": 1.0, "c": 1.0}, [("a", "b"), ("b", "c")], params=params)
+    args = {"num_microbatches": 8, "microbatch_size": 1, "schedule": "async", "optimizer": "sgd"}
+    node_stage = {"a": 0, "b": 1, "c": 2}
+    each = estimate(graph, node_stage, [0, 1, 2], UNIT, **args)
+    grouped = estimate(graph, node_stage, [0, 1, 2], UNIT, **args, memory=MemoryOptions(gradient_accumulation_steps=2))
+    assert each.gpus[0].weights_bytes == 3 * 16 and grouped.gpus[0].weights_bytes == 2 * 16
+
+
+def test_headroom_capacity_and_memory_fraction():
+    graph = chain([1, 1])
+    plan = estimate(graph, {"n0": 0, "n1": 1}, [0, 1], UNIT, num_microbatches=10, microbatch_size=1)
+    assert [g.capacity_bytes for g in plan.gpus] == [10_000, 10_000]  # raw
+    assert plan.max_memory_fraction == 160 / 10_000
+    assert plan.worst_over_ideal == plan.imbalance
+    assert usable_capacity(UNIT) == 9_000  # 10% headroom by default
+    assert usable_capacity(UNIT, MemoryOptions(headroom=0.25)) == 7_500
+    assert usable_capacity(UNIT, MemoryOptions(headroom=0)) == 10_000
+
+
+def test_memory_options_are_checked():
+    with pytest.raises(PartitionError, match=r"`headroom` .* in \[0, 1\), got 1.5"):
+        MemoryOptions(headroom=1.5)
+    with pytest.raises(PartitionError, match="`gradient_accumulation_steps` must be a positive integer"):
+        MemoryOptions(gradient_accumulation_steps=0)
+
+
+def test_estimate_memory_takes_memory_options():
+    graph = make_graph({"a": {"flops": 1.0, "saved_bytes": 40}, "b": {"flops": 1.0, "saved_bytes": 40}}, [("a", "b")])
+    plain = estimate_memory(graph, {"a": 0, "b": 1}, [0, 1], num_microbatches=3)
+    again = estimate_memory(graph, {"a": 0, "b": 1}, [0, 1], num_microbatches=3, memory=MemoryOptions(recompute=True))
+    assert plain == [120, 120] and again == [40, 16 * 3 + 40]

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hf_ftpipe.errors import PartitionError
-from hf_ftpipe.partition import greedy_cuts, partition_seq_greedy, validate_partition
+from hf_ftpipe.partition import MemoryOptions, get_partitioner, greedy_cuts, partition_seq_greedy, validate_partition
 
 from toy_graphs import UNIT, chain, make_graph
 
@@ -134,3 +134,30 @@ def test_random_dags_always_validate_and_balance(case):
     flops = [graph.node(n)["flops"] for n in order]
     if sum(flops) > 0:
         assert max(_loads(plan, graph)) <= sum(flops) / num_stages + max(flops) + 1e-9
+
+
+def test_registered_as_seq_greedy():
+    assert get_partitioner("seq-greedy") is partition_seq_greedy
+
+
+def test_plan_over_usable_memory_raises():
+    graph = chain([1] * 4)  # 16 B per op and micro-batch; GPipe holds both micro-batches: 64 B a stage
+    small = UNIT.with_count(2)
+    sizes = {"num_microbatches": 2, "microbatch_size": 1}
+    plan = partition_seq_greedy(graph, small, **sizes, memory=MemoryOptions(headroom=0.99))
+    assert plan.predicted.max_memory_fraction == 64 / 10_000
+    with pytest.raises(PartitionError) as info:
+        partition_seq_greedy(graph, small, **sizes, memory=MemoryOptions(headroom=0.995))
+    assert "seq-greedy: its plan does not fit in GPU memory: GPU 0 64 bytes, GPU 1 64 bytes" in str(info.value)
+    assert "more than the 50 bytes usable per GPU (10000 bytes less 99.5% headroom)" in str(info.value)
+
+
+def test_recompute_weighs_forward_twice():
+    # n0: 3 s forward + 3 s backward, then 1 + 1 each; recomputation adds each forward to the
+    # backward. Both cut after n0 (6 | 8 and 9 | 12).
+    graph = chain([3, 1, 1, 1, 1])
+    sizes = {"num_microbatches": 1, "microbatch_size": 1}
+    plain = partition_seq_greedy(graph, UNIT, 2, **sizes)
+    again = partition_seq_greedy(graph, UNIT, 2, **sizes, memory=MemoryOptions(recompute=True))
+    assert [s.backward_s for s in plain.predicted.stages] == [3.0, 4.0]
+    assert [s.backward_s for s in again.predicted.stages] == [6.0, 8.0]

@@ -8,6 +8,7 @@ import pytest
 
 from hf_ftpipe.errors import PartitionError
 from hf_ftpipe.partition import (
+    MemoryOptions,
     Partition,
     PartitionKey,
     partition_seq_greedy,
@@ -112,3 +113,35 @@ def test_stage_graph_edges():
     graph = make_graph({"a": 1.0, "b": 1.0, "c": 1.0}, [("a", "b"), ("a", "c"), ("b", "c")])
     stages = stage_graph(graph, {"a": 0, "b": 1, "c": 2})
     assert sorted(stages.edges) == [(0, 1), (0, 2), (1, 2)]
+
+
+def test_tuple_output_must_stay_with_its_producer():
+    # split returns two tensors; its getitems must run in its stage
+    graph = make_graph(
+        {
+            "a": 1.0,
+            "split": {"flops": 1.0, "output_shapes": ((2,), (2,))},
+            "part0": {"op": "getitem"},
+            "part1": {"op": "getitem"},
+            "b": 1.0,
+        },
+        [("a", "split"), ("split", "part0"), ("split", "part1"), ("part0", "b"), ("part1", "b")],
+    )
+    validate_partition(_plan({"a": 0, "split": 1, "part0": 1, "part1": 1, "b": 1}, [0, 1]), graph)
+    message = _error(_plan({"a": 0, "split": 0, "part0": 0, "part1": 1, "b": 1}, [0, 1]), graph)
+    assert "'split' (stage 0) returns 2 tensors as one tuple" in message
+    assert "'part1' (stage 1)" in message and "'part0'" not in message and "put them in stage 0" in message
+
+
+def test_memory_headroom_and_recompute_from_memory_options():
+    graph = chain([1, 1])
+    plan = partition_seq_greedy(graph, UNIT, 2, num_microbatches=2, microbatch_size=1)
+    need = plan.predicted.gpus[0].memory_bytes  # 32: 16 B saved × 2 micro-batches
+    validate_partition(plan, graph, memory_capacity_bytes=need)
+    message = _error(plan, graph, memory_capacity_bytes=need, memory=MemoryOptions(headroom=0.5))
+    assert f"more than its {need // 2} bytes" in message and "less 50% headroom" in message
+    # without a prediction, recomputation changes the estimate: stage 1 keeps n0's 16 B per micro-batch
+    bare = replace(plan, predicted=None)
+    recompute = MemoryOptions(headroom=0, recompute=True)
+    validate_partition(bare, graph, memory_capacity_bytes=16 * 2 + 16, memory=recompute)
+    assert "GPU 1 needs 48 bytes" in _error(bare, graph, memory_capacity_bytes=47, memory=recompute)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import networkx as nx
+from hypothesis import strategies as st
 
 from hf_ftpipe.graph.cost_graph import CostGraph, InputInfo, ParamInfo
 from hf_ftpipe.profile import GPUProfile
@@ -74,3 +75,44 @@ def param(name: str, shape: tuple[int, ...], *, trainable: bool = True, itemsize
     for size in shape:
         numel *= size
     return ParamInfo(name, (name,), shape, "torch.float32", numel * itemsize, trainable)
+
+
+@st.composite
+def random_dags(draw, max_nodes: int = 12, max_stages: int = 3, multi_output: bool = True) -> CostGraph:
+    """A random DAG in execution order: FLOPs, output and saved bytes, (shared) parameters, ops
+    outside backward, now and then a multi-output op with its ``getitem`` parts, and maybe
+    repeated blocks (scopes ``layers.<i>``) between a first and a last op."""
+    n = draw(st.integers(max_stages, max_nodes))
+    layer_size = draw(st.sampled_from([0, 1, 2, 3]))  # ops per repeated block; 0: no blocks
+    params = {f"w{i}": param(f"w{i}", (draw(st.integers(1, 8)), 4), trainable=i != 2) for i in range(3)}
+    nodes: dict[str, dict] = {}
+    edges: list[tuple[str, str]] = []
+    names: list[str] = []
+    for i in range(n):
+        name = f"op{i}"
+        attrs = {
+            "flops": float(draw(st.integers(0, 50))),
+            "output_bytes": draw(st.integers(0, 40)),
+            "saved_bytes": draw(st.integers(0, 60)),
+            "params": tuple(sorted(draw(st.sets(st.sampled_from(sorted(params)), max_size=2)))),
+            "requires_grad": draw(st.booleans()) or i > 0,
+        }
+        if layer_size and 0 < i < n - 1:
+            attrs.update(scope=f"layers.{(i - 1) // layer_size}.mlp", scope_types=("Toy", "Block", "MLP"))
+        producers = draw(st.sets(st.sampled_from(names), max_size=2)) if names else set()
+        nodes[name] = attrs
+        edges += [(u, name) for u in sorted(producers)]
+        names.append(name)
+        if multi_output and i < n - 1 and draw(st.integers(0, 5)) == 0:
+            attrs["output_shapes"] = ((2,), (2,))
+            for part in range(2):
+                getitem = f"op{i}_part{part}"
+                nodes[getitem] = {"op": "getitem", "flops": 0.0, "output_bytes": 8, "saved_bytes": 0}
+                edges.append((name, getitem))
+            names = [*names, f"op{i}_part0", f"op{i}_part1"]
+            names.remove(name)  # later ops read the parts, never the tuple
+    last = names[-1]
+    for u in names[:-1]:
+        if not any(e[0] == u for e in edges) and draw(st.booleans()):
+            edges.append((u, last))
+    return make_graph(nodes, edges, params=params, outputs=(last,))

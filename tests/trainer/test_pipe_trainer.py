@@ -82,7 +82,7 @@ def test_quickstart_job_prints_accuracy_and_saves_a_loadable_model(tmp_path: Pat
         ({"num_microbatches": 3}, "`per_device_train_batch_size=8` is not a multiple of `num_microbatches=3`"),
         ({"gradient_accumulation_steps": 2}, "set it to 1 and raise `per_device_train_batch_size`"),
         ({"pipeline_schedule": "zero-bubble"}, "choose one of ['gpipe']"),
-        ({"partitioner": "magic"}, "choose one of ['seq-greedy']"),
+        ({"partitioner": "magic"}, "`partitioner='magic'` is not available; choose one of ['auto',"),
     ],
 )
 def test_arguments_name_the_problem_and_the_fix(tmp_path: Path, overrides: dict, message: str) -> None:

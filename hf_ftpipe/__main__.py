@@ -1,0 +1,7 @@
+"""``python -m hf_ftpipe``: the ``hf-ftpipe`` command line."""
+
+import sys
+
+from hf_ftpipe.cli import main
+
+sys.exit(main())

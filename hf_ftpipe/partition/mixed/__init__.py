@@ -1,0 +1,325 @@
+"""Mixed-Pipe: FTPipe's partitioner that may put several non-adjacent stages on one GPU.
+
+FTPipe (Eliad et al., ATC'21, "Mixed-pipe high level partitioning algorithm")::
+
+    1. Coarsening: create L pipeline stages (L > P) from the N nodes      → coarsen.py
+    2. Initial assignment: stages to P GPUs under memory, balancing load  → assign.py
+    3. Uncoarsening, refinement: shift work across stages while the
+       throughput objective or I/O improves                              → refine.py
+
+Several block counts (L = 2P, 3P, 4P), a contiguous start over the blocks, and the best
+contiguous plan (``seq-dp``) are each refined the same way; the plan with the lowest predicted
+step time that fits memory wins. A plan's stage graph is a DAG numbered in topological order,
+and every GPU runs at least one stage.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from hf_ftpipe.errors import PartitionError
+from hf_ftpipe.graph.cost_graph import CostGraph
+from hf_ftpipe.partition.estimate import MemoryOptions, Optimizer, Schedule, estimate, usable_capacity
+from hf_ftpipe.partition.plan import Partition, PartitionKey, Prediction
+from hf_ftpipe.partition.registry import register_partitioner
+from hf_ftpipe.partition.seq_dp import partition_seq_dp
+from hf_ftpipe.profile.cost import comm_time_s, node_costs
+from hf_ftpipe.profile.gpu import GPUProfile, canonical_dtype
+
+from .assign import assign_blocks, contiguous_blocks, form_stages
+from .coarsen import coarsen
+from .memory import BlockMemory
+from .objective import IncrementalCost
+from .refine import refine
+
+__all__ = ["partition_mixed"]
+
+NAME = "mixed"
+TIME_BUDGET_S = 10.0
+"""Wall-clock time refinement may take over all candidates together."""
+_CALIBRATION_ROUNDS = 4
+
+
+@register_partitioner(NAME)
+def partition_mixed(
+    graph: CostGraph,
+    profile: GPUProfile,
+    num_stages: int | None = None,
+    *,
+    num_microbatches: int,
+    microbatch_size: int,
+    schedule: Schedule = "gpipe",
+    optimizer: Optimizer = "adamw",
+    dtype: str | None = None,
+    key: PartitionKey | None = None,
+    memory: MemoryOptions | None = None,
+) -> Partition:
+    """Partition ``graph`` onto ``profile.count`` GPUs, several stages per GPU where that balances.
+
+    Args:
+        num_stages (`int`, *optional*): a hint: one more block count L to try besides 2P, 3P
+            and 4P (P = ``profile.count``). Mixed-Pipe chooses the number of stages itself, at
+            least P; the plan may have more or fewer stages than the hint.
+        dtype (`str`, *optional*): compute dtype for costs; each op's own by default.
+        key (`PartitionKey`, *optional*): the key to record; built from the arguments by default.
+        memory (`MemoryOptions`, *optional*): headroom, recomputation and gradient accumulation;
+            each GPU may use ``profile.memory_bytes × (1 − headroom)``.
+
+    Raises:
+        PartitionError: when no plan fits memory, with the memory per GPU (or the number of
+            GPUs) that would be needed.
+    """
+    started = time.monotonic()
+    memory = memory or MemoryOptions()
+    num_gpus = profile.count
+    if num_stages is not None and (isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 1):
+        raise PartitionError(f"`num_stages` must be a positive integer, got {num_stages!r}")
+    key = _key(graph, profile, key, schedule=schedule, num_microbatches=num_microbatches, dtype=dtype)
+    setup = _Setup(graph, profile, num_microbatches, microbatch_size, schedule, optimizer, dtype, memory)
+    num_atoms = len(setup.coarse.atoms) if num_gpus > 1 else 1
+    if num_atoms < num_gpus:
+        raise PartitionError(
+            f"the model has {num_atoms} indivisible groups of ops, fewer than the {num_gpus} GPUs "
+            f"of profile {profile.name!r}; use a profile with count ≤ {num_atoms}"
+        )
+
+    best: _Plan | None = None
+    tightest: _Plan | None = None
+    candidates = sorted(setup.coarse.levels.items(), key=lambda item: item[0])
+    starts = [(blocks, "balanced") for _, blocks in candidates] + [(candidates[-1][1], "contiguous"), ([], "seq-dp")]
+    for i, (blocks, start) in enumerate(starts):
+        plan = setup.initial_plan(blocks, start) if start != "seq-dp" else setup.seq_dp_plan()
+        if plan is None:
+            continue
+        share = (TIME_BUDGET_S - (time.monotonic() - started)) / (len(starts) - i)
+        plan = setup.refined(plan, deadline=time.monotonic() + max(share, 0.0))
+        if not plan.fits:
+            if tightest is None or plan.peak_memory < tightest.peak_memory:
+                tightest = plan
+        elif best is None or (plan.step_time_s, plan.num_stages) < (best.step_time_s, best.num_stages):
+            best = plan
+    if best is None:
+        raise setup.infeasible(tightest)
+    return Partition(
+        node_stage=best.node_stage,
+        stage_device=best.stage_device,
+        partitioner=NAME,
+        key=key,
+        predicted=best.predicted,
+    )
+
+
+@dataclass
+class _Plan:
+    atom_stage: list[int]
+    stage_device: list[int]
+    node_stage: dict[str, int]
+    predicted: Prediction
+    limit: int
+
+    @property
+    def step_time_s(self) -> float:
+        return self.predicted.step_time_s
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.stage_device)
+
+    @property
+    def peak_memory(self) -> int:
+        return max(g.memory_bytes for g in self.predicted.gpus)
+
+    @property
+    def fits(self) -> bool:
+        return self.peak_memory <= self.limit
+
+
+class _Setup:
+    """What every candidate shares: costs, sizes, the coarsening, the memory limit."""
+
+    def __init__(
+        self,
+        graph: CostGraph,
+        profile: GPUProfile,
+        num_microbatches: int,
+        microbatch_size: int,
+        schedule: str,
+        optimizer: str,
+        dtype: str | None,
+        memory: MemoryOptions,
+    ) -> None:
+        self.graph, self.profile, self.memory = graph, profile, memory
+        self.estimate_args = {
+            "num_microbatches": num_microbatches,
+            "microbatch_size": microbatch_size,
+            "schedule": schedule,
+            "optimizer": optimizer,
+            "dtype": dtype,
+        }
+        self.costs = node_costs(graph, profile, dtype)
+        # Recomputation runs each forward a second time before its backward (as `estimate` counts).
+        again = 1.0 if memory.recompute else 0.0
+        self.weight = {n: c.total_s + again * c.forward_s for n, c in self.costs.items()}
+        self.limit = usable_capacity(profile, memory)
+        num_gpus = profile.count
+        total = sum(self.weight.values())
+        out_comm = {n: comm_time_s(a["output_bytes"], profile) for n, a in graph.graph.nodes(data=True)}
+        counts = [k * num_gpus for k in (2, 3, 4)]
+        self.coarse = coarsen(graph, self.weight, out_comm, counts, cap=total / num_gpus / 2)
+        self.atom_of = {n: a for a, nodes in enumerate(self.coarse.atoms) for n in nodes}
+        self.memory_args = {"schedule": schedule, "optimizer": optimizer, "num_microbatches": num_microbatches}
+
+    def initial_plan(self, blocks: list[list[str]], start: str) -> _Plan | None:
+        """Assign ``blocks``, form stages, estimate; repeat with each block charged at the stage
+        it landed in and budgets tightened where the estimate exceeded the proxy, until the plan
+        fits memory or the rounds run out (the last plan is returned)."""
+        num_gpus = self.profile.count
+        if len(blocks) < num_gpus:
+            return None
+        block_cost = [sum(self.weight[n] for n in b) for b in blocks]
+        block_pred = self._block_predecessors(blocks)
+        memory_of = BlockMemory(self.graph, blocks, memory=self.memory, **self.memory_args)
+        total, before = sum(block_cost), 0.0
+        guess = []
+        for cost in block_cost:  # before any plan: stage by the share of compute before the block
+            guess.append(int(num_gpus * (before + cost / 2) / total) if total > 0 else 0)
+            before += cost
+        memory_of.place(guess, num_gpus)
+        budget = [float(self.limit)] * num_gpus
+        plan = None
+        for _ in range(_CALIBRATION_ROUNDS):
+            if start == "contiguous":
+                block_gpu = contiguous_blocks(block_cost, num_gpus)
+            else:
+                block_gpu = assign_blocks(block_cost, num_gpus, memory_of, budget)
+            if block_gpu is None or len(set(block_gpu)) < num_gpus:
+                return plan
+            block_stage, stage_device = form_stages(block_gpu, block_pred)
+            atom_stage = [0] * len(self.coarse.atoms)
+            for b, nodes in enumerate(blocks):
+                for n in nodes:
+                    atom_stage[self.atom_of[n]] = block_stage[b]
+            plan = self._plan(atom_stage, stage_device)
+            if plan.fits or start == "contiguous":
+                return plan
+            memory_of.place(block_stage, len(stage_device))
+            for g, gpu in enumerate(plan.predicted.gpus):
+                proxy = memory_of(g, [b for b, d in enumerate(block_gpu) if d == g])
+                if gpu.memory_bytes > self.limit:  # the proxy was optimistic here: tighten it
+                    budget[g] = min(budget[g], proxy * self.limit / gpu.memory_bytes) * 0.98
+        return plan
+
+    def seq_dp_plan(self) -> _Plan | None:
+        """The best contiguous plan that fits (``seq-dp``), as a start: refining it can only
+        make it better, so Mixed-Pipe is never worse than Seq-Pipe on the same objective."""
+        try:
+            partition = partition_seq_dp(self.graph, self.profile, memory=self.memory, **self.estimate_args)
+        except PartitionError:
+            return None
+        atom_stage = [partition.node_stage[nodes[0]] for nodes in self.coarse.atoms]
+        return self._plan(atom_stage, list(partition.stage_device))
+
+    def refined(self, plan: _Plan, deadline: float) -> _Plan:
+        """``plan`` refined; if it does not fit, refinement first moves ops off the full GPUs.
+
+        Returns the refined plan when the estimate confirms it (it fits and is no slower, or it
+        needs less memory than an unfitting ``plan``), else ``plan`` itself.
+        """
+        state = IncrementalCost(
+            self.graph, self.profile, self.coarse.atoms, list(plan.atom_stage), plan.stage_device, self.weight,
+            memory=self.memory, limit=[float(self.limit)] * self.profile.count, **self.memory_args,
+        )  # fmt: skip
+        if refine(state, deadline) == 0:
+            return plan
+        better = self._plan(*_drop_empty_stages(state.atom_stage, plan.stage_device))
+        if plan.fits:
+            return better if better.fits and better.step_time_s <= plan.step_time_s else plan
+        return better if better.peak_memory < plan.peak_memory else plan
+
+    def infeasible(self, tightest: _Plan | None) -> PartitionError:
+        headroom = self.memory.headroom
+        if tightest is None:
+            return PartitionError(
+                f"mixed found no plan that fits {self.profile.count} GPUs of {self.limit / 2**30:.2f} "
+                f"GiB usable each (profile {self.profile.name!r}, headroom {headroom:.0%}); "
+                "use more GPUs, fewer micro-batches or `MemoryOptions(recompute=True)`"
+            )
+        need = tightest.peak_memory / (1.0 - headroom)
+        total = sum(g.memory_bytes for g in tightest.predicted.gpus)
+        gpus = max(self.profile.count + 1, math.ceil(total / self.limit))
+        return PartitionError(
+            f"mixed found no plan that fits memory: the best needs {tightest.peak_memory / 2**30:.2f} GiB "
+            f"on its fullest GPU, {self.limit / 2**30:.2f} GiB are usable ({self.profile.memory_bytes / 2**30:.2f} "
+            f"GiB with {headroom:.0%} headroom). Use GPUs with at least {need / 2**30:.1f} GiB, at least "
+            f"{gpus} GPUs, fewer micro-batches, or `MemoryOptions(recompute=True)`"
+        )
+
+    # -- helpers ---------------------------------------------------------------------------------
+
+    def _plan(self, atom_stage: Sequence[int], stage_device: list[int]) -> _Plan:
+        node_stage = {n: atom_stage[self.atom_of[n]] for n in self.graph.topological_order()}
+        predicted = _estimate(self.graph, node_stage, stage_device, self.profile, self.costs, self.memory,
+                              self.estimate_args)  # fmt: skip
+        return _Plan(list(atom_stage), list(stage_device), node_stage, predicted, self.limit)
+
+    def _block_predecessors(self, blocks: list[list[str]]) -> list[set[int]]:
+        block_of = {n: b for b, nodes in enumerate(blocks) for n in nodes}
+        g = self.graph.graph
+        return [{block_of[u] for n in nodes for u in g.predecessors(n)} - {b} for b, nodes in enumerate(blocks)]
+
+
+def _drop_empty_stages(atom_stage: Sequence[int], stage_device: Sequence[int]) -> tuple[list[int], list[int]]:
+    used = sorted(set(atom_stage))
+    number = {s: i for i, s in enumerate(used)}
+    return [number[s] for s in atom_stage], [stage_device[s] for s in used]
+
+
+def _estimate(
+    graph: CostGraph,
+    node_stage: Mapping[str, int],
+    stage_device: list[int],
+    profile: GPUProfile,
+    costs: Mapping,
+    memory: MemoryOptions,
+    args: dict,
+) -> Prediction:
+    return estimate(graph, node_stage, stage_device, profile, costs=costs, memory=memory, **args)
+
+
+def _key(
+    graph: CostGraph,
+    profile: GPUProfile,
+    key: PartitionKey | None,
+    *,
+    schedule: str,
+    num_microbatches: int,
+    dtype: str | None,
+) -> PartitionKey:
+    if key is None:
+        return PartitionKey.from_graph(
+            graph,
+            dtype=canonical_dtype(dtype) if dtype is not None else _params_dtype(graph),
+            schedule=schedule,
+            num_microbatches=num_microbatches,
+            gpu_profile=profile.name,
+            num_gpus=profile.count,
+        )
+    expected = {"schedule": schedule, "num_microbatches": num_microbatches, "num_gpus": profile.count}
+    wrong = [f"{k}={getattr(key, k)!r} (argument: {v!r})" for k, v in expected.items() if getattr(key, k) != v]
+    if wrong:
+        raise PartitionError(
+            f"`key` disagrees with the arguments: {', '.join(wrong)}; pass matching arguments or no key"
+        )
+    return key
+
+
+def _params_dtype(graph: CostGraph) -> str:
+    """The dtype holding the most parameter bytes (``float32`` for a graph without parameters)."""
+    by_dtype: dict[str, int] = {}
+    for info in graph.params.values():
+        name = canonical_dtype(info.dtype)
+        by_dtype[name] = by_dtype.get(name, 0) + info.bytes
+    return max(by_dtype, key=by_dtype.__getitem__) if by_dtype else "float32"

@@ -1,0 +1,189 @@
+"""FTPipe's objective kept up to date move by move, so refinement never re-estimates a whole plan.
+
+Mirrors `estimate.estimate` (DESIGN.md, "Cost of a GPU"): a GPU's compute C_g, the forward
+messages its stages send to stages on other GPUs and the gradients that come back, one message
+per stage pair holding each producer's output once, so ``cost_g = C_g + max(0, F_g − C_g) +
+max(0, B_g − C_g)``. Moving one atom only touches the messages of its ops and of their
+producers, which are subtracted, moved and added back.
+
+Memory follows `estimate` too, for the stage numbering refinement keeps: each weight once per GPU
+with the most versions any of the GPU's stages that read it keeps, plus its gradient and
+optimizer state; each stage's saved activations times its micro-batches in flight, or with
+recomputation one micro-batch's saved activations plus its inputs times the micro-batches in
+flight.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+
+from hf_ftpipe.graph.cost_graph import CostGraph
+from hf_ftpipe.partition.estimate import (
+    MemoryOptions,
+    gpu_cost_s,
+    in_flight,
+    optimizer_state_bytes,
+    saved_bytes,
+    weight_versions,
+)
+from hf_ftpipe.profile.gpu import GPUProfile
+
+__all__ = ["IncrementalCost"]
+
+
+class IncrementalCost:
+    """Per-GPU compute, communication and memory proxy of an atom → stage → GPU plan."""
+
+    def __init__(
+        self,
+        graph: CostGraph,
+        profile: GPUProfile,
+        atoms: Sequence[Sequence[str]],
+        atom_stage: list[int],
+        stage_device: Sequence[int],
+        weight: Mapping[str, float],
+        *,
+        schedule: str,
+        optimizer: str,
+        num_microbatches: int,
+        memory: MemoryOptions,
+        limit: Sequence[float],
+    ) -> None:
+        self.graph, self.profile, self.atoms = graph, profile, atoms
+        self.atom_stage, self.stage_device = atom_stage, list(stage_device)
+        self.atom_of = {n: a for a, nodes in enumerate(atoms) for n in nodes}
+        self.limit = list(limit)
+        num_gpus, num_stages = max(self.stage_device) + 1, len(self.stage_device)
+        self.stages_of = [[s for s, d in enumerate(self.stage_device) if d == g] for g in range(num_gpus)]
+        self.versions = [
+            weight_versions(
+                schedule,
+                s,
+                num_stages,
+                num_microbatches=num_microbatches,
+                gradient_accumulation_steps=memory.gradient_accumulation_steps,
+            )
+            for s in range(num_stages)
+        ]
+        self.held = [in_flight(schedule, s, num_stages, num_microbatches) for s in range(num_stages)]
+        self.recompute = memory.recompute
+        self.fixed = {
+            name: info.bytes + optimizer_state_bytes(optimizer, info.shape, info.bytes) if info.requires_grad else 0
+            for name, info in graph.params.items()
+        }
+        self.compute = [0.0] * num_gpus
+        self.fwd = [0.0] * num_gpus
+        self.bwd = [0.0] * num_gpus
+        self.weights = [0] * num_gpus  # weights × versions + gradients + optimizer state
+        self.saved = [0] * num_stages
+        self.inputs = [0] * num_stages
+        self.atom_weight = [sum(weight[n] for n in nodes) for nodes in atoms]
+        self.atom_saved = [sum(saved_bytes(graph, n) for n in nodes) for nodes in atoms]
+        self.atom_params = [graph.params_of(nodes) for nodes in atoms]
+        self.atoms_of_gpu: list[set[int]] = [set() for _ in range(num_gpus)]
+        self.param_count: list[dict[str, int]] = [defaultdict(int) for _ in range(num_stages)]
+        self.pair_fwd: dict[tuple[int, int], int] = defaultdict(int)
+        self.pair_grad: dict[tuple[int, int], int] = defaultdict(int)
+        for a in range(len(atoms)):
+            self._place(a, +1)
+        for node in graph.graph:
+            self._producer(node, +1)
+
+    # -- queries ---------------------------------------------------------------------------------
+
+    def gpu_of_atom(self, a: int) -> int:
+        return self.stage_device[self.atom_stage[a]]
+
+    def costs(self) -> list[float]:
+        return [gpu_cost_s(c, f, b) for c, f, b in zip(self.compute, self.fwd, self.bwd)]
+
+    def key(self) -> tuple[float, float, float, float]:
+        """What refinement minimises: memory over the limits, the worst GPU, the spread of the
+        GPU costs, all communication."""
+        costs = self.costs()
+        return self.overflow(), max(costs), sum(c * c for c in costs), sum(self.fwd) + sum(self.bwd)
+
+    def memory(self, g: int) -> float:
+        stages = self.stages_of[g]
+        if self.recompute:
+            activations = sum(self.saved[s] + self.inputs[s] * self.held[s] for s in stages)
+        else:
+            activations = sum(self.saved[s] * self.held[s] for s in stages)
+        return self.weights[g] + activations
+
+    def overflow(self) -> float:
+        """Bytes by which GPUs exceed their ``limit``, summed (0 for a plan that fits)."""
+        return sum(max(0.0, self.memory(g) - self.limit[g]) for g in range(len(self.limit)))
+
+    def stage_range(self, a: int) -> tuple[int, int]:
+        """Stages ``a`` may move to while the numbering stays topological: [last producer
+        stage, first consumer stage]."""
+        g, lo, hi = self.graph.graph, 0, len(self.stage_device) - 1
+        for n in self.atoms[a]:
+            for u in g.predecessors(n):
+                b = self.atom_of[u]
+                if b != a:
+                    lo = max(lo, self.atom_stage[b])
+            for v in g.successors(n):
+                b = self.atom_of[v]
+                if b != a:
+                    hi = min(hi, self.atom_stage[b])
+        return lo, hi
+
+    # -- the move --------------------------------------------------------------------------------
+
+    def move(self, a: int, stage: int) -> None:
+        """Put atom ``a`` in ``stage``; a second ``move`` back undoes it exactly."""
+        g = self.graph.graph
+        producers = {u for n in self.atoms[a] for u in g.predecessors(n)} | set(self.atoms[a])
+        for u in producers:
+            self._producer(u, -1)
+        self._place(a, -1)
+        self.atom_stage[a] = stage
+        self._place(a, +1)
+        for u in producers:
+            self._producer(u, +1)
+
+    def _place(self, a: int, sign: int) -> None:
+        s = self.atom_stage[a]
+        d = self.stage_device[s]
+        self.compute[d] += sign * self.atom_weight[a]
+        self.saved[s] += sign * self.atom_saved[a]
+        if sign > 0:
+            self.atoms_of_gpu[d].add(a)
+        else:
+            self.atoms_of_gpu[d].discard(a)
+        counts = self.param_count[s]
+        for p in self.atom_params[a]:
+            before = self._param_bytes(d, p)
+            counts[p] += sign
+            self.weights[d] += self._param_bytes(d, p) - before
+
+    def _param_bytes(self, g: int, p: str) -> int:
+        versions = max((self.versions[s] for s in self.stages_of[g] if self.param_count[s][p] > 0), default=0)
+        return self.graph.params[p].bytes * versions + (self.fixed[p] if versions else 0)
+
+    def _producer(self, u: str, sign: int) -> None:
+        attrs = self.graph.graph.nodes[u]
+        size = attrs["output_bytes"]
+        if size == 0:
+            return
+        s = self.atom_stage[self.atom_of[u]]
+        d = self.stage_device[s]
+        targets = {self.atom_stage[self.atom_of[v]] for v in self.graph.graph.successors(u)} - {s}
+        for t in targets:
+            self.inputs[t] += sign * size
+            if self.stage_device[t] != d:
+                self._add(self.pair_fwd, self.fwd, s, t, sign * size)
+                if attrs["requires_grad"]:
+                    self._add(self.pair_grad, self.bwd, s, t, sign * size)
+
+    def _add(self, pairs: dict, per_gpu: list[float], s: int, t: int, size: int) -> None:
+        before = pairs[s, t]
+        after = before + size
+        pairs[s, t] = after
+        # comm_time_s inlined: this runs for every edge of every tried move.
+        latency, bandwidth = self.profile.link_latency_s, self.profile.link_bandwidth_bytes_per_s
+        delta = ((latency + after / bandwidth) if after else 0.0) - ((latency + before / bandwidth) if before else 0.0)
+        per_gpu[self.stage_device[s]] += delta

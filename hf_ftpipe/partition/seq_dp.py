@@ -1,0 +1,309 @@
+"""Seq-Pipe, exhaustive: the contiguous split with the smallest bottleneck that fits memory.
+
+A dynamic program over cut points of the execution order, as PipeDream's planner (Narayanan et
+al., SOSP'19) and FTPipe's "Seq pipe (exhaustive)" (Eliad et al., ATC'21), made fast by
+coarsening first:
+
+1. Ops that cannot begin a stage (``_contiguous``) join their producer. The remaining N ops are
+   grouped into at most ``max_blocks`` consecutive blocks of about equal compute (none when
+   N ≤ ``max_blocks``): stages may begin only at a block boundary. After solving, the blocks
+   around each cut found are split back into single ops and the chain solved again, for a few
+   rounds while the bottleneck improves.
+2. Every figure of a candidate stage [a, b) of blocks is read in O(1) from tables built by one
+   sweep over the graph: compute from prefix sums; bytes that leave the stage, the stage's
+   inputs, and its distinct parameters from 2-D tables filled with rectangle sums (a value
+   produced in block p and last read in block q leaves every stage with a ≤ p < b ≤ q).
+3. best[k][b] = min over a of max(best[k−1][a], cost(a, b)) over stages that fit memory as
+   stage k − 1 (its micro-batches in flight and weight versions depend on k). O(P · B²), exact
+   on the coarsened chain, and exact on the graph when no coarsening was needed.
+
+The cost of a stage is FTPipe's cost of a GPU (``estimate.gpu_cost_s``): its forward + backward
+compute, plus what its sending of activations and receiving of gradients does not hide. A value
+that leaves the stage is counted once, as if it went to the next stage only; the plan found is
+then priced exactly by ``estimate`` (which sends a value to every stage that reads it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from hf_ftpipe.errors import PartitionError
+from hf_ftpipe.graph.cost_graph import CostGraph
+from hf_ftpipe.partition._contiguous import Setup, format_bytes
+from hf_ftpipe.partition.estimate import (
+    MemoryOptions,
+    Optimizer,
+    Schedule,
+    in_flight,
+    optimizer_state_bytes,
+    saved_bytes,
+    usable_capacity,
+    weight_versions,
+)
+from hf_ftpipe.partition.plan import Partition, PartitionKey
+from hf_ftpipe.partition.registry import register_partitioner
+from hf_ftpipe.partition.seq_greedy import greedy_cuts
+from hf_ftpipe.profile.gpu import GPUProfile
+
+__all__ = ["partition_seq_dp"]
+
+NAME = "seq-dp"
+_REFINE = 2
+"""Coarse blocks on each side of a cut that refinement opens up op by op."""
+_REFINE_ROUNDS = 4
+_REFINE_MAX_BLOCKS = 1536
+
+
+@register_partitioner(NAME)
+def partition_seq_dp(
+    graph: CostGraph,
+    profile: GPUProfile,
+    num_stages: int | None = None,
+    *,
+    num_microbatches: int,
+    microbatch_size: int,
+    schedule: Schedule = "gpipe",
+    optimizer: Optimizer = "adamw",
+    dtype: str | None = None,
+    key: PartitionKey | None = None,
+    memory: MemoryOptions | None = None,
+    max_blocks: int = 512,
+) -> Partition:
+    """The contiguous split into ``num_stages`` stages (one per GPU) with the smallest bottleneck
+    whose every stage fits the usable memory of a GPU.
+
+    Arguments as in ``partition_seq_greedy``, and:
+        max_blocks (`int`, defaults to 512): cut points considered at most (see the module
+            docstring); time grows with its square.
+
+    Raises ``PartitionError`` when no split fits, saying the memory per GPU and the number of GPUs
+    that would.
+    """
+    if isinstance(max_blocks, bool) or not isinstance(max_blocks, int) or max_blocks < 1:
+        raise PartitionError(f"`max_blocks` must be a positive integer, got {max_blocks!r}")
+    setup = Setup.of(
+        NAME, graph, profile, num_stages,
+        num_microbatches=num_microbatches, microbatch_size=microbatch_size, schedule=schedule,
+        optimizer=optimizer, dtype=dtype, key=key, memory=memory,
+    )  # fmt: skip
+    chain = _Chain(setup, max(max_blocks, setup.num_stages))
+    capacity = usable_capacity(profile, setup.memory)
+    cuts = chain.solve(setup.num_stages, capacity)
+    if cuts is None:
+        raise _infeasible(chain, setup, capacity)
+    if chain.num_blocks < len(setup.cut_order.cuttable):
+        chain, cuts = _refine(setup, chain, cuts, capacity, max_blocks)
+    return setup.partition([chain.starts[b] for b in cuts])
+
+
+def _refine(setup: Setup, coarse: _Chain, cuts: list[int], capacity: int, max_blocks: int) -> tuple[_Chain, list[int]]:
+    """Split the coarse blocks around each cut into single ops and solve again, while that helps
+    (a few rounds: a better cut moves the next stage's window). A previous answer stays a
+    candidate, so no round is worse."""
+    chain, at = coarse, [coarse.starts[b] for b in cuts]  # cuts as op positions
+    for _ in range(_REFINE_ROUNDS):
+        starts = set(coarse.starts)
+        for position in at[1:-1]:
+            b = int(np.searchsorted(coarse.starts, position, side="right")) - 1
+            low, high = max(b - _REFINE, 0), min(b + 1 + _REFINE, coarse.num_blocks)
+            starts.update(range(coarse.starts[low], coarse.starts[high]))
+        if len(starts) > max(2 * max_blocks, _REFINE_MAX_BLOCKS):  # blocks so coarse that this would be slow
+            break
+        fine = _Chain(setup, max_blocks, starts=sorted(starts))
+        fine_cuts = fine.solve(setup.num_stages, capacity)
+        if fine_cuts is None or fine.optimum >= chain.optimum:
+            break
+        chain, cuts, at = fine, fine_cuts, [fine.starts[b] for b in fine_cuts]
+    return chain, cuts
+
+
+@dataclass
+class _Tables:
+    """Figures of every candidate stage [a, b) of blocks, as (B + 1) × (B + 1) arrays."""
+
+    cost_s: np.ndarray
+    weights: np.ndarray
+    """Distinct parameter and buffer bytes (one weight version)."""
+    grads_and_state: np.ndarray
+    """Gradients and optimizer state of the distinct trainable parameters."""
+    saved: np.ndarray
+    """Activation bytes of one micro-batch."""
+    inputs: np.ndarray
+    """Bytes of the values the stage reads from earlier stages (kept under recomputation)."""
+
+
+class _Chain:
+    """The coarsened execution order and the tables of its candidate stages."""
+
+    def __init__(self, setup: Setup, max_blocks: int, starts: list[int] | None = None) -> None:
+        self.setup = setup
+        graph, costs, cut_order = setup.graph, setup.costs, setup.cut_order
+        options = setup.memory
+        item = {n: i for i, n in enumerate(cut_order.cuttable)}
+        pos = {n: item[cut_order.anchor[n]] for n in cut_order.order}
+        forward_again = 1.0 if options.recompute else 0.0
+        compute = np.zeros(len(item))
+        for n in cut_order.order:
+            compute[pos[n]] += costs[n].total_s + forward_again * costs[n].forward_s
+
+        # Blocks of about equal compute; every op alone when there are few.
+        if starts is not None:
+            self.starts = starts
+        elif len(item) <= max_blocks:
+            self.starts = list(range(len(item) + 1))
+        else:
+            weights = compute.tolist() if compute.sum() > 0 else [1.0] * len(item)
+            self.starts = [0, *greedy_cuts(weights, max_blocks), len(item)]
+        num_blocks = len(self.starts) - 1
+        block_of_item = np.repeat(np.arange(num_blocks), np.diff(self.starts))
+        block = {n: int(block_of_item[pos[n]]) for n in cut_order.order}
+        self.num_blocks = num_blocks
+
+        compute_prefix = np.concatenate([[0.0], np.cumsum(np.bincount(block_of_item, compute, num_blocks))])
+        saved = np.zeros(num_blocks)
+        for n in cut_order.order:
+            saved[block[n]] += saved_bytes(graph, n)
+        saved_prefix = np.concatenate([[0.0], np.cumsum(saved)])
+
+        out_bytes, grad_bytes, in_bytes = _Rectangles(num_blocks), _Rectangles(num_blocks), _Rectangles(num_blocks)
+        for u in cut_order.order:
+            p = block[u]
+            readers = sorted({block[v] for v in graph.graph.successors(u)} - {p})
+            readers = [c for c in readers if c > p]
+            if not readers:
+                continue
+            size = graph.node(u)["output_bytes"]
+            out_bytes.add(0, p, p + 1, readers[-1], size)  # leaves every [a, b) with a ≤ p < b ≤ q
+            if graph.node(u)["requires_grad"]:
+                grad_bytes.add(0, p, p + 1, readers[-1], size)
+            previous = p
+            for c in readers:  # [a, b) with a > p reads it when its first reader ≥ a is < b
+                in_bytes.add(previous + 1, c, c + 1, num_blocks, size)
+                previous = c
+
+        uses: dict[str, set[int]] = {}
+        for n in cut_order.order:
+            for name in graph.node(n)["params"]:
+                uses.setdefault(name, set()).add(block[n])
+        weights_t, state_t = _Rectangles(num_blocks), _Rectangles(num_blocks)
+        for name, blocks in uses.items():
+            info = graph.params[name]
+            state = info.bytes + optimizer_state_bytes(setup.optimizer, info.shape, info.bytes)
+            previous = -1
+            for x in sorted(blocks):  # [a, b) holds it when its first use ≥ a is < b
+                weights_t.add(previous + 1, x, x + 1, num_blocks, info.bytes)
+                if info.requires_grad:
+                    state_t.add(previous + 1, x, x + 1, num_blocks, state)
+                previous = x
+
+        profile = setup.profile
+        compute_s = compute_prefix[None, :] - compute_prefix[:, None]
+        out_s, grad_s = (_comm_s(r.table(), profile) for r in (out_bytes, grad_bytes))
+        cost_s = compute_s + np.maximum(0.0, out_s - compute_s) + np.maximum(0.0, grad_s - compute_s)
+        self.tables = _Tables(
+            cost_s=cost_s,
+            weights=weights_t.table(),
+            grads_and_state=state_t.table(),
+            saved=saved_prefix[None, :] - saved_prefix[:, None],
+            inputs=in_bytes.table(),
+        )
+
+    def memory(self, stage_index: int, num_stages: int, b: int) -> np.ndarray:
+        """Bytes of the stages [a, b) for every a < b as stage ``stage_index`` of ``num_stages``."""
+        setup, t = self.setup, self.tables
+        held = in_flight(setup.schedule, stage_index, num_stages, setup.num_microbatches)
+        versions = weight_versions(
+            setup.schedule,
+            stage_index,
+            num_stages,
+            num_microbatches=setup.num_microbatches,
+            gradient_accumulation_steps=setup.memory.gradient_accumulation_steps,
+        )
+        if setup.memory.recompute:
+            activations = t.inputs[:b, b] * held + t.saved[:b, b]
+        else:
+            activations = t.saved[:b, b] * held
+        return t.weights[:b, b] * versions + t.grads_and_state[:b, b] + activations
+
+    def solve(self, num_stages: int, capacity: float, *, by_memory: bool = False) -> list[int] | None:
+        """Block boundaries ``[0, ..., B]`` of the best split, or None when nothing fits.
+
+        ``by_memory``: minimise the largest stage memory instead, ignoring ``capacity``.
+        """
+        num_blocks = self.num_blocks
+        best = np.full((num_stages + 1, num_blocks + 1), np.inf)
+        best[0, 0] = 0.0
+        choice = np.zeros((num_stages + 1, num_blocks + 1), dtype=np.int64)
+        for k in range(1, num_stages + 1):
+            # stage k − 1 ends at b; k − 1 stages before it need ≥ k − 1 blocks, the rest ≥ 1 each
+            for b in range(k, num_blocks - (num_stages - k) + 1):
+                mem = self.memory(k - 1, num_stages, b)
+                if by_memory:
+                    value = np.maximum(best[k - 1, :b], mem)
+                else:
+                    value = np.maximum(best[k - 1, :b], self.tables.cost_s[:b, b])
+                    value[mem > capacity] = np.inf
+                a = int(np.argmin(value))
+                best[k, b], choice[k, b] = value[a], a
+        if not np.isfinite(best[num_stages, num_blocks]):
+            return None
+        cuts = [num_blocks]
+        for k in range(num_stages, 0, -1):
+            cuts.append(int(choice[k, cuts[-1]]))
+        self.optimum = float(best[num_stages, num_blocks])
+        return cuts[::-1]
+
+
+class _Rectangles:
+    """Sums of values over rectangles a0 ≤ a ≤ a1, b0 ≤ b ≤ b1 of a (B + 1) × (B + 1) table,
+    accumulated as 2-D differences and summed once."""
+
+    def __init__(self, num_blocks: int) -> None:
+        self.size = num_blocks + 1
+        self.entries: list[tuple[int, int, int, int, int]] = []
+
+    def add(self, a0: int, a1: int, b0: int, b1: int, value: int) -> None:
+        if a0 <= a1 and b0 <= b1 and value:
+            self.entries.append((a0, a1, b0, b1, value))
+
+    def table(self) -> np.ndarray:
+        diff = np.zeros((self.size + 1, self.size + 1), dtype=np.int64)
+        if self.entries:
+            a0, a1, b0, b1, v = (np.array(column, dtype=np.int64) for column in zip(*self.entries))
+            np.add.at(diff, (a0, b0), v)
+            np.add.at(diff, (a0, b1 + 1), -v)
+            np.add.at(diff, (a1 + 1, b0), -v)
+            np.add.at(diff, (a1 + 1, b1 + 1), v)
+        return diff.cumsum(axis=0).cumsum(axis=1)[: self.size, : self.size]
+
+
+def _comm_s(num_bytes: np.ndarray, profile: GPUProfile) -> np.ndarray:
+    """``comm_time_s`` of every entry: one message, nothing for zero bytes."""
+    return np.where(num_bytes > 0, profile.link_latency_s + num_bytes / profile.link_bandwidth_bytes_per_s, 0.0)
+
+
+def _infeasible(chain: _Chain, setup: Setup, capacity: int) -> PartitionError:
+    """The error when no split fits: the memory per GPU and the GPU count that would fit."""
+    p, headroom = setup.num_stages, setup.memory.headroom
+    chain.solve(p, float("inf"), by_memory=True)
+    need = chain.optimum
+    raw_need = need / (1.0 - headroom)
+    # Binary search on the GPU count, as if more stages always held less each (nearly so: 1F1B
+    # keeps more micro-batches in flight on the first stages of a longer pipeline).
+    low, high = p, min(4 * p, chain.num_blocks)
+    if high > p and chain.solve(high, capacity) is not None:
+        while high - low > 1:
+            middle = (low + high) // 2
+            low, high = (low, middle) if chain.solve(middle, capacity) is not None else (middle, high)
+        gpus = f"{high} GPUs of this kind would fit"
+    else:
+        gpus = f"even {high} GPUs of this kind would not fit"
+    return PartitionError(
+        f"seq-dp: no contiguous split into {p} stages fits the {format_bytes(capacity)} usable per GPU "
+        f"({format_bytes(setup.profile.memory_bytes)} less {headroom * 100:g}% headroom): the best split "
+        f"needs {format_bytes(need)} on its fullest GPU, so GPUs of at least {format_bytes(raw_need)} "
+        f"with this headroom; {gpus}. Or use `recompute=True`, fewer micro-batches or a smaller "
+        "micro-batch, another schedule, or the mixed partitioner"
+    )

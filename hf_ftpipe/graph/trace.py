@@ -26,6 +26,7 @@ from ..errors import TraceError
 from .cost_graph import CostGraph, InputInfo, ParamInfo
 from .fingerprint import model_fingerprint
 from .modes import make_mode_aware
+from .mutations import fuse_mutations
 
 __all__ = ["TracedModel", "trace_model", "capture_model"]
 
@@ -71,6 +72,7 @@ def capture_model(model: nn.Module, sample_inputs: Mapping[str, Any]) -> TracedM
         canonical = _canonical_names(model, graph_module)
         state_names = set(model.state_dict())
     make_mode_aware(graph_module)
+    fuse_mutations(graph_module)
     cost_graph = _measure(model, graph_module, inputs, canonical, state_names)
     real = dict(model.named_parameters(remove_duplicate=False)) | dict(model.named_buffers(remove_duplicate=False))
     tensors = {name: real[name] for name in set(canonical.values()) if name in real}

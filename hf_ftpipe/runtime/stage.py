@@ -167,7 +167,10 @@ def _attribute_root(
                     )
             _assign(root, node.target, value)
         elif node.op == "call_module":
-            _assign(root, node.target, graph_module.get_submodule(node.target))
+            submodule = graph_module.get_submodule(node.target)
+            if isinstance(submodule, fx.GraphModule):  # a fused region: retargeted per stage
+                submodule = copy.deepcopy(submodule)
+            _assign(root, node.target, submodule)
     return root
 
 

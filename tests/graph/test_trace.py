@@ -151,7 +151,26 @@ def test_tied_weight_is_one_parameter(t5_traced: TracedModel) -> None:
     assert "lm_head.weight" in params["shared.weight"].aliases
     assert params["shared.weight"].bytes == 96 * 32 * 4
     readers = [n for n, a in t5_traced.cost_graph.graph.nodes(data=True) if "shared.weight" in a["params"]]
-    assert {t5_traced.cost_graph.node(n)["op"] for n in readers} == {"aten.embedding.default", "aten.linear.default"}
+    # The encoder's embedding, the lm_head, and the decoder's embedding, which reads the labels
+    # shifted in place by `_shift_right` and so lives in that fused in-place region.
+    assert {t5_traced.cost_graph.node(n)["op"] for n in readers} == {
+        "aten.embedding.default",
+        "aten.linear.default",
+        "inplace(copy_, masked_fill_)",
+    }
+
+
+def test_in_place_updates_are_fused_with_their_readers(t5_traced: TracedModel) -> None:
+    graph_module = t5_traced.graph_module
+    writers = [
+        n.name
+        for n in graph_module.graph.nodes
+        if n.op == "call_function"
+        and any(a.alias_info is not None and a.alias_info.is_write for a in n.target._schema.arguments)
+    ]
+    assert writers == [], "no in-place op may be cut away from the tensor it updates"
+    fused = [n for n in t5_traced.cost_graph.topological_order() if "inplace" in t5_traced.cost_graph.node(n)["op"]]
+    assert fused, "T5's _shift_right writes in place: it must appear as a fused region"
 
 
 def test_every_node_has_the_documented_attributes(t5_traced: TracedModel) -> None:

@@ -63,6 +63,8 @@ class PipeTrainer(Trainer):
                 f"PipeTrainer needs `PipeTrainingArguments`, got {type(args).__name__}; "
                 "replace TrainingArguments(...) with PipeTrainingArguments(...)"
             )
+        if args is None:  # Trainer would make plain TrainingArguments, which lack the pipeline's fields
+            args = PipeTrainingArguments(output_dir="trainer_output")
         super().__init__(model=model, args=args, **kwargs)
         self.engine: PipelineEngine | None = None
         self.partition: Partition | None = None

@@ -19,10 +19,11 @@ from dataclasses import dataclass
 
 from hf_ftpipe.errors import PartitionError
 from hf_ftpipe.graph.cost_graph import CostGraph
+from hf_ftpipe.partition._keys import resolve_key
 from hf_ftpipe.partition.estimate import MemoryOptions, Optimizer, Schedule, estimate, usable_capacity
 from hf_ftpipe.partition.plan import Partition, PartitionKey
 from hf_ftpipe.profile.cost import NodeCost, node_costs
-from hf_ftpipe.profile.gpu import GPUProfile, canonical_dtype
+from hf_ftpipe.profile.gpu import GPUProfile
 
 
 def format_bytes(num_bytes: float) -> str:
@@ -126,17 +127,7 @@ class Setup:
                 f"{profile.count} GPUs of profile {profile.name!r}; pass num_stages ≤ "
                 f"{profile.count} or use the mixed partitioner to put several stages on a GPU"
             )
-        if key is None:
-            key = PartitionKey.from_graph(
-                graph,
-                dtype=canonical_dtype(dtype) if dtype is not None else params_dtype(graph),
-                schedule=schedule,
-                num_microbatches=num_microbatches,
-                gpu_profile=profile.name,
-                num_gpus=profile.count,
-            )
-        else:
-            check_key_agrees(key, schedule=schedule, num_microbatches=num_microbatches, num_gpus=profile.count)
+        key = resolve_key(graph, profile, key, schedule=schedule, num_microbatches=num_microbatches, dtype=dtype)
         cut_order = CutOrder.of(graph)
         if len(cut_order.cuttable) < num_stages:
             raise PartitionError(
@@ -183,25 +174,4 @@ class Setup:
                 )
         return Partition(
             node_stage=node_stage, stage_device=stage_device, partitioner=self.name, key=self.key, predicted=predicted
-        )
-
-
-def params_dtype(graph: CostGraph) -> str:
-    """The dtype holding the most parameter bytes (``float32`` for a graph without parameters)."""
-    by_dtype: dict[str, int] = {}
-    for info in graph.params.values():
-        name = canonical_dtype(info.dtype)
-        by_dtype[name] = by_dtype.get(name, 0) + info.bytes
-    return max(by_dtype, key=by_dtype.__getitem__) if by_dtype else "float32"
-
-
-def check_key_agrees(key: PartitionKey, **expected: object) -> None:
-    wrong = [
-        f"{name}={getattr(key, name)!r} (argument: {value!r})"
-        for name, value in expected.items()
-        if getattr(key, name) != value
-    ]
-    if wrong:
-        raise PartitionError(
-            f"`key` disagrees with the arguments: {', '.join(wrong)}; pass matching arguments or no key"
         )

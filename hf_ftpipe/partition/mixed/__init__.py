@@ -22,12 +22,13 @@ from dataclasses import dataclass
 
 from hf_ftpipe.errors import PartitionError
 from hf_ftpipe.graph.cost_graph import CostGraph
+from hf_ftpipe.partition._keys import resolve_key
 from hf_ftpipe.partition.estimate import MemoryOptions, Optimizer, Schedule, estimate, usable_capacity
 from hf_ftpipe.partition.plan import Partition, PartitionKey, Prediction
 from hf_ftpipe.partition.registry import register_partitioner
 from hf_ftpipe.partition.seq_dp import partition_seq_dp
 from hf_ftpipe.profile.cost import comm_time_s, node_costs
-from hf_ftpipe.profile.gpu import GPUProfile, canonical_dtype
+from hf_ftpipe.profile.gpu import GPUProfile
 
 from .assign import assign_blocks, contiguous_blocks, form_stages
 from .coarsen import coarsen
@@ -77,7 +78,7 @@ def partition_mixed(
     num_gpus = profile.count
     if num_stages is not None and (isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 1):
         raise PartitionError(f"`num_stages` must be a positive integer, got {num_stages!r}")
-    key = _key(graph, profile, key, schedule=schedule, num_microbatches=num_microbatches, dtype=dtype)
+    key = resolve_key(graph, profile, key, schedule=schedule, num_microbatches=num_microbatches, dtype=dtype)
     setup = _Setup(graph, profile, num_microbatches, microbatch_size, schedule, optimizer, dtype, memory)
     num_atoms = len(setup.coarse.atoms) if num_gpus > 1 else 1
     if num_atoms < num_gpus:
@@ -287,39 +288,3 @@ def _estimate(
     args: dict,
 ) -> Prediction:
     return estimate(graph, node_stage, stage_device, profile, costs=costs, memory=memory, **args)
-
-
-def _key(
-    graph: CostGraph,
-    profile: GPUProfile,
-    key: PartitionKey | None,
-    *,
-    schedule: str,
-    num_microbatches: int,
-    dtype: str | None,
-) -> PartitionKey:
-    if key is None:
-        return PartitionKey.from_graph(
-            graph,
-            dtype=canonical_dtype(dtype) if dtype is not None else _params_dtype(graph),
-            schedule=schedule,
-            num_microbatches=num_microbatches,
-            gpu_profile=profile.name,
-            num_gpus=profile.count,
-        )
-    expected = {"schedule": schedule, "num_microbatches": num_microbatches, "num_gpus": profile.count}
-    wrong = [f"{k}={getattr(key, k)!r} (argument: {v!r})" for k, v in expected.items() if getattr(key, k) != v]
-    if wrong:
-        raise PartitionError(
-            f"`key` disagrees with the arguments: {', '.join(wrong)}; pass matching arguments or no key"
-        )
-    return key
-
-
-def _params_dtype(graph: CostGraph) -> str:
-    """The dtype holding the most parameter bytes (``float32`` for a graph without parameters)."""
-    by_dtype: dict[str, int] = {}
-    for info in graph.params.values():
-        name = canonical_dtype(info.dtype)
-        by_dtype[name] = by_dtype.get(name, 0) + info.bytes
-    return max(by_dtype, key=by_dtype.__getitem__) if by_dtype else "float32"

@@ -1,6 +1,6 @@
 """Pipeline runtime: stages built from the exported graph, schedules as data, the per-rank engine."""
 
-from .comm import Messenger, init_distributed
+from .comm import Messenger
 from .engine import PipelineEngine, StagePlacement
 from .schedule import Action, ScheduleGPipe, format_actions
 from .stage import StageSpec, build_stage_module, plan_stages
@@ -14,6 +14,5 @@ __all__ = [
     "StageSpec",
     "build_stage_module",
     "format_actions",
-    "init_distributed",
     "plan_stages",
 ]

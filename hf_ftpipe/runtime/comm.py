@@ -13,25 +13,16 @@ import os
 import sys
 import threading
 import time
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
 from ..errors import PipelineError
 
-__all__ = ["Messenger", "init_distributed"]
+__all__ = ["Messenger"]
 
 _FAILURE_KEY = "hf_ftpipe/failure"
 _STORE_POLL_S = 0.2
-
-
-def init_distributed(device: torch.device, timeout_s: float) -> None:
-    """Join the process group the launcher describes (torchrun/accelerate env), if not done yet."""
-    if dist.is_initialized():
-        return
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
 
 
 class Messenger:

@@ -361,16 +361,14 @@ class PipelineEngine:
         """Add a consumer's gradient; once every local consumer gave its share, send it if remote."""
         key = (value, m)
         self._grads[key] = grad if key not in self._grads else self._grads[key] + grad
-        producer_stage = next(s for s in self.specs if value in s.consumers)
-        if self.stage_rank[producer_stage.stage_index] == self.rank:
-            return
+        transfer = self.transfers.get(value)
+        if transfer is None or transfer.source_rank == self.rank:
+            return  # produced here: the producer's backward picks the sum up
         if key not in self._grad_parts_left:
-            self._grad_parts_left[key] = sum(
-                1 for s in producer_stage.consumers[value] if self.stage_rank[s] == self.rank
-            )
+            consumers = self.specs[transfer.producer_stage].consumers[value]
+            self._grad_parts_left[key] = sum(1 for s in consumers if self.stage_rank[s] == self.rank)
         self._grad_parts_left[key] -= 1
         if self._grad_parts_left[key] == 0:
-            transfer = self.transfers[value]
             self.messenger.send(
                 self._grads.pop(key),
                 transfer.source_rank,

@@ -79,7 +79,13 @@ def test_every_mixed_plan_is_valid_acyclic_topological_and_fits(case) -> None:
     graph, num_gpus, schedule, recompute = case
     profile = dataclasses.replace(UNIT, count=num_gpus, memory_bytes=10**9)
     memory = MemoryOptions(recompute=recompute)
-    plan = partition_mixed(graph, profile, num_microbatches=3, microbatch_size=1, schedule=schedule, memory=memory)
+    options = {"num_microbatches": 3, "microbatch_size": 1, "schedule": schedule, "memory": memory}
+    num_atoms = len(atoms_of(graph).blocks())
+    if num_gpus > 1 and num_atoms < num_gpus:  # too few indivisible groups to give every GPU one
+        with pytest.raises(PartitionError, match=f"has {num_atoms} indivisible groups of ops, fewer than"):
+            partition_mixed(graph, profile, **options)
+        return
+    plan = partition_mixed(graph, profile, **options)
     # structure, every GPU used, stage graph acyclic and numbered topologically, memory
     validate_partition(plan, graph, usable_capacity(profile, memory))
     assert plan.num_devices == num_gpus

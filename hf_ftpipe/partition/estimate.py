@@ -15,14 +15,22 @@ reads it, and stages exchange one message per direction per micro-batch.
 Memory of a GPU: weights (distinct parameters and buffers, a tied weight once) × the versions the
 schedule keeps + gradients + optimizer state + activations × micro-batches in flight. The
 activations of one micro-batch are the ``saved_bytes`` of the GPU's ops: what autograd keeps from
-forward to backward (``output_bytes`` for a hand-built graph without it). ``gpipe`` is the
-reference; the other schedules are approximations (see ``in_flight`` and ``weight_versions``).
+forward to backward (``output_bytes`` for a hand-built graph without it). ``gpipe`` holds every
+micro-batch; the 1F1B-style schedules hold, at stage s of S, one micro-batch per stage from s to
+the end of the pipeline, stages that share a GPU counted separately (``in_flight``: the rule the
+runtime's schedules in ``hf_ftpipe.runtime.schedule`` follow); ``weight_versions`` counts the
+copies of the weights.
 
 With recomputation (``MemoryOptions.recompute``, activation checkpointing per stage) a stage keeps,
-per micro-batch in flight, only the values it received from other stages, plus the full
-activations of the one micro-batch it is recomputing; it pays for that with its forward run a
-second time, counted in its ``backward_s`` (and in the ideal). Inputs read straight from the batch
-(ids, masks, labels) are small and left out.
+per micro-batch in flight, only the values it received from other stages, and pays for that with
+its forward run a second time, counted in its ``backward_s`` (and in the ideal). A GPU runs one
+action at a time, so it recomputes one micro-batch of one of its stages at a time: on top of the
+kept inputs it needs the full activations of one micro-batch of its largest stage, not one per
+stage::
+
+    activations of a GPU = Σ over its stages (kept inputs × in flight) + max over its stages (saved)
+
+Inputs read straight from the batch (ids, masks, labels) are small and left out.
 
 Capacity: ``GPUCost.capacity_bytes`` is the device's raw memory; a plan is feasible when every GPU
 needs at most ``usable_capacity(profile, memory)``, the raw memory less the ``headroom`` fraction.
@@ -188,23 +196,47 @@ def gpu_cost_s(compute_s: float, comm_fwd_out_s: float, comm_bwd_in_s: float) ->
     return compute_s + max(0.0, comm_fwd_out_s - compute_s) + max(0.0, comm_bwd_in_s - compute_s)
 
 
-def in_flight(schedule: str, stage_index: int, num_stages: int, num_microbatches: int) -> int:
+def in_flight(schedule: str, stage_index: int, stage_device: Sequence[int], num_microbatches: int) -> int:
     """Micro-batches whose activations a stage holds at once.
 
-    GPipe runs every forward before any backward: all ``num_microbatches``. 1F1B-style schedules
-    (``1f1b``, ``async``, ``2bw``) start backwards as soon as the last stage can: a stage holds
-    one micro-batch per stage from it to the end, ``num_stages − stage_index`` (approximate when
-    a GPU runs several stages).
+    GPipe runs every forward before any backward: all M = ``num_microbatches``. The 1F1B-style
+    schedules (``1f1b``, ``async``, ``2bw``) run a backward as soon as one is ready and hold
+    min(M, S − ``stage_index``) at a stage, S = ``len(stage_device)``: one micro-batch per stage
+    from this one to the end of the pipeline, its depth in stages, whichever GPUs run them.
+
+    Stages, not GPUs: a GPU that runs several stages runs one action at a time, so a micro-batch's
+    round trip from a stage to the end and back waits in the queue of every stage it passes, the
+    stages that share a GPU included. To keep every GPU busy a stage needs one micro-batch in
+    flight per stage downstream. ``hf_ftpipe.runtime.schedule`` follows this rule: each rank runs
+    its deepest ready stage's action, a backward before a forward, a forward only while the stage
+    holds fewer than ``in_flight`` micro-batches. Simulated in that schedule (forward 1, backward
+    2, a chain of stages), limits counting each GPU once (the distinct GPUs from the stage on)
+    keep the ranks of Mixed placements only 67–80% busy — GPUs [0, 1, 1, 0]: 67%, [0, 1, 2, 2, 1,
+    0]: 71%, [0, 1, 2, 3, 3, 2, 1, 0]: 72% — where the depth in stages keeps them 88–97% busy
+    (97%, 89%, 88%); a chain of one stage per GPU is 99% busy either way. Stages 0-3 on GPUs
+    [0, 1, 1, 0], M ≥ 4::
+
+        stage           0   1   2   3
+        GPU             0   1   1   0
+        in flight       4   3   2   1
+
+    Args:
+        stage_device (`Sequence[int]`): stage index → GPU index, for every stage of the plan.
     """
+    if not 0 <= stage_index < len(stage_device):
+        raise PartitionError(
+            f"`stage_index` {stage_index} is outside the plan's stages 0..{len(stage_device) - 1} "
+            f"(`stage_device` has {len(stage_device)} entries)"
+        )
     if schedule == "gpipe":
         return num_microbatches
-    return min(num_microbatches, num_stages - stage_index)
+    return min(num_microbatches, len(stage_device) - stage_index)
 
 
 def weight_versions(
     schedule: str,
     stage_index: int,
-    num_stages: int,
+    stage_device: Sequence[int],
     *,
     num_microbatches: int | None = None,
     gradient_accumulation_steps: int = 1,
@@ -213,24 +245,27 @@ def weight_versions(
     ``async`` (PipeDream's weight stashing) one per weight version still in flight.
 
     Under ``async`` the forward and backward of a micro-batch use the same version. A stage has
-    k = ``in_flight(...)`` micro-batches between their forward and backward (``num_stages −
-    stage_index`` in the steady state; ``num_microbatches`` caps it when given). They are k
-    consecutive micro-batches, and the weights change once every G =
-    ``gradient_accumulation_steps`` of them, so they span at most ⌈(k − 1) / G⌉ + 1 versions; the
-    newest of those is the current weights. G = 1 gives k: PipeDream's "depth d from the end keeps
-    d + 1 versions"::
+    k = ``in_flight(...)`` micro-batches between their forward and backward (S − ``stage_index``
+    in the steady state, S = ``len(stage_device)``, stages sharing a GPU counted separately;
+    ``num_microbatches`` caps it when given). They are k consecutive micro-batches, and the
+    weights change once every G = ``gradient_accumulation_steps`` of them, so they span at most
+    ⌈(k − 1) / G⌉ + 1 versions; the newest of those is the current weights. G = 1 gives k:
+    PipeDream's "depth d from the end keeps d + 1 versions"::
 
         k = 4, G = 1: micro-batches 5 6 7 8 → versions 5 6 7 8    (4 copies)
         k = 4, G = 2: micro-batches 5 6 7 8 → versions 2 3 3 4    (⌈3/2⌉ + 1 = 3 copies)
+
+    Args:
+        stage_device (`Sequence[int]`): stage index → GPU index, for every stage of the plan.
+        num_microbatches (`int`, *optional*): caps k; the steady state's k when not given.
     """
     if schedule == "2bw":
         return 2
     if schedule != "async":
         return 1
-    if num_microbatches is None:
-        k = num_stages - stage_index
-    else:
-        k = in_flight(schedule, stage_index, num_stages, num_microbatches)
+    # No cap given: S − stage_index, which never exceeds len(stage_device).
+    cap = len(stage_device) if num_microbatches is None else num_microbatches
+    k = in_flight(schedule, stage_index, stage_device, cap)
     return -(-(k - 1) // gradient_accumulation_steps) + 1
 
 
@@ -279,22 +314,27 @@ class _Memory:
             weight_versions(
                 schedule,
                 s,
-                num_stages,
+                stage_device,
                 num_microbatches=num_microbatches,
                 gradient_accumulation_steps=options.gradient_accumulation_steps,
             )
             for s in range(num_stages)
         ]
-        self.activations = []
+        # Per stage: the activations held for its micro-batches in flight, and, under
+        # recomputation, the full activations of the one being recomputed (0 without), which a GPU
+        # needs for one of its stages at a time: of_gpu takes the largest.
+        self.held_bytes: list[int] = []
+        self.recomputed: list[int] = []
         for s, nodes in enumerate(stage_nodes):
             saved = sum(saved_bytes(graph, n) for n in nodes)
-            held = in_flight(schedule, s, num_stages, num_microbatches)
+            held = in_flight(schedule, s, stage_device, num_microbatches)
             if options.recompute:
                 inputs = {u for v in nodes for u in graph.graph.predecessors(v) if node_stage[u] != s}
-                kept = sum(graph.node(u)["output_bytes"] for u in inputs)
-                self.activations.append(kept * held + saved)
+                self.held_bytes.append(sum(graph.node(u)["output_bytes"] for u in inputs) * held)
+                self.recomputed.append(saved)
             else:
-                self.activations.append(saved * held)
+                self.held_bytes.append(saved * held)
+                self.recomputed.append(0)
 
     def _params(self, versions_of: dict[str, int]) -> dict[str, int]:
         weights = gradients = optimizer = 0
@@ -308,20 +348,21 @@ class _Memory:
 
     def of_stage(self, s: int) -> int:
         parts = self._params(dict.fromkeys(self.stage_params[s], self.versions[s]))
-        return sum(parts.values()) + self.activations[s]
+        return sum(parts.values()) + self.held_bytes[s] + self.recomputed[s]
 
     def of_gpu(self, g: int) -> dict[str, int]:
         # A weight read by several stages of this GPU (tied, or Mixed-Pipe) is stored once,
         # with as many versions as the most demanding of those stages keeps.
         versions_of: dict[str, int] = {}
-        activations = 0
+        held = recomputed = 0
         for s, device in enumerate(self.stage_device):
             if device == g:
                 for name in self.stage_params[s]:
                     versions_of[name] = max(versions_of.get(name, 0), self.versions[s])
-                activations += self.activations[s]
+                held += self.held_bytes[s]
+                recomputed = max(recomputed, self.recomputed[s])  # one stage recomputed at a time
         parts = self._params(versions_of)
-        parts["activation_bytes"] = activations
+        parts["activation_bytes"] = held + recomputed
         parts["memory_bytes"] = sum(parts.values())
         return parts
 

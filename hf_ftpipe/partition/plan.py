@@ -147,7 +147,8 @@ class GPUCost:
     optimizer_bytes: int
     activation_bytes: int
     """What autograd keeps of the GPU's ops (``saved_bytes``) times the micro-batches in flight;
-    with recomputation, the stage inputs per micro-batch in flight plus one micro-batch in full."""
+    with recomputation, each stage's inputs per micro-batch in flight plus one micro-batch of the
+    GPU's largest stage in full (it recomputes one stage at a time)."""
     memory_bytes: int
     """The sum of the four above."""
     capacity_bytes: int

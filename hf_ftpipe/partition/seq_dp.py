@@ -213,15 +213,16 @@ class _Chain:
     def memory(self, stage_index: int, num_stages: int, b: int) -> np.ndarray:
         """Bytes of the stages [a, b) for every a < b as stage ``stage_index`` of ``num_stages``."""
         setup, t = self.setup, self.tables
-        held = in_flight(setup.schedule, stage_index, num_stages, setup.num_microbatches)
+        stage_device = range(num_stages)  # contiguous: stage s runs on GPU s
+        held = in_flight(setup.schedule, stage_index, stage_device, setup.num_microbatches)
         versions = weight_versions(
             setup.schedule,
             stage_index,
-            num_stages,
+            stage_device,
             num_microbatches=setup.num_microbatches,
             gradient_accumulation_steps=setup.memory.gradient_accumulation_steps,
         )
-        if setup.memory.recompute:
+        if setup.memory.recompute:  # the GPU's one stage is the one it recomputes
             activations = t.inputs[:b, b] * held + t.saved[:b, b]
         else:
             activations = t.saved[:b, b] * held

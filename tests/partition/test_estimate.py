@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hf_ftpipe.errors import PartitionError
 from hf_ftpipe.partition import (
@@ -92,7 +94,83 @@ def test_1f1b_holds_fewer_microbatches():
         graph, {"n0": 0, "n1": 1, "n2": 2}, [0, 1, 2], UNIT, num_microbatches=8, microbatch_size=1, schedule="1f1b"
     )
     assert [g.activation_bytes for g in plan.gpus] == [16 * 3, 16 * 2, 16 * 1]
-    assert in_flight("1f1b", 0, 3, 2) == 2 and in_flight("gpipe", 2, 3, 8) == 8
+    assert in_flight("1f1b", 0, [0, 1, 2], 2) == 2 and in_flight("gpipe", 2, [0, 1, 2], 8) == 8
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "async", "2bw"])
+def test_in_flight_counts_stages_not_gpus(schedule):
+    # GPU 1 runs stages 1 and 2 one action at a time: a micro-batch queues at both, so stage 0
+    # needs one in flight per stage after it (runtime.schedule's limits), not per GPU.
+    assert [in_flight(schedule, s, [0, 1, 1, 0], 8) for s in range(4)] == [4, 3, 2, 1]
+    assert [in_flight(schedule, s, [0, 1, 1, 0], 3) for s in range(4)] == [3, 3, 2, 1]  # M caps it
+    assert [in_flight("gpipe", s, [0, 1, 1, 0], 8) for s in range(4)] == [8, 8, 8, 8]
+
+
+def test_in_flight_of_a_16_stage_zigzag_on_8_gpus():
+    zigzag = [*range(8), *reversed(range(8))]  # GPU g runs stages g and 15 − g
+    assert [in_flight("1f1b", s, zigzag, 16) for s in range(16)] == list(range(16, 0, -1))
+    assert [in_flight("async", s, zigzag, 8) for s in range(16)] == [8] * 9 + [7, 6, 5, 4, 3, 2, 1]
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.integers(0, 5), min_size=1, max_size=12),
+    st.integers(1, 16),
+    st.sampled_from(["gpipe", "1f1b", "async", "2bw"]),
+)
+def test_in_flight_is_the_depth_in_stages_capped_by_the_microbatches(stage_device, m, schedule):
+    num_stages = len(stage_device)
+    held = [in_flight(schedule, s, stage_device, m) for s in range(num_stages)]
+    if schedule == "gpipe":
+        assert held == [m] * num_stages
+    else:
+        assert held == [min(m, num_stages - s) for s in range(num_stages)]
+
+
+def test_in_flight_names_a_stage_outside_the_plan():
+    with pytest.raises(PartitionError, match=r"`stage_index` 3 is outside the plan's stages 0..2"):
+        in_flight("1f1b", 3, [0, 1, 0], 4)
+
+
+def test_stages_sharing_a_gpu_hold_what_they_hold_on_their_own_gpus():
+    # Four stages of one op each, one 16 B weight and 16 B of activations per op; async, SGD.
+    params = {f"w{i}": param(f"w{i}", (2, 2)) for i in range(4)}
+    nodes = {f"n{i}": {"flops": 1.0, "params": (f"w{i}",)} for i in range(4)}
+    graph = make_graph(nodes, [("n0", "n1"), ("n1", "n2"), ("n2", "n3")], params=params)
+    node_stage = {f"n{i}": i for i in range(4)}
+    args = {"num_microbatches": 8, "schedule": "async", "optimizer": "sgd"}
+    # One stage per GPU: 4 3 2 1 micro-batches in flight and as many weight versions.
+    alone = estimate_memory(graph, node_stage, [0, 1, 2, 3], **args)
+    assert alone == [16 * 4 + 16 + 16 * 4, 16 * 3 + 16 + 16 * 3, 16 * 2 + 16 + 16 * 2, 16 + 16 + 16]
+    # GPUs [0, 1, 1, 0]: still 4 3 2 1 (the depth is in stages); GPU 0 = stages 0 and 3.
+    mixed = estimate_memory(graph, node_stage, [0, 1, 1, 0], **args)
+    assert mixed == [alone[0] + alone[3], alone[1] + alone[2]]
+
+
+def test_recompute_charges_a_gpu_one_stage_recomputed_at_a_time():
+    # a → b → c → d, one stage each, on GPUs [0, 1, 1, 0]; 1F1B, 8 micro-batches: 4 3 2 1 in flight.
+    graph = make_graph(
+        {
+            "a": {"flops": 1.0, "output_bytes": 10, "saved_bytes": 500},
+            "b": {"flops": 1.0, "output_bytes": 20, "saved_bytes": 300},
+            "c": {"flops": 1.0, "output_bytes": 30, "saved_bytes": 700},
+            "d": {"flops": 1.0, "output_bytes": 40, "saved_bytes": 100},
+        },
+        [("a", "b"), ("b", "c"), ("c", "d")],
+    )
+    node_stage = {"a": 0, "b": 1, "c": 2, "d": 3}
+    sizes = {"num_microbatches": 8, "microbatch_size": 1, "schedule": "1f1b"}
+    plan = estimate(graph, node_stage, [0, 1, 1, 0], UNIT, **sizes, memory=MemoryOptions(recompute=True))
+    # Each stage keeps its inputs per micro-batch in flight (stage 0 reads only the batch); the
+    # GPU recomputes one micro-batch of one stage at a time: the largest saved_bytes, not the sum.
+    gpu0 = (0 * 4 + 30 * 1) + max(500, 100)
+    gpu1 = (10 * 3 + 20 * 2) + max(300, 700)
+    assert [g.activation_bytes for g in plan.gpus] == [gpu0, gpu1]
+    # A stage alone still needs its own full micro-batch.
+    assert [s.memory_bytes for s in plan.stages] == [0 + 500, 10 * 3 + 300, 20 * 2 + 700, 30 * 1 + 100]
+    # Without recomputation every stage keeps all it saves, per micro-batch in flight.
+    plain = estimate(graph, node_stage, [0, 1, 1, 0], UNIT, **sizes)
+    assert [g.activation_bytes for g in plain.gpus] == [500 * 4 + 100 * 1, 300 * 3 + 700 * 2]
 
 
 def test_async_stashes_weight_versions():
@@ -172,13 +250,23 @@ def test_recompute_keeps_stage_inputs_per_microbatch_and_runs_forward_twice():
     ],
 )
 def test_weight_versions(schedule, stage_index, accumulation, expected):
-    got = weight_versions(schedule, stage_index, 4, num_microbatches=8, gradient_accumulation_steps=accumulation)
+    got = weight_versions(
+        schedule, stage_index, [0, 1, 2, 3], num_microbatches=8, gradient_accumulation_steps=accumulation
+    )
     assert got == expected
 
 
 def test_async_versions_capped_by_microbatches_in_flight():
-    assert weight_versions("async", 0, 8, num_microbatches=3) == 3
-    assert weight_versions("async", 0, 8) == 8
+    assert weight_versions("async", 0, range(8), num_microbatches=3) == 3
+    assert weight_versions("async", 0, range(8)) == 8
+
+
+def test_async_versions_count_stages_from_the_stage_on():
+    zigzag = [*range(8), *reversed(range(8))]
+    assert weight_versions("async", 0, zigzag) == 16  # 16 stages deep, though on 8 GPUs
+    assert weight_versions("async", 0, zigzag, num_microbatches=8) == 8
+    assert [weight_versions("async", s, [0, 1, 1, 0], num_microbatches=8) for s in range(4)] == [4, 3, 2, 1]
+    assert weight_versions("async", 0, zigzag, gradient_accumulation_steps=2) == 9  # ⌈15/2⌉ + 1
 
 
 def test_async_with_gradient_accumulation_stashes_fewer_versions():

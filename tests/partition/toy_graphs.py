@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import networkx as nx
 from hypothesis import strategies as st
 
@@ -75,6 +77,26 @@ def param(name: str, shape: tuple[int, ...], *, trainable: bool = True, itemsize
     for size in shape:
         numel *= size
     return ParamInfo(name, (name,), shape, "torch.float32", numel * itemsize, trainable)
+
+
+def random_dag(seed: int, num_ops: int) -> CostGraph:
+    """A random DAG of ``num_ops`` ops from a seed, each reading one to three of the six before
+    it, with FLOPs and output bytes from a few round values (many ties) and some shared weights."""
+    rng = random.Random(seed)
+    nodes: dict[str, dict] = {}
+    params: dict[str, ParamInfo] = {}
+    for i in range(num_ops):
+        attrs: dict = {"flops": float(rng.choice([0, 1, 2, 2, 4, 4])), "output_bytes": rng.choice([0, 16, 16, 64])}
+        if rng.random() < 0.3:
+            name = f"w{rng.randrange(6)}"
+            params[name] = param(name, (4, 4))
+            attrs["params"] = (name,)
+        nodes[f"op{i}"] = attrs
+    edges = []
+    for j in range(1, num_ops):
+        earlier = range(max(0, j - 6), j)
+        edges += [(f"op{i}", f"op{j}") for i in rng.sample(earlier, k=min(len(earlier), rng.choice([1, 1, 2, 3])))]
+    return make_graph(nodes, edges, params=params)
 
 
 @st.composite

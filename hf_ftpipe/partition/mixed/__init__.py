@@ -16,7 +16,6 @@ and every GPU runs at least one stage.
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -39,8 +38,10 @@ from .refine import refine
 __all__ = ["partition_mixed"]
 
 NAME = "mixed"
-TIME_BUDGET_S = 10.0
-"""Wall-clock time refinement may take over all candidates together."""
+MAX_TRIALS = 75_000
+"""Moves refinement may try over all candidates together, about 100 µs each on T5-3B: some 10 s
+at most. A count, not a wall-clock deadline, so that the plan does not depend on how loaded the
+machine is."""
 _CALIBRATION_ROUNDS = 4
 
 
@@ -73,7 +74,6 @@ def partition_mixed(
         PartitionError: when no plan fits memory, with the memory per GPU (or the number of
             GPUs) that would be needed.
     """
-    started = time.monotonic()
     memory = memory or MemoryOptions()
     num_gpus = profile.count
     if num_stages is not None and (isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 1):
@@ -91,12 +91,13 @@ def partition_mixed(
     tightest: _Plan | None = None
     candidates = sorted(setup.coarse.levels.items(), key=lambda item: item[0])
     starts = [(blocks, "balanced") for _, blocks in candidates] + [(candidates[-1][1], "contiguous"), ([], "seq-dp")]
+    trials = 0  # moves refinement tried so far; what a candidate leaves goes to the next ones
     for i, (blocks, start) in enumerate(starts):
         plan = setup.initial_plan(blocks, start) if start != "seq-dp" else setup.seq_dp_plan()
         if plan is None:
             continue
-        share = (TIME_BUDGET_S - (time.monotonic() - started)) / (len(starts) - i)
-        plan = setup.refined(plan, deadline=time.monotonic() + max(share, 0.0))
+        plan, tried = setup.refined(plan, max_trials=(MAX_TRIALS - trials) // (len(starts) - i))
+        trials += tried
         if not plan.fits:
             if tightest is None or plan.peak_memory < tightest.peak_memory:
                 tightest = plan
@@ -188,7 +189,11 @@ class _Setup:
         for cost in block_cost:  # before any plan: stage by the share of compute before the block
             guess.append(int(num_gpus * (before + cost / 2) / total) if total > 0 else 0)
             before += cost
-        memory_of.place(guess, num_gpus)
+        # Stages and their GPUs are unknown until blocks have GPUs: charge each block as the
+        # stage its compute share puts it in of a contiguous plan, stage g on GPU g. A plan with
+        # more stages than GPUs holds more micro-batches at its early stages (`in_flight` counts
+        # stages); calibration below charges the stages and GPUs the blocks actually got.
+        memory_of.place(guess, range(num_gpus))
         budget = [float(self.limit)] * num_gpus
         plan = None
         for _ in range(_CALIBRATION_ROUNDS):
@@ -206,7 +211,7 @@ class _Setup:
             plan = self._plan(atom_stage, stage_device)
             if plan.fits or start == "contiguous":
                 return plan
-            memory_of.place(block_stage, len(stage_device))
+            memory_of.place(block_stage, stage_device)
             for g, gpu in enumerate(plan.predicted.gpus):
                 proxy = memory_of(g, [b for b, d in enumerate(block_gpu) if d == g])
                 if gpu.memory_bytes > self.limit:  # the proxy was optimistic here: tighten it
@@ -223,22 +228,24 @@ class _Setup:
         atom_stage = [partition.node_stage[nodes[0]] for nodes in self.coarse.atoms]
         return self._plan(atom_stage, list(partition.stage_device))
 
-    def refined(self, plan: _Plan, deadline: float) -> _Plan:
-        """``plan`` refined; if it does not fit, refinement first moves ops off the full GPUs.
+    def refined(self, plan: _Plan, max_trials: int) -> tuple[_Plan, int]:
+        """``plan`` refined, trying at most ``max_trials`` moves; if it does not fit, refinement
+        first moves ops off the full GPUs. Returns (plan, moves tried).
 
-        Returns the refined plan when the estimate confirms it (it fits and is no slower, or it
+        The plan is the refined one when the estimate confirms it (it fits and is no slower, or it
         needs less memory than an unfitting ``plan``), else ``plan`` itself.
         """
         state = IncrementalCost(
             self.graph, self.profile, self.coarse.atoms, list(plan.atom_stage), plan.stage_device, self.weight,
             memory=self.memory, limit=[float(self.limit)] * self.profile.count, **self.memory_args,
         )  # fmt: skip
-        if refine(state, deadline) == 0:
-            return plan
+        moved, tried = refine(state, max_trials)
+        if moved == 0:
+            return plan, tried
         better = self._plan(*_drop_empty_stages(state.atom_stage, plan.stage_device))
         if plan.fits:
-            return better if better.fits and better.step_time_s <= plan.step_time_s else plan
-        return better if better.peak_memory < plan.peak_memory else plan
+            return (better if better.fits and better.step_time_s <= plan.step_time_s else plan), tried
+        return (better if better.peak_memory < plan.peak_memory else plan), tried
 
     def infeasible(self, tightest: _Plan | None) -> PartitionError:
         headroom = self.memory.headroom

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import heapq
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from hf_ftpipe.graph.cost_graph import CostGraph
@@ -103,7 +103,8 @@ class _Merger:
     def __init__(self, graph: CostGraph, q: Quotient, cost: dict, out_comm_s: Mapping[str, float]) -> None:
         self.graph, self.q, self.cost, self.out_comm_s = graph, q, cost, out_comm_s
 
-    def contract(self, blocks: set) -> object | None:
+    def contract(self, blocks: Iterable) -> object | None:
+        blocks = self.ordered(blocks)
         total = sum(self.cost[b] for b in blocks)
         new = self.q.contract(blocks)
         if new is not None:
@@ -113,11 +114,17 @@ class _Merger:
             self.cost[new] = total
         return new
 
+    def ordered(self, blocks: Iterable) -> list:
+        """``blocks`` in topological order: ties are broken by position, never by set order,
+        which changes with PYTHONHASHSEED."""
+        return sorted(set(blocks), key=self.q.position.__getitem__)
+
     def absorb(self, b: object, *, limit: float, prefer: str = "traffic") -> object | None:
         """Merge block ``b`` into one neighbour (the one it exchanges most bytes with, or a
-        producer first with ``prefer="pred"``) without passing ``limit``; the new id or None."""
+        producer first with ``prefer="pred"``; the earliest on a tie) without passing ``limit``;
+        the new id or None."""
         q = self.q
-        neighbours = [n for n in (*q.pred[b], *q.succ[b]) if self.cost[n] + self.cost[b] <= limit]
+        neighbours = [n for n in self.ordered((*q.pred[b], *q.succ[b])) if self.cost[n] + self.cost[b] <= limit]
         traffic = self.traffic(b)
         if prefer == "pred":
             neighbours.sort(key=lambda n: (n not in q.pred[b], -traffic.get(n, 0)))
@@ -177,7 +184,7 @@ def _merge_repeated_modules(graph: CostGraph, merger: _Merger, weight: Mapping[s
     while stack:
         path = stack.pop()
         if path and module_cost[path] <= cap and (repeated(path) or not children[path]):
-            blocks = {merger.q.block_of[n] for n in modules[path]}
+            blocks = merger.ordered(merger.q.block_of[n] for n in modules[path])
             if sum(merger.cost[b] for b in blocks) <= cap and merger.contract(blocks) is not None:
                 continue
         stack.extend(children[path])
@@ -210,7 +217,7 @@ def _grow_to(merger: _Merger, count: int) -> None:
         if b not in q.members or cost[b] != c:
             continue
         traffic = merger.traffic(b)
-        for n in sorted((*q.pred[b], *q.succ[b]), key=lambda n: (cost[n], -traffic.get(n, 0))):
+        for n in sorted(merger.ordered((*q.pred[b], *q.succ[b])), key=lambda n: (cost[n], -traffic.get(n, 0))):
             new = merger.contract({b, n})
             if new is not None:
                 counter += 1

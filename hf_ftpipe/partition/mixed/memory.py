@@ -1,11 +1,14 @@
 """A quick memory model of blocks on a GPU, for assignment: `estimate`'s terms, per block.
 
 `estimate` needs finished stages; assignment has only blocks. Each block is charged as if it were
-a stage at its likely stage index (from where it fell in the last plan, or from its share of
-the compute before it): weights × the versions the schedule keeps there, gradients, optimizer
-state, and activations — every micro-batch in flight, or with recomputation the inputs of each
-in-flight micro-batch plus one micro-batch's saved tensors. A weight read by several blocks of a
-GPU is counted once, with the most versions any of them keeps.
+the stage it fell in in the last plan, with that plan's stage → GPU map; before any plan, as
+stage g of a contiguous plan with one stage per GPU, g from its share of the compute before it.
+The charge: weights × the versions the schedule keeps there, gradients, optimizer state, and
+activations — every micro-batch in flight (`estimate.in_flight`: one per stage from the block's
+stage to the end), or with recomputation the inputs of each in-flight micro-batch, plus once per
+GPU the saved tensors of one micro-batch of its largest stage (blocks charged as the same stage
+add up). A weight read by several blocks of a GPU is counted once, with the most versions any of
+them keeps. When every block is a whole stage this is `estimate`'s figure exactly.
 """
 
 from __future__ import annotations
@@ -46,27 +49,28 @@ class BlockMemory:
             self.fixed[name] = (
                 info.bytes + optimizer_state_bytes(optimizer, info.shape, info.bytes) if info.requires_grad else 0
             )
+        # Until `place`: every block its own stage, one micro-batch, one weight version.
+        self.recompute = memory.recompute
+        self.stage = list(range(len(blocks)))
         self.versions = [1] * len(blocks)
-        self.activations = list(self.saved)
-        self.scale = [1.0]
+        self.held = list(self.inputs if memory.recompute else self.saved)
 
-    def place(self, stage_of_block: Sequence[int], num_stages: int) -> None:
-        """Charge each block as stage ``stage_of_block[b]`` of ``num_stages``."""
+    def place(self, stage_of_block: Sequence[int], stage_device: Sequence[int]) -> None:
+        """Charge each block as stage ``stage_of_block[b]`` of a plan with ``stage_device``
+        (stage index → GPU index)."""
         m, options = self.num_microbatches, self.memory
         for b, s in enumerate(stage_of_block):
-            s = min(max(s, 0), num_stages - 1)
-            held = in_flight(self.schedule, s, num_stages, m)
+            s = min(max(s, 0), len(stage_device) - 1)
+            self.stage[b] = s
+            held = in_flight(self.schedule, s, stage_device, m)
             self.versions[b] = weight_versions(
                 self.schedule,
                 s,
-                num_stages,
+                stage_device,
                 num_microbatches=m,
                 gradient_accumulation_steps=options.gradient_accumulation_steps,
             )
-            if options.recompute:
-                self.activations[b] = self.saved[b] + self.inputs[b] * held
-            else:
-                self.activations[b] = self.saved[b] * held
+            self.held[b] = (self.inputs[b] if options.recompute else self.saved[b]) * held
 
     def __call__(self, gpu: int, blocks: Sequence[int]) -> float:
         versions: dict[str, int] = {}
@@ -76,4 +80,10 @@ class BlockMemory:
                     versions[name] = self.versions[b]
         params = self.graph.params
         weights = sum(params[p].bytes * v + self.fixed[p] for p, v in versions.items())
-        return weights + sum(self.activations[b] for b in blocks)
+        activations = sum(self.held[b] for b in blocks)
+        if self.recompute and blocks:  # the GPU recomputes one stage at a time: the largest counts
+            per_stage: dict[int, int] = {}
+            for b in blocks:
+                per_stage[self.stage[b]] = per_stage.get(self.stage[b], 0) + self.saved[b]
+            activations += max(per_stage.values())
+        return weights + activations

@@ -8,9 +8,10 @@ producers, which are subtracted, moved and added back.
 
 Memory follows `estimate` too, for the stage numbering refinement keeps: each weight once per GPU
 with the most versions any of the GPU's stages that read it keeps, plus its gradient and
-optimizer state; each stage's saved activations times its micro-batches in flight, or with
-recomputation one micro-batch's saved activations plus its inputs times the micro-batches in
-flight.
+optimizer state; each stage's saved activations times its micro-batches in flight (one per stage
+from it to the end, as `estimate.in_flight`), or with recomputation each stage's inputs times its
+micro-batches in flight plus, once per GPU, the saved activations of one micro-batch of its
+largest stage (a GPU recomputes one stage at a time).
 """
 
 from __future__ import annotations
@@ -60,13 +61,16 @@ class IncrementalCost:
             weight_versions(
                 schedule,
                 s,
-                num_stages,
+                self.stage_device,
                 num_microbatches=num_microbatches,
                 gradient_accumulation_steps=memory.gradient_accumulation_steps,
             )
             for s in range(num_stages)
         ]
-        self.held = [in_flight(schedule, s, num_stages, num_microbatches) for s in range(num_stages)]
+        # Counted once, over all stages: a stage that refinement empties still adds to the depth
+        # of the stages before it until the plan is rebuilt without it, which can only lower the
+        # estimate's figure.
+        self.held = [in_flight(schedule, s, self.stage_device, num_microbatches) for s in range(num_stages)]
         self.recompute = memory.recompute
         self.fixed = {
             name: info.bytes + optimizer_state_bytes(optimizer, info.shape, info.bytes) if info.requires_grad else 0
@@ -106,8 +110,10 @@ class IncrementalCost:
 
     def memory(self, g: int) -> float:
         stages = self.stages_of[g]
-        if self.recompute:
-            activations = sum(self.saved[s] + self.inputs[s] * self.held[s] for s in stages)
+        if self.recompute:  # one stage recomputed at a time: the largest one's activations count
+            activations = sum(self.inputs[s] * self.held[s] for s in stages) + max(
+                (self.saved[s] for s in stages), default=0
+            )
         else:
             activations = sum(self.saved[s] * self.held[s] for s in stages)
         return self.weights[g] + activations
@@ -136,7 +142,8 @@ class IncrementalCost:
     def move(self, a: int, stage: int) -> None:
         """Put atom ``a`` in ``stage``; a second ``move`` back undoes it exactly."""
         g = self.graph.graph
-        producers = {u for n in self.atoms[a] for u in g.predecessors(n)} | set(self.atoms[a])
+        # An ordered set (a dict): floating-point sums must not depend on PYTHONHASHSEED.
+        producers = dict.fromkeys([*(u for n in self.atoms[a] for u in g.predecessors(n)), *self.atoms[a]])
         for u in producers:
             self._producer(u, -1)
         self._place(a, -1)

@@ -60,8 +60,10 @@ class Quotient:
         after = self._descendants_in_window(group)
         if after is None:
             return None
-        first = min(group, key=self.position.__getitem__)
-        last_pos = max(self.position[b] for b in group)
+        # Blocks in topological order, never in set order: ids hash differently in every process
+        # (PYTHONHASHSEED), and the order members are joined in shapes every later tie.
+        first, *rest = sorted(group, key=self.position.__getitem__)
+        last_pos = self.position[rest[-1]]
         window = self.order[self.position[first] : last_pos + 1]
         before = [b for b in window if b is not None and b not in group and b not in after]
         behind = [b for b in window if b is not None and b in after]
@@ -72,7 +74,7 @@ class Quotient:
         for i, b in enumerate(new_window, start):
             if b is not None:
                 self.position[b] = i
-        for b in group - {first}:
+        for b in rest:
             del self.position[b]
             nodes = self.members.pop(b)
             self.members[first].extend(nodes)

@@ -13,12 +13,13 @@ stay with it) may move to another GPU's stage when:
 
 Atoms are taken from the fullest GPU while the plan does not fit, then from the worst GPU; each
 pass moves the first improving atom and looks at the worst GPU again, until none improves or the
-time budget is spent.
+budget of trial moves is spent. The budget counts moves tried, not seconds, so that the same
+inputs give the same plan however loaded the machine is.
 """
 
 from __future__ import annotations
 
-import time
+import math
 
 from .objective import IncrementalCost
 
@@ -28,11 +29,12 @@ _TARGETS_PER_ATOM = 4
 """Stages tried per atom: those on the least-loaded GPUs, nearest first."""
 
 
-def refine(state: IncrementalCost, deadline: float) -> int:
-    """Improve ``state`` in place; returns the number of atoms moved."""
-    moved = 0
+def refine(state: IncrementalCost, max_trials: float = math.inf) -> tuple[int, int]:
+    """Improve ``state`` in place, trying at most ``max_trials`` moves; returns (atoms moved,
+    moves tried)."""
+    moved = trials = 0
     stuck: set[int] = set()  # GPUs whose atoms cannot improve the plan as it is now
-    while time.monotonic() < deadline:
+    while trials < max_trials:
         if state.overflow() > 0:  # first make it fit: the fullest GPU gives
             urgency = [state.memory(g) - state.limit[g] for g in range(len(state.limit))]
         else:
@@ -40,18 +42,22 @@ def refine(state: IncrementalCost, deadline: float) -> int:
         order = sorted((g for g in range(len(urgency)) if g not in stuck), key=lambda g: -urgency[g])
         if not order:
             break
-        if _move_one_off(state, order[0]):
+        improved, tried = _move_one_off(state, order[0], max_trials - trials)
+        trials += tried
+        if improved:
             moved += 1
             stuck.clear()
         else:
             stuck.add(order[0])
-    return moved
+    return moved, trials
 
 
-def _move_one_off(state: IncrementalCost, g: int) -> bool:
-    """Move the first atom of GPU ``g`` whose move improves the key; False when none does."""
+def _move_one_off(state: IncrementalCost, g: int, max_trials: float) -> tuple[bool, int]:
+    """Move the first atom of GPU ``g`` whose move improves the key, trying at most
+    ``max_trials`` moves; (whether one did, moves tried)."""
+    trials = 0
     if len(state.atoms_of_gpu[g]) <= 1:
-        return False
+        return False, trials
     current = state.key()
     costs = state.costs()
     fits = current[0] == 0
@@ -70,11 +76,14 @@ def _move_one_off(state: IncrementalCost, g: int) -> bool:
         targets = [t for t in range(lo, hi + 1) if state.stage_device[t] in receivers]
         targets.sort(key=lambda t: (costs[state.stage_device[t]], abs(t - s)))
         for t in targets[:_TARGETS_PER_ATOM]:
+            if trials >= max_trials:
+                return False, trials
+            trials += 1
             state.move(a, t)
             if _better(state.key(), current):
-                return True
+                return True, trials
             state.move(a, s)
-    return False
+    return False, trials
 
 
 def _better(new: tuple[float, ...], old: tuple[float, ...]) -> bool:

@@ -4,7 +4,9 @@ Every wait polls its request and, a few times a second, the rendezvous store: a 
 writes ``[rank r, stage s] ...`` there first, so its peers stop within a fraction of a second
 with that message instead of blocking until a transport timeout. A wait that outlives
 ``timeout_s`` raises too, naming what it waited for. Messages carry tags (gloo matches on them);
-both ends issue them in one global order, which NCCL's in-order matching needs.
+both ends issue them in one global order, which NCCL's in-order matching needs. Point-to-point
+messages go through their own process group, so a send still waiting for its receiver never holds
+up a collective queued behind it (NCCL runs one communicator's operations in order).
 """
 
 from __future__ import annotations
@@ -39,12 +41,15 @@ class Messenger:
         run_id (`str`): distinguishes this pipeline's failure key from earlier ones in the same store.
     """
 
-    def __init__(self, rank: int, timeout_s: float, run_id: str) -> None:
+    def __init__(self, rank: int, timeout_s: float, run_id: str, p2p_group: dist.ProcessGroup | None = None) -> None:
         self.rank = rank
         self.timeout_s = timeout_s
         self.failure_key = f"{_FAILURE_KEY}/{run_id}"
+        self.p2p_group = p2p_group
+        self.generation = 0
+        """Sends are stamped with it; `flush` can wait for the older ones only."""
         self._store = _default_store()
-        self._pending_sends: list[tuple[dist.Work, str, torch.Tensor]] = []
+        self._pending_sends: list[tuple[dist.Work, str, torch.Tensor, int]] = []
         self._waiting: tuple[float, str] | None = None
         self._closed = threading.Event()
         self._watchdog = threading.Thread(target=self._watch, name=f"hf_ftpipe-watchdog-{rank}", daemon=True)
@@ -55,27 +60,45 @@ class Messenger:
     def send(self, tensor: torch.Tensor, dst: int, tag: int, what: str) -> None:
         """Start sending ``tensor``; it is kept alive until `flush` confirms delivery."""
         tensor = tensor.detach().contiguous()
-        self._pending_sends.append((dist.isend(tensor, dst, tag=tag), what, tensor))
+        work = dist.isend(tensor, dst, group=self.p2p_group, tag=tag)
+        self._pending_sends.append((work, what, tensor, self.generation))
+
+    def post_recv(
+        self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, src: int, tag: int
+    ) -> tuple[dist.Work, torch.Tensor]:
+        """Start receiving into a new buffer; `wait` on the returned work before reading it."""
+        buffer = torch.empty(shape, dtype=dtype, device=device)
+        return dist.irecv(buffer, src, group=self.p2p_group, tag=tag), buffer
 
     def recv(
         self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, src: int, tag: int, what: str
     ) -> torch.Tensor:
-        buffer = torch.empty(shape, dtype=dtype, device=device)
-        self.wait(dist.irecv(buffer, src, tag=tag), f"receiving {what} from rank {src}")
+        work, buffer = self.post_recv(shape, dtype, device, src, tag)
+        self.wait(work, f"receiving {what} from rank {src}")
         return buffer
 
-    def flush(self) -> None:
-        """Wait until every send started so far has been delivered."""
-        for work, what, _ in self._pending_sends:
-            self.wait(work, f"sending {what}")
-        self._pending_sends.clear()
+    def flush(self, older_than: int | None = None) -> None:
+        """Wait until every send started so far (or before generation ``older_than``) was delivered.
+
+        Streaming schedules end a step with messages whose receives are posted at the start of the
+        next step: they wait for the previous step's sends only, which are then certain to complete.
+        """
+        keep = []
+        for work, what, tensor, generation in self._pending_sends:
+            if older_than is None or generation < older_than:
+                self.wait(work, f"sending {what}")
+            else:
+                keep.append((work, what, tensor, generation))
+        self._pending_sends = keep
 
     def broadcast(self, tensor: torch.Tensor, src: int, what: str) -> torch.Tensor:
         self.wait(dist.broadcast(tensor, src, async_op=True), f"broadcasting {what} from rank {src}")
         return tensor
 
-    def all_reduce(self, tensor: torch.Tensor, group: dist.ProcessGroup, what: str) -> torch.Tensor:
-        self.wait(dist.all_reduce(tensor, group=group, async_op=True), f"summing {what}")
+    def all_reduce(
+        self, tensor: torch.Tensor, group: dist.ProcessGroup, what: str, op: dist.ReduceOp = dist.ReduceOp.SUM
+    ) -> torch.Tensor:
+        self.wait(dist.all_reduce(tensor, op=op, group=group, async_op=True), f"reducing {what}")
         return tensor
 
     def wait(self, work: dist.Work, what: str) -> None:
@@ -86,7 +109,12 @@ class Messenger:
             work.wait()
         except Exception as error:
             failure = self.peer_failure()
-            reason = failure if failure is not None else f"{type(error).__name__}: {error}"
+            reason = (
+                failure
+                if failure is not None
+                else f"{type(error).__name__}: {error} (no rank reported a failure, so a peer process probably "
+                "died: killed, out of memory, or a lost machine)"
+            )
             raise PipelineError(f"[rank {self.rank}] stopped while {what}: {reason}") from error
         finally:
             self._waiting = None

@@ -1,10 +1,19 @@
 """The pipeline engine: one rank's stages, driven through a schedule, one mini-batch at a time.
 
 Every rank builds the same traced graph and stage plan, then keeps only its own stages (any
-set, adjacent or not). A step splits the rank's own copy of the mini-batch into micro-batches,
-performs the rank's actions in schedule order, exchanges activations and their gradients with
-the ranks that hold neighbouring stages, sums the gradients of weights that several ranks hold
-(tied embeddings), and leaves the gradients in the local parameters for the optimizer.
+set, adjacent or not). A step splits the rank's own copy of the mini-batch into micro-batches and
+performs the rank's actions in the schedule's global order: forwards and backwards of its stages,
+and, for the streaming schedules (``async``, ``2bw``), weight updates. Before each action it posts
+the receives of every message its peers send up to that point of the order (`plan_messages`),
+in their send order, so a value is usually there by the time it is needed. Activations go
+straight from the stage that produces them to every rank with a stage that reads them, adjacent
+or not.
+
+Synchronous schedules (``gpipe``, ``1f1b``) leave the gradients in the local parameters for the
+caller's optimizer; weights shared by several ranks (tied embeddings) get the sum of their
+copies' gradients first. Streaming schedules update inside the step with the optimizer given to
+`attach_optimizer`, keep the weight versions in-flight micro-batches need (`StageVersions`), and
+carry micro-batches from one step into the next; `drain` empties the pipeline.
 """
 
 from __future__ import annotations
@@ -12,19 +21,23 @@ from __future__ import annotations
 import itertools
 import os
 import traceback
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 from torch import fx, nn
+from torch.func import functional_call
+from torch.utils.checkpoint import checkpoint
 
 from ..errors import PartitionError, PipelineError
 from ..graph.trace import TracedModel
 from .comm import Messenger
-from .schedule import Action, ScheduleGPipe
+from .messages import Message, Transfer, plan_messages
+from .prediction import check_predictable, predicted_weights, updates_ahead
+from .schedule import Action, Schedule, ScheduleGPipe, StreamingSchedule, make_schedule
 from .stage import build_stage_module, plan_stages
+from .versions import StageVersions, move_gradients
 from .weight_sync import WeightSync
 from .weights import load_stage_weights
 
@@ -40,20 +53,6 @@ class StagePlacement(Protocol):
     stage_device: list[int]
 
 
-@dataclass
-class _Transfer:
-    """A value that crosses ranks: produced on one rank, read by stages on others."""
-
-    value_id: int
-    name: str
-    producer_stage: int
-    source_rank: int
-    target_ranks: list[int]
-    shape: tuple[int, ...]
-    dtype: torch.dtype
-    requires_grad: bool
-
-
 class PipelineEngine:
     """Runs one rank's share of a pipeline.
 
@@ -61,6 +60,17 @@ class PipelineEngine:
         traced (`TracedModel`): the model captured on a micro-batch (every rank captures the same).
         placement (`StagePlacement`): the partition; ``stage_device[s]`` is the rank running stage ``s``.
         num_microbatches (`int`): micro-batches per mini-batch.
+        schedule (`str`, defaults to ``"gpipe"``): ``gpipe``, ``1f1b``, ``async`` or ``2bw`` (see
+            `hf_ftpipe.runtime.schedule`).
+        gradient_accumulation_steps (`int`, defaults to 1): ``async`` only: backwards per update.
+        recompute (`bool`, defaults to `False`): activation recomputation: a stage keeps only its
+            inputs from forward to backward and runs its forward again just before the backward
+            (``torch.utils.checkpoint``, random state preserved so dropout repeats), trading about a
+            third more compute for the activations of the micro-batches in flight.
+        weight_prediction (`bool`, defaults to `False`): ``async`` with a momentum optimizer: run each
+            micro-batch on the weights its gradient will be applied to, predicted from the
+            optimizer's momentum (`hf_ftpipe.runtime.prediction`); costs one copy of a stage's
+            weights per micro-batch in flight, like weight stashing.
         device (`torch.device`): where this rank's stages run.
         timeout_s (`float`, defaults to 300): the longest wait for any transfer before the step fails.
         weights_path (`str`, *optional*): a checkpoint folder (safetensors) to read this rank's
@@ -73,6 +83,10 @@ class PipelineEngine:
         placement: StagePlacement,
         *,
         num_microbatches: int,
+        schedule: str = "gpipe",
+        gradient_accumulation_steps: int = 1,
+        recompute: bool = False,
+        weight_prediction: bool = False,
         device: torch.device | str = "cpu",
         timeout_s: float = 300.0,
         weights_path: str | os.PathLike | None = None,
@@ -97,11 +111,29 @@ class PipelineEngine:
         if len(self.specs) != len(self.stage_rank):
             raise PartitionError(f"the partition has {len(self.specs)} stages but places {len(self.stage_rank)}")
         self.local_stages = [s for s, r in enumerate(self.stage_rank) if r == self.rank]
-        self.schedule = ScheduleGPipe(self.stage_rank, num_microbatches)
-        self.actions = self.schedule.actions_of(self.rank)
+        edges = sorted({(spec.stage_index, c) for spec in self.specs for cs in spec.consumers.values() for c in cs})
+        try:
+            self.schedule: Schedule = make_schedule(
+                schedule,
+                self.stage_rank,
+                num_microbatches,
+                edges,
+                gradient_accumulation_steps=gradient_accumulation_steps,
+            )
+        except ValueError as error:
+            raise PipelineError(str(error)) from error
+        self.streaming = isinstance(self.schedule, StreamingSchedule)
+        self.gradient_accumulation_steps = gradient_accumulation_steps
+        self.recompute = recompute
+        if weight_prediction and schedule != "async":
+            raise PipelineError(
+                f"weight prediction is for the 'async' schedule (stale gradients); {schedule!r} has none to predict"
+            )
+        self.weight_prediction = weight_prediction
         self.transfers = self._plan_transfers()
         self.loss_stage = next((s.stage_index for s in self.specs if "loss" in s.model_outputs), None)
-        self.messenger = Messenger(self.rank, timeout_s, run_id=str(next(_run_counter)))
+        p2p_group = dist.new_group(list(range(self.world_size)))
+        self.messenger = Messenger(self.rank, timeout_s, run_id=str(next(_run_counter)), p2p_group=p2p_group)
         # Collective set-up first: a rank that fails below must not leave the others in new_group.
         self.weight_sync = WeightSync(self.graph, self.specs, self.stage_rank, self.messenger, self.device)
         try:
@@ -111,6 +143,36 @@ class PipelineEngine:
             self.messenger.report_failure(message)
             raise PipelineError(message) from error
         self.module = nn.ModuleDict({str(s): m for s, m in self.modules.items()})
+        self.versions = (
+            {s: StageVersions(m, keep_previous=schedule == "2bw") for s, m in self.modules.items()}
+            if self.streaming
+            else {}
+        )
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.max_grad_norm: float | None = None
+        self._update_norms: list[torch.Tensor] = []
+        self.version_log: list[tuple[int, ...]] = []
+        """Streaming schedules: ``(stage, micro-batch, weights version)`` of every forward run here
+        (with weight prediction also the number of updates predicted ahead)."""
+        self._orders: dict[bool, list[Action]] = {}
+        self._reset_state()
+
+    def _reset_state(self) -> None:
+        """Per-micro-batch state; streaming schedules carry it from one step to the next."""
+        self._data: dict[int, dict[str, Any]] = {}
+        self._outputs: dict[tuple[str, int], torch.Tensor] = {}
+        self._received: dict[tuple[str, int], torch.Tensor] = {}
+        self._saved: dict[tuple[int, int], tuple[list[torch.Tensor], tuple[torch.Tensor, ...]]] = {}
+        self._grads: dict[tuple[str, int], torch.Tensor] = {}
+        self._grad_parts_left: dict[tuple[str, int], int] = {}
+        self._used_version: dict[tuple[int, int], int] = {}
+        self._posted: dict[Message, tuple[dist.Work, torch.Tensor]] = {}
+        self._unposted: list[Message] = []
+        self._consumers_left: dict[tuple[str, int, int], int] = {}
+        self._actions_left: dict[int, int] = {}
+        self._version_base = {s: v.updates for s, v in self.versions.items()}
+        self._predicted: dict[tuple[int, int], dict[str, torch.Tensor]] = {}
+        self._backwards = dict.fromkeys(self.local_stages, 0)  # since the pipeline was last empty
 
     def _build_modules(self, traced: TracedModel, weights_path: str | os.PathLike | None) -> dict[int, fx.GraphModule]:
         modules = {
@@ -157,8 +219,9 @@ class PipelineEngine:
     def gather_state_dict(self, dst: int = 0) -> dict[str, torch.Tensor] | None:
         """The whole model's weights on rank ``dst`` (CPU tensors, canonical names); ``None`` elsewhere.
 
-        Every rank must call it.
+        Every rank must call it. A streaming pipeline is drained first.
         """
+        self.drain()
         names = [name for name in self.weight_sync.holders if self.graph.params[name].in_state_dict]
         return self.weight_sync.gather(self.state_dict(), names, dst)
 
@@ -166,19 +229,91 @@ class PipelineEngine:
         """Clip by the global gradient norm over every stage (a tied weight counted once); returns the norm."""
         return self.weight_sync.clip_grad_norm_(dict(self.named_parameters()), max_norm)
 
-    def train_step(self, batch: Mapping[str, Any]) -> torch.Tensor:
-        """Forward and backward of one mini-batch; returns the mean micro-batch loss on every rank.
+    def attach_optimizer(self, optimizer: torch.optim.Optimizer, max_grad_norm: float | None = None) -> None:
+        """The optimizer over `parameters` that ``async`` and ``2bw`` step inside `train_step`.
 
-        Gradients are accumulated into the local parameters (call ``zero_grad`` between steps).
+        Each update steps only the updating stage's parameters. ``max_grad_norm`` clips each update
+        by the norm of that stage's gradients: the global norm would need every stage at once,
+        which is exactly what a pipeline without flushes never has.
         """
-        return self._step(batch, training=True)
+        if self.weight_prediction:
+            check_predictable(optimizer)
+        self.optimizer = optimizer
+        self.max_grad_norm = max_grad_norm
+        if self.streaming:
+            self.weight_sync.remember_tied(dict(self.named_parameters()))
+
+    def step_grad_norm(self) -> torch.Tensor:
+        """Streaming schedules: the largest gradient norm of any stage update during the last step,
+        over every rank (before clipping); 0 when no update ran."""
+        local = torch.stack(self._update_norms).max() if self._update_norms else torch.zeros(())
+        norm = local.to(self.device, torch.float32)
+        self.messenger.all_reduce(norm, dist.group.WORLD, "update gradient norms", op=dist.ReduceOp.MAX)
+        return norm
+
+    def train_step(self, batch: Mapping[str, Any]) -> torch.Tensor:
+        """Forward and backward of one mini-batch; returns, on every rank, the mean loss of the
+        micro-batches whose forward finished during this step.
+
+        ``gpipe`` and ``1f1b`` run exactly the mini-batch's micro-batches and leave their
+        gradients (averaged over micro-batches) in the local parameters for the caller's optimizer
+        step (call ``zero_grad`` between steps). ``async`` and ``2bw`` update inside the step (see
+        `attach_optimizer`); micro-batches still in flight at the end finish in the next step.
+        """
+        if self.streaming and self.optimizer is None:
+            raise PipelineError(
+                f"the {self.schedule.name!r} schedule updates weights inside the pipeline; call "
+                "`attach_optimizer(optimizer)` before the first train_step"
+            )
+        microbatches = self._split(batch)
+        self._update_norms.clear()
+        if isinstance(self.schedule, StreamingSchedule):
+            first = self.schedule.given
+            order = self.schedule.next_step()
+        else:
+            first = 0
+            order = self._order(training=True)
+        for offset, microbatch in enumerate(microbatches):
+            self._data[first + offset] = microbatch
+        self.module.train(True)
+        losses = self._run(order, training=True)
+        if not self.streaming:
+            self.messenger.flush()
+            self.weight_sync.sum_tied_gradients(dict(self.named_parameters()))
+        else:  # this step's sends may be received in the next step; the previous step's are done
+            self.messenger.flush(older_than=self.messenger.generation)
+            self.messenger.generation += 1
+        return self._mean_loss(losses)
+
+    def drain(self) -> None:
+        """Finish every micro-batch still in flight (``async``, ``2bw``) and apply their updates;
+        then tied copies on different ranks are made equal again (see `WeightSync.reconcile_tied`).
+        Every rank must call it. A no-op for flushing schedules or an empty pipeline."""
+        if not isinstance(self.schedule, StreamingSchedule) or self.schedule.given == 0:
+            return
+        order = self.schedule.drain()
+        self.module.train(True)
+        self._run(order, training=True)
+        self.messenger.flush()
+        for versions in self.versions.values():
+            versions.settle()
+        self.weight_sync.reconcile_tied(dict(self.named_parameters()))
+        self._reset_state()
 
     @torch.no_grad()
     def eval_step(
         self, batch: Mapping[str, Any], output_names: tuple[str, ...] = ("loss", "logits")
     ) -> dict[str, torch.Tensor]:
-        """Forward only; returns the requested model outputs, concatenated over micro-batches, on every rank."""
-        self._step(batch, training=False)
+        """Forward only; returns the requested model outputs, concatenated over micro-batches, on every rank.
+
+        A streaming pipeline is drained first, so evaluation sees the latest weights.
+        """
+        self.drain()
+        for offset, microbatch in enumerate(self._split(batch)):
+            self._data[offset] = microbatch
+        self.module.train(False)
+        self._run(self._order(training=False), training=False)
+        self.messenger.flush()
         outputs: dict[str, torch.Tensor] = {}
         for name in output_names:
             owner = next((s for s in self.specs if name in s.model_outputs), None)
@@ -194,7 +329,7 @@ class PipelineEngine:
                 )
                 pieces.append(self.messenger.broadcast(tensor, self.stage_rank[owner.stage_index], name))
             outputs[name] = torch.stack(pieces) if pieces[0].dim() == 0 else torch.cat(pieces)
-        self._outputs.clear()
+        self._reset_state()
         return outputs
 
     def train(self, mode: bool = True) -> PipelineEngine:
@@ -206,43 +341,74 @@ class PipelineEngine:
 
     # -- the step ---------------------------------------------------------------------------
 
-    def _step(self, batch: Mapping[str, Any], training: bool) -> torch.Tensor:
-        microbatches = self._split(batch)
-        self.module.train(training)
-        self._outputs: dict[tuple[str, int], torch.Tensor] = {}
-        self._received: dict[tuple[str, int], torch.Tensor] = {}
-        self._saved: dict[tuple[int, int], tuple[list[torch.Tensor], tuple[torch.Tensor, ...]]] = {}
-        self._grads: dict[tuple[str, int], torch.Tensor] = {}
-        self._grad_parts_left: dict[tuple[str, int], int] = {}
-        self._losses: dict[int, torch.Tensor] = {}
-        for action in self.actions:
-            if action.computation == "B" and not training:
+    def _order(self, training: bool) -> list[Action]:
+        """The flushing order of one mini-batch (forwards only for evaluation), computed once."""
+        if training not in self._orders:
+            if training:
+                order = self.schedule.global_order()
+            else:  # GPipe's forwards: each stage streams its micro-batches on to the next
+                gpipe = ScheduleGPipe(self.stage_rank, self.num_microbatches, self.schedule.edges)
+                order = [a for a in gpipe.global_order() if a.computation == "F"]
+            self._orders[training] = order
+        return self._orders[training]
+
+    def _run(self, order: Sequence[Action], training: bool) -> list[torch.Tensor]:
+        """Perform this rank's actions of ``order``; returns the losses computed here."""
+        messages = [
+            (position, message)
+            for position, message in plan_messages(
+                order, self.specs, self.stage_rank, self.transfers, self._consumers_left
+            )
+            if message.dst == self.rank
+        ]
+        for message in self._unposted:  # sent in an earlier step, read in this one
+            self._post(message)
+        posted = 0
+        losses: list[torch.Tensor] = []
+        for position, action in enumerate(order):
+            if self.stage_rank[action.stage_index] != self.rank:
                 continue
+            while posted < len(messages) and messages[posted][0] < position:
+                self._post(messages[posted][1])
+                posted += 1
             try:
                 if action.computation == "F":
-                    self._forward(action, microbatches[action.microbatch_index], training)
-                else:
+                    loss = self._forward(action, training)
+                    if loss is not None:
+                        losses.append(loss)
+                elif action.computation == "B":
                     self._backward(action)
-            except PipelineError as error:
-                self.messenger.report_failure(str(error))
-                raise
+                else:
+                    self._update(action.stage_index)
             except Exception as error:
-                message = (
-                    f"[rank {self.rank}, stage {action.stage_index}] micro-batch {action.microbatch_index}, "
-                    f"{'forward' if action.computation == 'F' else 'backward'}: {type(error).__name__}: {error}"
+                doing = {"F": "forward", "B": "backward", "U": "weight update"}[action.computation]
+                context = (
+                    f"[rank {self.rank}, stage {action.stage_index}] micro-batch {action.microbatch_index}, {doing}"
                 )
-                self.messenger.report_failure(message + "\n" + traceback.format_exc(limit=6))
+                if isinstance(error, PipelineError):  # a transfer failed: say what this rank was doing
+                    detail = str(error).removeprefix(f"[rank {self.rank}] ")
+                    message, report = f"{context}: {detail}", f"{context}: {detail}"
+                else:
+                    message = f"{context}: {type(error).__name__}: {error}"
+                    report = message + "\n" + traceback.format_exc(limit=6)
+                self.messenger.report_failure(report)
                 raise PipelineError(message) from error
-        self.messenger.flush()
-        if training:
-            self.weight_sync.sum_tied_gradients(dict(self.named_parameters()))
-        loss = self._mean_loss()
-        if training:
-            self._outputs.clear()
-        self._saved.clear()
-        self._received.clear()
-        self._grads.clear()
-        return loss
+            if action.computation != "U" and training:
+                self._action_done(action.microbatch_index)
+        self._unposted = [message for _, message in messages[posted:]]
+        return losses
+
+    def _action_done(self, m: int) -> None:
+        """Forget micro-batch ``m`` once this rank ran all its forwards and backwards of it."""
+        left = self._actions_left.get(m, 2 * len(self.local_stages)) - 1
+        if left:
+            self._actions_left[m] = left
+            return
+        self._actions_left.pop(m, None)
+        self._data.pop(m, None)
+        for store in (self._outputs, self._received, self._grads):
+            for key in [k for k in store if k[1] == m]:
+                del store[key]
 
     def _split(self, batch: Mapping[str, Any]) -> list[dict[str, Any]]:
         """The rank's own copy of the mini-batch as micro-batches of the traced shape."""
@@ -273,7 +439,7 @@ class PipelineEngine:
                 microbatches[m][name] = piece
         return microbatches
 
-    def _forward(self, action: Action, microbatch: dict[str, Any], training: bool) -> None:
+    def _forward(self, action: Action, training: bool) -> torch.Tensor | None:
         spec = self.specs[action.stage_index]
         m = action.microbatch_index
         leaves = []
@@ -283,12 +449,38 @@ class PipelineEngine:
             if training and self.graph.node(value)["requires_grad"] and leaf.is_floating_point():
                 leaf.requires_grad_(True)
             leaves.append(leaf)
+        args = [*[self._data[m][name] for name in spec.batch_inputs], *leaves]
+        module = self.modules[spec.stage_index]
+        if training and self.streaming:
+            version = self._version_for(spec.stage_index, m)
+            self._used_version[(spec.stage_index, m)] = version
+            if self.weight_prediction:
+                assert self.optimizer is not None
+                older = sum(1 for stage, _ in self._saved if stage == spec.stage_index)
+                ahead = updates_ahead(self._backwards[spec.stage_index], older, self.gradient_accumulation_steps)
+                weights = predicted_weights(dict(module.named_parameters()), self.optimizer, ahead)
+                self._predicted[(spec.stage_index, m)] = weights
+                self.version_log.append((spec.stage_index, m, version, ahead))
+            else:
+                weights = self.versions[spec.stage_index].acquire(version)
+                self.version_log.append((spec.stage_index, m, version))
+
+            def run(*inputs: Any) -> tuple[torch.Tensor, ...]:
+                return functional_call(module, weights, inputs, strict=False)
+        else:
+            run = module
         with torch.set_grad_enabled(training):
-            outputs = self.modules[spec.stage_index](*[microbatch[name] for name in spec.batch_inputs], *leaves)
+            if training and self.recompute:  # keep the inputs only; run the forward again in backward
+                outputs = checkpoint(run, *args, use_reentrant=False)
+            else:
+                outputs = run(*args)
         if training:
             self._saved[(spec.stage_index, m)] = (leaves, outputs)
         for value, tensor in zip(spec.sent, outputs, strict=True):
-            self._outputs[(value, m)] = tensor
+            if spec.consumers[value] and any(self.stage_rank[c] == self.rank for c in spec.consumers[value]):
+                self._outputs[(value, m)] = tensor
+            elif not training:
+                self._outputs[(value, m)] = tensor  # model outputs, collected by eval_step
             transfer = self.transfers.get(value)
             if transfer is not None:
                 for dst in transfer.target_ranks:
@@ -296,64 +488,102 @@ class PipelineEngine:
                         tensor, dst, self._tag(transfer, m, backward=False), f"{value} of micro-batch {m}"
                     )
         if "loss" in spec.model_outputs:
-            self._losses[m] = outputs[spec.sent.index(spec.model_outputs["loss"])].detach()
+            return outputs[spec.sent.index(spec.model_outputs["loss"])].detach()
+        return None
+
+    def _version_for(self, stage: int, m: int) -> int:
+        """The weights a forward runs on: ``async`` the newest; ``2bw`` those from before the
+        previous update (mini-batch b runs on W(b - 1); the first two on the initial weights)."""
+        versions = self.versions[stage]
+        if self.schedule.name == "async":
+            return versions.updates
+        return self._version_base[stage] + max(m // self.num_microbatches - 1, 0)
 
     def _backward(self, action: Action) -> None:
         spec = self.specs[action.stage_index]
         m = action.microbatch_index
         leaves, outputs = self._saved.pop((spec.stage_index, m))
         roots, grads = [], []
+        seed = 1.0 / (self.gradient_accumulation_steps if self.schedule.name == "async" else self.num_microbatches)
         for value, tensor in zip(spec.sent, outputs, strict=True):
-            if not tensor.requires_grad:
-                continue
-            if spec.model_outputs.get("loss") == value:
+            if spec.model_outputs.get("loss") == value and tensor.requires_grad:
                 roots.append(tensor)
-                grads.append(torch.full_like(tensor, 1.0 / self.num_microbatches))
+                grads.append(torch.full_like(tensor, seed))
             elif spec.consumers.get(value):
                 grad = self._output_grad(value, m)
-                if grad is not None:
+                if grad is not None and tensor.requires_grad:
                     roots.append(tensor)
                     grads.append(grad)
         if roots:
             torch.autograd.backward(roots, grads)
+        if self.weight_prediction:
+            self._used_version.pop((spec.stage_index, m))
+            move_gradients(
+                self._predicted.pop((spec.stage_index, m)), dict(self.modules[spec.stage_index].named_parameters())
+            )
+            self._backwards[spec.stage_index] += 1
+        elif self.streaming:
+            self.versions[spec.stage_index].backward_done(self._used_version.pop((spec.stage_index, m)))
         for value, leaf in zip(spec.received, leaves, strict=True):
             if leaf.requires_grad:
                 grad = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
                 self._deliver_grad(value, m, grad)
 
+    def _update(self, stage: int) -> None:
+        """Step the optimizer on ``stage``'s parameters only, keeping stashed versions intact."""
+        assert self.optimizer is not None
+        own = {id(p) for p in self.modules[stage].parameters()}
+        others = [(p, p.grad) for p in self.parameters() if id(p) not in own]
+        for param, _ in others:
+            param.grad = None
+        stage_params = [p for p in self.modules[stage].parameters() if p.grad is not None]
+        if stage_params:
+            norm = torch.nn.utils.clip_grad_norm_(stage_params, self.max_grad_norm or float("inf"))
+            self._update_norms.append(norm.detach().float())
+        self.versions[stage].before_update(lambda: [t for v in self.versions.values() for t in v.live_tensors()])
+        self.optimizer.step()
+        for param in self.modules[stage].parameters():
+            param.grad = None
+        for param, grad in others:
+            param.grad = grad
+        self.versions[stage].after_update()
+
     # -- data movement ----------------------------------------------------------------------
+
+    def _post(self, message: Message) -> None:
+        transfer = self.transfers[message.value]
+        self._posted[message] = self.messenger.post_recv(
+            transfer.shape,
+            transfer.dtype,
+            self.device,
+            message.src,
+            self._tag(transfer, message.microbatch, message.backward),
+        )
+
+    def _take(self, message: Message, what: str) -> torch.Tensor:
+        if message not in self._posted:  # every message is planned; this would be a bug
+            raise PipelineError(f"[rank {self.rank}] {what} from rank {message.src} was never expected")
+        work, buffer = self._posted.pop(message)
+        self.messenger.wait(work, f"receiving {what} from rank {message.src}")
+        return buffer
 
     def _incoming(self, value: str, m: int) -> torch.Tensor:
         if (value, m) in self._outputs:
             return self._outputs[(value, m)]
         if (value, m) not in self._received:
             transfer = self.transfers[value]
-            self._received[(value, m)] = self.messenger.recv(
-                transfer.shape,
-                transfer.dtype,
-                self.device,
-                transfer.source_rank,
-                self._tag(transfer, m, backward=False),
-                f"{value} of micro-batch {m}",
-            )
+            message = Message(transfer.source_rank, self.rank, value, m, backward=False)
+            self._received[(value, m)] = self._take(message, f"{value} of micro-batch {m}")
         return self._received[(value, m)]
 
     def _output_grad(self, value: str, m: int) -> torch.Tensor | None:
         """The gradient of a sent value: local consumers' share plus one message per remote rank."""
-        if not self.graph.node(value)["requires_grad"]:
-            return None
         grad = self._grads.pop((value, m), None)
         transfer = self.transfers.get(value)
-        if transfer is not None:
+        if transfer is not None and transfer.carries_gradient:
             for src in transfer.target_ranks:
-                remote = self.messenger.recv(
-                    transfer.shape,
-                    transfer.dtype,
-                    self.device,
-                    src,
-                    self._tag(transfer, m, backward=True),
-                    f"gradient of {value} for micro-batch {m}",
-                )
+                message = Message(src, self.rank, value, m, backward=True)
+                remote = self._take(message, f"gradient of {value} for micro-batch {m}")
                 grad = remote if grad is None else grad + remote
         return grad
 
@@ -377,11 +607,12 @@ class PipelineEngine:
             )
             del self._grad_parts_left[key]
 
-    def _tag(self, transfer: _Transfer, m: int, backward: bool) -> int:
-        return (transfer.value_id * self.num_microbatches + m) * 2 + int(backward)
+    def _tag(self, transfer: Transfer, m: int, backward: bool) -> int:
+        # Messages with one tag between two ranks arrive in the order sent, so indices may wrap.
+        return (transfer.value_id * 2 + int(backward)) * self.num_microbatches + m % self.num_microbatches
 
-    def _plan_transfers(self) -> dict[str, _Transfer]:
-        transfers: dict[str, _Transfer] = {}
+    def _plan_transfers(self) -> dict[str, Transfer]:
+        transfers: dict[str, Transfer] = {}
         for spec in self.specs:
             source = self.stage_rank[spec.stage_index]
             for value in spec.sent:
@@ -389,7 +620,7 @@ class PipelineEngine:
                 if not targets:
                     continue
                 shape, dtype = self._value_shape(value)
-                transfers[value] = _Transfer(
+                transfers[value] = Transfer(
                     value_id=len(transfers),
                     name=value,
                     producer_stage=spec.stage_index,
@@ -397,7 +628,7 @@ class PipelineEngine:
                     target_ranks=targets,
                     shape=shape,
                     dtype=dtype,
-                    requires_grad=bool(self.graph.node(value)["requires_grad"]),
+                    carries_gradient=bool(self.graph.node(value)["requires_grad"]) and dtype.is_floating_point,
                 )
         return transfers
 
@@ -407,12 +638,12 @@ class PipelineEngine:
 
     # -- after the micro-batches ------------------------------------------------------------
 
-    def _mean_loss(self) -> torch.Tensor:
+    def _mean_loss(self, losses: list[torch.Tensor]) -> torch.Tensor:
         if self.loss_stage is None:
             return torch.tensor(float("nan"))
         owner = self.stage_rank[self.loss_stage]
         if owner == self.rank:
-            loss = torch.stack([self._losses[m] for m in range(self.num_microbatches)]).mean().float()
+            loss = torch.stack(losses).mean().float() if losses else torch.tensor(float("nan"), device=self.device)
         else:
             loss = torch.zeros((), dtype=torch.float32, device=self.device)
         return self.messenger.broadcast(loss, owner, "the loss")

@@ -73,6 +73,29 @@ class WeightSync:
                 params[name].grad = flat[offset : offset + size].view_as(params[name]).clone()
                 offset += size
 
+    def remember_tied(self, params: Mapping[str, nn.Parameter]) -> None:
+        """Note the current value of every weight shared with other ranks (see `reconcile_tied`)."""
+        self._reference = {n: params[n].detach().clone() for names, _ in self._groups for n in names}
+
+    def reconcile_tied(self, params: Mapping[str, nn.Parameter]) -> None:
+        """Streaming schedules update each rank's copy of a shared weight with that rank's own
+        gradients, at that rank's own pace. When the pipeline is empty the copies are made equal
+        again: each becomes the reference value plus the sum of every copy's change since then —
+        for SGD exactly the update with all the copies' gradients summed."""
+        reference = getattr(self, "_reference", None)
+        if reference is None:
+            return
+        for names, group in self._groups:
+            flat = torch.cat([(params[n].detach() - reference[n]).reshape(-1) for n in names])
+            self.messenger.all_reduce(flat, group, "tied-weight changes")
+            offset = 0
+            for name in names:
+                size = params[name].numel()
+                with torch.no_grad():
+                    params[name].copy_(reference[name] + flat[offset : offset + size].view_as(params[name]))
+                offset += size
+        self.remember_tied(params)
+
     def clip_grad_norm_(self, params: Mapping[str, nn.Parameter], max_norm: float) -> torch.Tensor:
         """Clip by the norm over every stage's gradients (a shared weight counted once); returns the norm."""
         squares = torch.zeros((), dtype=torch.float64, device=self.device)

@@ -1,4 +1,5 @@
-"""GPipe across real gloo processes equals single-process training, loss by loss and weight by weight."""
+"""The flushing schedules (GPipe, 1F1B) across real gloo processes equal single-process training,
+loss by loss and weight by weight, on contiguous and Mixed-Pipe placements."""
 
 from __future__ import annotations
 
@@ -33,12 +34,15 @@ def batches(kind: str) -> list[dict[str, torch.Tensor]]:
     return [tiny_batch(kind, MICROBATCH * NUM_MICROBATCHES, seed=step) for step in range(STEPS)]
 
 
-def pipeline_run(rank: int, world_size: int, kind: str, stage_device: list[int]):
+def pipeline_run(rank: int, world_size: int, kind: str, stage_device: list[int], schedule: str):
     model = tiny_model(kind)
     data = batches(kind)
     traced = capture_model(model, {name: value[:MICROBATCH] for name, value in data[0].items()})
     engine = PipelineEngine(
-        traced, contiguous_placement(traced.cost_graph, stage_device), num_microbatches=NUM_MICROBATCHES
+        traced,
+        contiguous_placement(traced.cost_graph, stage_device),
+        num_microbatches=NUM_MICROBATCHES,
+        schedule=schedule,
     )
     optimizer = torch.optim.SGD(engine.parameters(), lr=LR)
     losses = []
@@ -69,16 +73,20 @@ def reference_run(kind: str):
 
 
 @pytest.mark.parametrize(
-    ("kind", "stage_device"),
+    ("kind", "stage_device", "schedule"),
     [
-        ("gpt2", [0, 1]),  # wte / lm_head tied across ranks
-        ("t5", [0, 1]),  # shared embedding tied across encoder, decoder and lm_head
-        ("t5", [0, 1, 0]),  # Mixed-Pipe placement: rank 0 holds the non-adjacent stages 0 and 2
+        ("gpt2", [0, 1], "gpipe"),  # wte / lm_head tied across ranks
+        ("t5", [0, 1], "gpipe"),  # shared embedding tied across encoder, decoder and lm_head
+        ("t5", [0, 1, 0], "gpipe"),  # Mixed-Pipe placement: rank 0 holds the non-adjacent stages 0 and 2
+        ("gpt2", [0, 1], "1f1b"),
+        ("t5", [0, 1], "1f1b"),
+        ("gpt2", [0, 1, 1, 0], "gpipe"),  # 2 ranks, 4 stages, rank 0 holding stages 0 and 3
+        ("gpt2", [0, 1, 1, 0], "1f1b"),
     ],
-    ids=["gpt2-2stages", "t5-2stages", "t5-mixed-3stages"],
+    ids=lambda value: "-".join(map(str, value)) if isinstance(value, list) else str(value),
 )
-def test_gpipe_equals_single_process(kind: str, stage_device: list[int]) -> None:
-    results = values_or_raise(run_ranks(pipeline_run, max(stage_device) + 1, kind, stage_device))
+def test_flushing_schedules_equal_single_process(kind: str, stage_device: list[int], schedule: str) -> None:
+    results = values_or_raise(run_ranks(pipeline_run, max(stage_device) + 1, kind, stage_device, schedule))
     reference_losses, reference_state = reference_run(kind)
 
     for rank, (losses, _) in enumerate(results):
@@ -126,3 +134,38 @@ def too_small_batch_run(rank: int, world_size: int):
 def test_fewer_samples_than_microbatches_is_a_clear_error() -> None:
     for message in values_or_raise(run_ranks(too_small_batch_run, 2)):
         assert message.startswith("PipelineError: the batch has 1 samples, fewer than num_microbatches=2"), message
+
+
+def recompute_run(rank: int, world_size: int, schedule: str):
+    """The same training with and without recomputation, dropout on: equal only if the recomputed
+    forward repeats the original one exactly (random state included)."""
+    runs = []
+    for recompute in (False, True):
+        model = tiny_model("gpt2", dropout=0.2)
+        data = batches("gpt2")
+        traced = capture_model(model, {name: value[:MICROBATCH] for name, value in data[0].items()})
+        placement = contiguous_placement(traced.cost_graph, [0, 1])
+        engine = PipelineEngine(
+            traced, placement, num_microbatches=NUM_MICROBATCHES, schedule=schedule, recompute=recompute
+        )
+        optimizer = torch.optim.SGD(engine.parameters(), lr=LR)
+        engine.attach_optimizer(optimizer)
+        torch.manual_seed(1234)
+        losses = []
+        for batch in data:
+            losses.append(engine.train_step(batch).item())
+            if not engine.streaming:
+                optimizer.step()
+                optimizer.zero_grad()
+        engine.drain()
+        runs.append((losses, {k: v.clone() for k, v in engine.state_dict().items()}))
+    return runs
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "async"])
+def test_recomputation_changes_nothing_but_memory(schedule: str) -> None:
+    for (plain_losses, plain_state), (losses, state) in values_or_raise(run_ranks(recompute_run, 2, schedule)):
+        assert losses == plain_losses
+        assert not any(torch.isnan(torch.tensor(losses)))
+        for name, value in state.items():
+            torch.testing.assert_close(value, plain_state[name], atol=0, rtol=0, msg=name)

@@ -1,0 +1,90 @@
+"""Which messages an order of actions sends, in the order they are sent.
+
+Both ends derive the same list from the same global order, so a rank can post its receives
+ahead, in exactly the order its peers send (NCCL matches point-to-point messages between two
+ranks by order alone; gloo by tag, which the list fixes too). The rules mirror the engine:
+
+- the forward of stage s sends each value it produces to every other rank holding a stage that
+  reads it (``Transfer.target_ranks``), values in ``StageSpec.sent`` order;
+- a value's gradient goes back to its producer's rank once every stage on the reading rank has
+  run its backward for that micro-batch: it is sent by the last of those backwards, values in
+  ``StageSpec.received`` order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from .schedule import Action
+from .stage import StageSpec
+
+__all__ = ["Message", "Transfer", "plan_messages"]
+
+
+@dataclass
+class Transfer:
+    """A value that crosses ranks: produced on one rank, read by stages on others."""
+
+    value_id: int
+    name: str
+    producer_stage: int
+    source_rank: int
+    target_ranks: list[int]
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    carries_gradient: bool
+    """Whether its gradient is sent back in training (it requires grad and is floating point)."""
+
+
+@dataclass(frozen=True)
+class Message:
+    src: int
+    dst: int
+    value: str
+    microbatch: int
+    backward: bool
+
+
+def plan_messages(
+    order: Sequence[Action],
+    specs: Sequence[StageSpec],
+    stage_rank: Sequence[int],
+    transfers: Mapping[str, Transfer],
+    remaining_consumers: dict[tuple[str, int, int], int] | None = None,
+) -> list[tuple[int, Message]]:
+    """``(position in order, message)`` for every message sent while ``order`` runs, in send order.
+
+    Args:
+        remaining_consumers: ``(value, micro-batch, rank)`` → backwards still to run on that rank
+            before the value's gradient is sent; carried from one step to the next by streaming
+            schedules (filled in as needed when ``None`` or missing).
+    """
+    remaining = remaining_consumers if remaining_consumers is not None else {}
+    messages: list[tuple[int, Message]] = []
+    for position, action in enumerate(order):
+        spec = specs[action.stage_index]
+        rank = stage_rank[action.stage_index]
+        m = action.microbatch_index
+        if action.computation == "F":
+            for value in spec.sent:
+                transfer = transfers.get(value)
+                if transfer is not None:
+                    for dst in transfer.target_ranks:
+                        messages.append((position, Message(rank, dst, value, m, backward=False)))
+        elif action.computation == "B":
+            for value in spec.received:
+                transfer = transfers[value] if value in transfers else None
+                if transfer is None or transfer.source_rank == rank or not transfer.carries_gradient:
+                    continue
+                key = (value, m, rank)
+                if key not in remaining:
+                    consumers = specs[transfer.producer_stage].consumers[value]
+                    remaining[key] = sum(1 for s in consumers if stage_rank[s] == rank)
+                remaining[key] -= 1
+                if remaining[key] == 0:
+                    del remaining[key]
+                    messages.append((position, Message(rank, transfer.source_rank, value, m, backward=True)))
+    return messages

@@ -1,0 +1,186 @@
+"""``async`` and ``2bw`` across real gloo processes, against references that replay their update rules."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hf_ftpipe.graph import capture_model
+from hf_ftpipe.runtime import PipelineEngine
+
+from distributed import run_ranks, values_or_raise
+from models import tiny_batch, tiny_model
+from test_engine import contiguous_placement
+
+MICROBATCH = 2
+LR = 0.5
+
+
+def microbatches(kind: str, count: int) -> list[dict[str, torch.Tensor]]:
+    return [tiny_batch(kind, MICROBATCH, seed=100 + m) for m in range(count)]
+
+
+def as_minibatches(parts: list[dict[str, torch.Tensor]], per_step: int) -> list[dict[str, torch.Tensor]]:
+    return [
+        {k: torch.cat([p[k] for p in parts[i : i + per_step]]) for k in parts[0]}
+        for i in range(0, len(parts), per_step)
+    ]
+
+
+def streaming_run(
+    rank: int,
+    world_size: int,
+    kind: str,
+    stage_device,
+    schedule: str,
+    num_microbatches: int,
+    steps: int,
+    momentum: float = 0.0,
+    weight_prediction: bool = False,
+):
+    model = tiny_model(kind)
+    data = as_minibatches(microbatches(kind, num_microbatches * steps), num_microbatches)
+    traced = capture_model(model, {name: value[:MICROBATCH] for name, value in data[0].items()})
+    placement = contiguous_placement(traced.cost_graph, stage_device)
+    engine = PipelineEngine(
+        traced, placement, num_microbatches=num_microbatches, schedule=schedule, weight_prediction=weight_prediction
+    )
+    engine.attach_optimizer(torch.optim.SGD(engine.parameters(), lr=LR, momentum=momentum))
+    losses = [engine.train_step(batch).item() for batch in data]
+    engine.drain()
+    stage_params = {s: sorted(dict(m.named_parameters())) for s, m in engine.modules.items()}
+    return losses, engine.state_dict(), engine.version_log, stage_params
+
+
+def forward_backward(model, microbatch) -> tuple[float, dict[str, torch.Tensor]]:
+    model.zero_grad()
+    loss = model(**microbatch).loss
+    loss.backward()
+    return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def test_async_on_one_stage_equals_plain_training_with_an_update_per_microbatch() -> None:
+    ((losses, state, log, _),) = values_or_raise(run_ranks(streaming_run, 1, "bert", [0], "async", 2, 3))
+    model = tiny_model("bert").train()
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    reference_losses = []
+    for microbatch in microbatches("bert", 6):
+        optimizer.zero_grad()
+        loss = model(**microbatch).loss
+        loss.backward()
+        optimizer.step()
+        reference_losses.append(loss.item())
+    assert losses == pytest.approx([sum(reference_losses[i : i + 2]) / 2 for i in (0, 2, 4)], abs=1e-5)
+    assert [version for _, _, version in log] == list(range(6))  # always the newest weights
+    for name, value in state.items():
+        torch.testing.assert_close(value, model.state_dict()[name], atol=1e-5, rtol=0, msg=name)
+
+
+def test_async_two_ranks_each_gradient_uses_the_weights_its_forward_used() -> None:
+    """Replay: micro-batch m's gradient for stage s is taken at the version of stage s its forward
+    logged, and stage s's k-th update applies micro-batch k's gradient (SGD, one per micro-batch)."""
+    num_microbatches, steps = 4, 3
+    results = values_or_raise(run_ranks(streaming_run, 2, "bert", [0, 1], "async", num_microbatches, steps))
+    used = {(s, m): v for _, _, log, _ in results for s, m, v in log}
+    stage_of = {name: s for _, _, _, params in results for s, names in params.items() for name in names}
+    assert any(v < m for (s, m), v in used.items()), "no micro-batch ran on a stashed (older) version"
+
+    model = tiny_model("bert").train()
+    initial = {n: p.detach().clone() for n, p in model.named_parameters()}
+    history = {s: [{n: v for n, v in initial.items() if stage_of[n] == s}] for s in (0, 1)}
+    losses = []
+    for m, microbatch in enumerate(microbatches("bert", num_microbatches * steps)):
+        with torch.no_grad():
+            for s in (0, 1):
+                for name, value in history[s][used[(s, m)]].items():
+                    model.get_parameter(name).copy_(value)
+        loss, grads = forward_backward(model, microbatch)
+        losses.append(loss)
+        for s in (0, 1):
+            latest = history[s][-1]
+            history[s].append({n: latest[n] - LR * grads[n] for n in latest})
+    step_losses = [
+        sum(losses[i : i + num_microbatches]) / num_microbatches for i in range(0, len(losses), num_microbatches)
+    ]
+
+    assert results[1][0] == pytest.approx(step_losses, abs=1e-5)
+    for rank, (_, state, _, params) in enumerate(results):
+        for name in (n for names in params.values() for n in names):
+            torch.testing.assert_close(state[name], history[rank][-1][name], atol=1e-5, rtol=0, msg=name)
+
+
+def test_async_weight_prediction_runs_each_microbatch_on_the_extrapolated_weights() -> None:
+    """Replay with SGD momentum μ: stage s's forward of micro-batch m ran on W_c − k·lr·v_c, with
+    (c, k) as logged; its gradient was applied by stage s's m-th update: v ← μv + g, W ← W − lr·v."""
+    num_microbatches, steps, momentum = 4, 3, 0.9
+    args = ("bert", [0, 1], "async", num_microbatches, steps, momentum, True)
+    results = values_or_raise(run_ranks(streaming_run, 2, *args))
+    logged = {(s, m): (c, k) for _, _, log, _ in results for s, m, c, k in log}
+    stage_of = {name: s for _, _, _, params in results for s, names in params.items() for name in names}
+    assert any(k > 0 for _, k in logged.values()), "no micro-batch was run on predicted weights"
+
+    model = tiny_model("bert").train()
+    initial = {n: p.detach().clone() for n, p in model.named_parameters()}
+    weights = {s: [{n: v for n, v in initial.items() if stage_of[n] == s}] for s in (0, 1)}
+    velocity = {s: [None] for s in (0, 1)}  # the momentum buffer after each update (none before the first)
+    for m, microbatch in enumerate(microbatches("bert", num_microbatches * steps)):
+        with torch.no_grad():
+            for s in (0, 1):
+                c, k = logged[(s, m)]
+                for name, value in weights[s][c].items():
+                    buffer = velocity[s][c]
+                    predicted = value if buffer is None else value - k * LR * buffer[name]
+                    model.get_parameter(name).copy_(predicted)
+        _, grads = forward_backward(model, microbatch)
+        for s in (0, 1):
+            latest, buffer = weights[s][-1], velocity[s][-1]
+            new_buffer = {n: grads[n] if buffer is None else momentum * buffer[n] + grads[n] for n in latest}
+            velocity[s].append(new_buffer)
+            weights[s].append({n: latest[n] - LR * new_buffer[n] for n in latest})
+
+    for rank, (_, state, _, params) in enumerate(results):
+        for name in (n for names in params.values() for n in names):
+            torch.testing.assert_close(state[name], weights[rank][-1][name], atol=1e-5, rtol=0, msg=name)
+
+
+def test_weight_prediction_needs_a_momentum_optimizer() -> None:
+    with pytest.raises(AssertionError, match="weight prediction extrapolates a momentum, which SGD without momentum"):
+        values_or_raise(run_ranks(streaming_run, 1, "bert", [0], "async", 2, 1, 0.0, True))
+
+
+def test_2bw_updates_follow_w_next_equals_w_minus_lr_grad_at_the_previous_weights() -> None:
+    num_microbatches, steps = 2, 4
+    results = values_or_raise(run_ranks(streaming_run, 2, "bert", [0, 1], "2bw", num_microbatches, steps))
+
+    model = tiny_model("bert").train()
+    weights = [{n: p.detach().clone() for n, p in model.named_parameters()}]  # W(0)
+    minibatches = as_minibatches(microbatches("bert", num_microbatches * steps), num_microbatches)
+    losses = []
+    for b, minibatch in enumerate(minibatches):
+        with torch.no_grad():  # mini-batch b runs on W(b - 1); the first two on W(0)
+            for name, value in weights[max(b - 1, 0)].items():
+                model.get_parameter(name).copy_(value)
+        model.zero_grad()
+        total = 0.0
+        for m in range(num_microbatches):
+            part = {k: v[m * MICROBATCH : (m + 1) * MICROBATCH] for k, v in minibatch.items()}
+            loss = model(**part).loss
+            (loss / num_microbatches).backward()
+            total += loss.item() / num_microbatches
+        losses.append(total)
+        weights.append({n: weights[b][n] - LR * model.get_parameter(n).grad for n in weights[b]})  # W(b+1)
+
+    assert results[1][0] == pytest.approx(losses, abs=1e-5)
+    versions = {v for _, _, log, _ in results for _, _, v in log}
+    assert versions == {0, 1, 2}, "2BW runs on at most the two newest versions, here W(0), W(1), W(2)"
+    for rank, (_, state, _, params) in enumerate(results):
+        for name in (n for names in params.values() for n in names):
+            torch.testing.assert_close(state[name], weights[-1][name], atol=1e-5, rtol=0, msg=f"rank {rank} {name}")
+
+
+def test_async_tied_copies_on_two_ranks_are_equal_after_drain() -> None:
+    results = values_or_raise(run_ranks(streaming_run, 2, "gpt2", [0, 1], "async", 2, 2))
+    tied = "transformer.wte.weight"
+    first, second = results[0][1][tied], results[1][1][tied]
+    torch.testing.assert_close(first, second, atol=0, rtol=0)
+    assert not torch.equal(first, tiny_model("gpt2").state_dict()[tied])

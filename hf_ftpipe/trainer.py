@@ -100,6 +100,10 @@ class PipeTrainer(Trainer):
             traced,
             self.partition,
             num_microbatches=self.args.num_microbatches,
+            schedule=self.args.pipeline_schedule,
+            gradient_accumulation_steps=self.args.async_update_interval,
+            recompute=self.args.gradient_checkpointing,
+            weight_prediction=self.args.async_weight_prediction,
             device=self.args.device,
             timeout_s=self.args.pipeline_timeout_s,
             weights_path=self._weights_path(),
@@ -175,8 +179,11 @@ class PipeTrainer(Trainer):
                 microbatch_size=microbatch_size,
                 schedule=self.args.pipeline_schedule,
                 optimizer=optimizer,
-                # The runtime keeps every activation (no recomputation yet).
-                memory=MemoryOptions(headroom=self.args.partition_memory_headroom, recompute=False),
+                memory=MemoryOptions(
+                    headroom=self.args.partition_memory_headroom,
+                    recompute=self.args.gradient_checkpointing,
+                    gradient_accumulation_steps=self.args.async_update_interval,
+                ),
                 **options,
             )
             for result in report:
@@ -229,7 +236,10 @@ class PipeTrainer(Trainer):
     def create_optimizer(self, model: nn.Module | None = None) -> torch.optim.Optimizer:
         if self.engine is None:
             raise PipelineError("internal: the optimizer is created before the pipeline is built")
-        return super().create_optimizer(self.engine.module)
+        optimizer = super().create_optimizer(self.engine.module)
+        if self.engine.streaming:  # async / 2bw update inside the pipeline, stage by stage
+            self.engine.attach_optimizer(optimizer, max_grad_norm=self.args.max_grad_norm or None)
+        return optimizer
 
     def train(self, *args: Any, **kwargs: Any) -> Any:
         if self.engine is None:
@@ -265,10 +275,16 @@ class PipeTrainer(Trainer):
         return loss.detach().to(self.args.device)
 
     def _clip_grad_norm(self, model: nn.Module) -> torch.Tensor:
+        if self.engine.streaming:  # clipped per stage update inside the step
+            return self.engine.step_grad_norm()
         return self.engine.clip_grad_norm_(self.args.max_grad_norm)
 
     def _get_grad_norm(self, model: nn.Module, grad_norm: Any = None) -> Any:
-        return grad_norm if grad_norm is not None else self.engine.clip_grad_norm_(float("inf"))
+        if grad_norm is not None:
+            return grad_norm
+        if self.engine.streaming:
+            return self.engine.step_grad_norm()
+        return self.engine.clip_grad_norm_(float("inf"))
 
     def _track_num_input_tokens(self, inputs: dict[str, Any]) -> None:
         if self.args.include_num_input_tokens_seen not in (False, "no", None):

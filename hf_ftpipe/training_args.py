@@ -9,7 +9,7 @@ from transformers import TrainingArguments
 
 __all__ = ["PipeTrainingArguments"]
 
-SUPPORTED_SCHEDULES = ("gpipe",)
+SUPPORTED_SCHEDULES = ("gpipe", "1f1b", "async", "2bw")
 
 
 @dataclass
@@ -22,9 +22,29 @@ class PipeTrainingArguments(TrainingArguments):
     batch size is ``per_device_train_batch_size`` whatever the number of processes.
     """
 
-    pipeline_schedule: Literal["gpipe"] = field(
+    pipeline_schedule: Literal["gpipe", "1f1b", "async", "2bw"] = field(
         default="gpipe",
-        metadata={"help": "Pipeline schedule. 'gpipe': all forwards, then all backwards, one update per mini-batch."},
+        metadata={
+            "help": "Pipeline schedule. 'gpipe': all forwards, then all backwards, one update per mini-batch. "
+            "'1f1b': the same update with less activation memory (backwards start as soon as they can). "
+            "'async': PipeDream: no flush between mini-batches, each stage updates every "
+            "`async_update_interval` micro-batches, weight stashing keeps each micro-batch on one weight "
+            "version (fastest; gradients are stale by the pipeline depth). '2bw': PipeDream-2BW: no flush, "
+            "one update per mini-batch applying the gradient of the weights one update older, two weight "
+            "copies. `gradient_checkpointing=True` recomputes each stage's activations under any schedule."
+        },
+    )
+    async_weight_prediction: bool = field(
+        default=False,
+        metadata={
+            "help": "'async' with SGD-momentum, Adam or AdamW: run each micro-batch on the weights its gradient "
+            "will be applied to, extrapolated along the optimizer's momentum (less staleness, one weight copy "
+            "per micro-batch in flight)."
+        },
+    )
+    async_update_interval: int = field(
+        default=1,
+        metadata={"help": "'async' only: micro-batches whose gradients each stage accumulates per weight update."},
     )
     num_microbatches: int = field(
         default=4,
@@ -88,6 +108,18 @@ class PipeTrainingArguments(TrainingArguments):
             raise ValueError(
                 f"`partition_memory_headroom` is the fraction of GPU memory kept free and must be in [0, 1), "
                 f"got {self.partition_memory_headroom}; e.g. 0.1 keeps 10% free"
+            )
+        if self.async_update_interval < 1:
+            raise ValueError(f"`async_update_interval` must be at least 1, got {self.async_update_interval}")
+        if self.async_update_interval > 1 and self.pipeline_schedule != "async":
+            raise ValueError(
+                f"`async_update_interval={self.async_update_interval}` only applies to pipeline_schedule='async' "
+                f"(got {self.pipeline_schedule!r}); the other schedules update once per mini-batch"
+            )
+        if self.async_weight_prediction and self.pipeline_schedule != "async":
+            raise ValueError(
+                f"`async_weight_prediction=True` only applies to pipeline_schedule='async' (got "
+                f"{self.pipeline_schedule!r}), whose gradients are stale; drop it or switch the schedule"
             )
         if self.num_microbatches < 1:
             raise ValueError(f"`num_microbatches` must be at least 1, got {self.num_microbatches}")

@@ -19,8 +19,10 @@ from hf_ftpipe import PipeTrainer, PipeTrainingArguments  # noqa: E402
 from models import tiny_batch, tiny_model  # noqa: E402
 
 
-def main(output_dir: str, weights_path: str | None = None) -> None:
+def main(output_dir: str, weights_path: str | None = None, schedule: str = "gpipe") -> None:
+    weights_path = weights_path or None
     args = PipeTrainingArguments(
+        pipeline_schedule=schedule,
         weights_path=weights_path,
         output_dir=output_dir,
         use_cpu=True,

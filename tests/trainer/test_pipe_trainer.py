@@ -53,6 +53,21 @@ def test_checkpoint_loads_with_plain_transformers_and_holds_the_pipeline_weights
     assert trained <= set(stage_weights) | {"lm_head.weight"}  # lm_head is tied to transformer.wte
 
 
+def test_async_job_trains_and_saves_the_drained_weights_with_tied_copies_reconciled(tmp_path: Path) -> None:
+    launch(str(REPO / "tests" / "trainer" / "pipe_job.py"), str(tmp_path), "", "async")
+
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert len(result["losses"]) == 6 and all(math.isfinite(loss) for loss in result["losses"])
+    assert math.isfinite(result["metrics"]["eval_loss"])
+    saved = AutoModelForCausalLM.from_pretrained(tmp_path).state_dict()
+    rank0, rank1 = torch.load(tmp_path / "rank0.pt"), torch.load(tmp_path / "rank1.pt")
+    for name, value in {**rank0, **rank1}.items():
+        torch.testing.assert_close(saved[name], value, atol=0, rtol=0, msg=name)
+    tied = "transformer.wte.weight"  # one copy per rank, updated apart, equal again after the drain
+    torch.testing.assert_close(rank0[tied], rank1[tied], atol=0, rtol=0)
+    assert not torch.equal(rank0[tied], tiny_model("gpt2").state_dict()[tied])
+
+
 def test_model_built_without_weights_loads_each_stage_from_the_checkpoint(tmp_path: Path) -> None:
     initial = tmp_path / "initial"
     tiny_model("gpt2").save_pretrained(initial)
@@ -81,7 +96,9 @@ def test_quickstart_job_prints_accuracy_and_saves_a_loadable_model(tmp_path: Pat
     [
         ({"num_microbatches": 3}, "`per_device_train_batch_size=8` is not a multiple of `num_microbatches=3`"),
         ({"gradient_accumulation_steps": 2}, "set it to 1 and raise `per_device_train_batch_size`"),
-        ({"pipeline_schedule": "zero-bubble"}, "choose one of ['gpipe']"),
+        ({"pipeline_schedule": "zero-bubble"}, "choose one of ['gpipe', '1f1b', 'async', '2bw']"),
+        ({"async_update_interval": 2}, "only applies to pipeline_schedule='async' (got 'gpipe')"),
+        ({"async_weight_prediction": True, "pipeline_schedule": "2bw"}, "only applies to pipeline_schedule='async'"),
         ({"partitioner": "magic"}, "`partitioner='magic'` is not available; choose one of ['auto',"),
     ],
 )

@@ -1,0 +1,442 @@
+"""What each rank of ``benchmarks/runtime.py`` does: the GPT-2 model, the one split, one runner's steps.
+
+Every runner (hf_ftpipe with a schedule, or torch.distributed.pipelining with one) runs in fresh
+rank processes: it builds the model from the same seed, splits it the same way, times its steps,
+measures its peak memory and times each stage's forward + backward alone.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import re
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+import torch.distributed as dist
+import transformers
+from torch import nn
+
+Device = Literal["cpu", "cuda"]
+SYNCHRONOUS = ("gpipe", "1f1b")
+"""hf_ftpipe schedules after which the caller runs the optimizer; the others apply updates themselves."""
+_BLOCK_SCOPE = re.compile(r"^transformer\.h\.(\d+)(\.|$)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Setup:
+    """One benchmark configuration; every rank of every runner gets the same."""
+
+    num_ranks: int
+    num_microbatches: int
+    microbatch_size: int
+    steps: int
+    warmup: int
+    device: Device
+    threads_per_rank: int
+    n_layer: int
+    d_model: int
+    n_head: int
+    seq_len: int
+    vocab_size: int
+    lr: float = 1e-3
+    stage_repeats: int = 5
+    """Forward + backward runs of one micro-batch per stage for its time alone (the fastest is taken)."""
+
+    def blocks_of(self, stage_index: int) -> range:
+        """The transformer blocks of a stage: layers divided evenly, in order."""
+        return range(stage_index * self.n_layer // self.num_ranks, (stage_index + 1) * self.n_layer // self.num_ranks)
+
+
+@dataclass
+class Placement:
+    """The ``StagePlacement`` the engine takes: node → stage, stage → rank (one stage per rank)."""
+
+    node_stage: dict[str, int]
+    stage_device: list[int]
+
+
+# -- the model and its split ----------------------------------------------------------------
+
+
+def build_model(setup: Setup) -> transformers.GPT2LMHeadModel:
+    """GPT-2 without dropout and with untied embeddings (torch's pipelining cannot split shared weights)."""
+    config = transformers.GPT2Config(
+        vocab_size=setup.vocab_size,
+        n_positions=setup.seq_len,
+        n_embd=setup.d_model,
+        n_layer=setup.n_layer,
+        n_head=setup.n_head,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        tie_word_embeddings=False,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(config).train()
+    model.loss_type = "ForCausalLM"  # what transformers picks anyway, without its warning
+    return model
+
+
+def make_batch(setup: Setup, step: int) -> dict[str, torch.Tensor]:
+    """A mini-batch of random tokens (num_microbatches × microbatch_size rows); labels = input_ids."""
+    generator = torch.Generator().manual_seed(step)
+    shape = (setup.num_microbatches * setup.microbatch_size, setup.seq_len)
+    input_ids = torch.randint(0, setup.vocab_size, shape, generator=generator)
+    return {"input_ids": input_ids, "labels": input_ids.clone()}
+
+
+def first_microbatch(setup: Setup, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {name: value[: setup.microbatch_size] for name, value in batch.items()}
+
+
+def split_graph(graph: Any, setup: Setup) -> dict[str, int]:
+    """node → stage by module scope, so that it matches `GPT2Stage`.
+
+    Ops of block i go to the stage of block i; embeddings to stage 0; ln_f and lm_head to the last
+    stage. Every other op (position ids, the causal mask, the loss) follows its neighbours: the
+    latest stage among its inputs, or, when it reads only model inputs, the earliest stage among
+    its readers.
+    """
+    last = setup.num_ranks - 1
+    block_stage = {b: s for s in range(setup.num_ranks) for b in setup.blocks_of(s)}
+    fixed = {"transformer.wte": 0, "transformer.wpe": 0, "transformer.drop": 0, "transformer.ln_f": last}
+    order = graph.topological_order()
+    stage: dict[str, int | None] = {}
+    for name in order:
+        scope = graph.node(name)["scope"]
+        match = _BLOCK_SCOPE.match(scope)
+        if match:
+            stage[name] = block_stage[int(match[1])]
+        elif scope in fixed or scope.startswith("lm_head"):
+            stage[name] = fixed.get(scope, last)
+        else:
+            inputs = [stage[p] for p in graph.graph.predecessors(name) if stage[p] is not None]
+            stage[name] = max(inputs) if inputs else None
+    for name in reversed(order):
+        if stage[name] is None:
+            readers = [stage[s] for s in graph.graph.successors(name)]
+            stage[name] = min((s for s in readers if s is not None), default=0)
+    return {name: s for name, s in stage.items() if s is not None}
+
+
+class GPT2Stage(nn.Module):
+    """One stage of the torch runner: the same GPT-2 modules as hf_ftpipe's stage (shared, not copied).
+
+    ``forward(input_ids or hidden) -> hidden or logits``; the loss is the schedule's ``loss_fn``.
+    The causal mask is passed explicitly, as the exported graph does, so both runners run the
+    same attention kernel.
+    """
+
+    def __init__(self, model: transformers.GPT2LMHeadModel, stage_index: int, setup: Setup) -> None:
+        super().__init__()
+        transformer = model.transformer
+        self.is_first = stage_index == 0
+        self.is_last = stage_index == setup.num_ranks - 1
+        if self.is_first:
+            self.wte, self.wpe, self.drop = transformer.wte, transformer.wpe, transformer.drop
+        self.h = nn.ModuleList(transformer.h[i] for i in setup.blocks_of(stage_index))
+        if self.is_last:
+            self.ln_f, self.lm_head = transformer.ln_f, model.lm_head
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        seq_len = x.shape[1]
+        if self.is_first:  # x: (B, T) token ids
+            positions = torch.arange(seq_len, device=x.device)
+            x = self.drop(self.wte(x) + self.wpe(positions)[None])
+        # x: (B, T, d_model)
+        mask = torch.ones(seq_len, seq_len, dtype=torch.bool, device=x.device).tril()
+        mask = mask[None, None].expand(x.shape[0], 1, seq_len, seq_len)
+        for block in self.h:
+            x = block(x, attention_mask=mask)
+        if self.is_last:
+            x = self.lm_head(self.ln_f(x))  # (B, T, vocab)
+        return x
+
+
+def causal_lm_loss(model: transformers.GPT2LMHeadModel) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """The model's own loss (shift, cross-entropy, mean): what the traced graph computes."""
+    vocab_size = model.config.vocab_size
+
+    def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return model.loss_function(logits, labels, vocab_size=vocab_size)
+
+    return loss_fn
+
+
+def unique_bytes(tensors: Iterator[torch.Tensor]) -> int:
+    """Bytes of the distinct storages behind ``tensors``."""
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+    return sum(storages.values())
+
+
+def fastest_time_s(run: Callable[[], None], device: torch.device, repeats: int) -> float:
+    """Shortest wall time of ``run`` after one untimed call: its cost when nothing else competes."""
+    run()
+    times = []
+    for _ in range(repeats):
+        _synchronize(device)
+        start = time.perf_counter()
+        run()
+        _synchronize(device)
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# -- runners --------------------------------------------------------------------------------
+
+
+class HfFtpipeRunner:
+    """hf_ftpipe's `PipelineEngine` with one schedule, on the scope split."""
+
+    def __init__(self, rank: int, setup: Setup, model: transformers.GPT2LMHeadModel, schedule: str) -> None:
+        from hf_ftpipe.graph import capture_model
+
+        self.rank, self.setup, self.model, self.schedule = rank, setup, model, schedule
+        self.device = _device(setup, rank)
+        self.traced = capture_model(model, first_microbatch(setup, make_batch(setup, 0)))
+        self.placement = Placement(split_graph(self.traced.cost_graph, setup), list(range(setup.num_ranks)))
+
+    def build(self) -> None:
+        import inspect
+
+        from hf_ftpipe.runtime import PipelineEngine
+
+        keywords: dict[str, Any] = {}
+        if "schedule" in inspect.signature(PipelineEngine.__init__).parameters:
+            keywords["schedule"] = self.schedule
+        self.engine = PipelineEngine(
+            self.traced, self.placement, num_microbatches=self.setup.num_microbatches, device=self.device, **keywords
+        )
+        self.optimizer = torch.optim.SGD(self.engine.parameters(), lr=self.setup.lr)
+        if self.schedule not in SYNCHRONOUS:
+            self.engine.attach_optimizer(self.optimizer)
+
+    def step(self, batch: dict[str, torch.Tensor]) -> torch.Tensor | None:
+        loss = self.engine.train_step(batch)
+        if self.schedule in SYNCHRONOUS:
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+        return loss
+
+    def finish(self) -> None:
+        if self.schedule not in SYNCHRONOUS:
+            self.engine.drain()
+
+    def weight_bytes(self) -> int:
+        return unique_bytes(self.engine.parameters())
+
+    def stage_time_s(self, batch: dict[str, torch.Tensor]) -> float:
+        """This rank's stage, built from the same traced graph, run on real inputs without communication."""
+        from hf_ftpipe.runtime import build_stage_module, plan_stages
+
+        graph, traced, cpu = self.traced.cost_graph, self.traced, torch.device("cpu")
+        specs = plan_stages(graph, self.placement.node_stage)
+        microbatch = first_microbatch(self.setup, batch)
+        values: dict[str, torch.Tensor] = {}
+        with torch.no_grad():  # earlier stages' weights stay where they were built: on the CPU
+            for spec in specs[: self.rank]:
+                module = build_stage_module(traced.graph_module, spec, traced.canonical_names, traced.tensors, cpu)
+                outputs = module(*[microbatch[n] for n in spec.batch_inputs], *[values[n] for n in spec.received])
+                values.update(zip(spec.sent, outputs))
+        spec = specs[self.rank]
+        module = build_stage_module(traced.graph_module, spec, traced.canonical_names, traced.tensors, self.device)
+        batch_inputs = [microbatch[n].to(self.device) for n in spec.batch_inputs]
+        received = [values[n].to(self.device) for n in spec.received]
+
+        def forward_backward() -> None:
+            leaves = [
+                v.detach().requires_grad_(bool(graph.node(n)["requires_grad"]) and v.is_floating_point())
+                for n, v in zip(spec.received, received)
+            ]
+            outputs = module(*batch_inputs, *leaves)
+            roots, grads = [], []
+            for value, tensor in zip(spec.sent, outputs):
+                if not tensor.requires_grad:
+                    continue
+                if spec.model_outputs.get("loss") == value:  # as the engine does: d(mean loss) = 1/M
+                    roots.append(tensor)
+                    grads.append(torch.full_like(tensor, 1.0 / self.setup.num_microbatches))
+                elif spec.consumers.get(value):
+                    roots.append(tensor)
+                    grads.append(torch.ones_like(tensor))
+            torch.autograd.backward(roots, grads)
+
+        return fastest_time_s(forward_backward, self.device, self.setup.stage_repeats)
+
+
+class TorchRunner:
+    """torch.distributed.pipelining's `PipelineStage` and ScheduleGPipe / Schedule1F1B on `GPT2Stage`."""
+
+    def __init__(self, rank: int, setup: Setup, model: transformers.GPT2LMHeadModel, schedule: str) -> None:
+        self.rank, self.setup, self.model, self.schedule = rank, setup, model, schedule
+        self.device = _device(setup, rank)
+        self.loss_fn = causal_lm_loss(model)
+
+    def build(self) -> None:
+        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+        self.module = GPT2Stage(self.model, self.rank, self.setup).to(self.device)
+        stage = PipelineStage(self.module, self.rank, self.setup.num_ranks, self.device)
+        schedule_class = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[self.schedule]
+        # scale_grads: the loss is a mean per micro-batch, so gradients are divided by num_microbatches,
+        # which makes the update the same as hf_ftpipe's.
+        self.pipeline = schedule_class(
+            stage, n_microbatches=self.setup.num_microbatches, loss_fn=self.loss_fn, scale_grads=True
+        )
+        self.optimizer = torch.optim.SGD(self.module.parameters(), lr=self.setup.lr)
+
+    def step(self, batch: dict[str, torch.Tensor]) -> torch.Tensor | None:
+        args = (batch["input_ids"].to(self.device),) if self.module.is_first else ()
+        losses: list[torch.Tensor] = []
+        if self.module.is_last:
+            self.pipeline.step(*args, target=batch["labels"].to(self.device), losses=losses, return_outputs=False)
+        else:
+            self.pipeline.step(*args, return_outputs=False)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return torch.stack(losses).mean() if losses else None
+
+    def finish(self) -> None:
+        pass
+
+    def weight_bytes(self) -> int:
+        return unique_bytes(self.module.parameters())
+
+    def stage_time_s(self, batch: dict[str, torch.Tensor]) -> float:
+        microbatch = first_microbatch(self.setup, batch)
+        x = microbatch["input_ids"]
+        with torch.no_grad():
+            for s in range(self.rank):
+                x = GPT2Stage(self.model, s, self.setup)(x)
+        x = x.to(self.device)
+        labels = microbatch["labels"].to(self.device)
+        grad = torch.ones(x.shape[0], self.setup.seq_len, self.setup.d_model, device=self.device)
+
+        def forward_backward() -> None:
+            output = self.module(x.detach().requires_grad_(x.is_floating_point()))
+            if self.module.is_last:
+                (self.loss_fn(output, labels) / self.setup.num_microbatches).backward()
+            else:
+                output.backward(grad)
+
+        return fastest_time_s(forward_backward, self.device, self.setup.stage_repeats)
+
+
+# -- peak memory ----------------------------------------------------------------------------
+
+
+class PeakMemory:
+    """Peak tensor memory of this rank while a runner is built and stepped.
+
+    CUDA: ``torch.cuda.max_memory_allocated`` since ``__enter__`` (read at `peak_bytes`, so the
+    timed steps count too). CPU has no such counter, so torch's profiler records every CPU
+    allocation and free while the block runs (``profile_memory=True``) and its running total
+    gives the highest growth over the start; the peak is that growth plus the rank's weights,
+    which existed before. Only tensors count (no interpreter, libraries, allocator caching), and
+    only those the profiled thread allocates.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.growth_bytes = 0
+
+    def __enter__(self) -> PeakMemory:
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        else:
+            from torch.profiler import ProfilerActivity, profile
+
+            self.profiler = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+            self.profiler.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.device.type == "cuda":
+            return
+        self.profiler.__exit__(*exc)
+        if exc[0] is None:
+            # The exported trace, not the profiler's event tree: walking that tree crashed ranks.
+            with tempfile.TemporaryDirectory() as folder:
+                path = os.path.join(folder, "trace.json")
+                self.profiler.export_chrome_trace(path)
+                with open(path) as file:
+                    trace = json.load(file)
+            totals = [
+                event["args"]["Total Allocated"]
+                for event in trace["traceEvents"]
+                if event.get("name") == "[memory]" and event["args"].get("Device Type") == 0  # 0: CPU
+            ]
+            self.growth_bytes = max([0, *totals])
+        del self.profiler
+
+    def peak_bytes(self, weight_bytes: int) -> int:
+        if self.device.type == "cuda":
+            return torch.cuda.max_memory_allocated(self.device)
+        return weight_bytes + self.growth_bytes
+
+
+# -- one rank of one runner -----------------------------------------------------------------
+
+
+def _device(setup: Setup, rank: int) -> torch.device:
+    return torch.device("cuda", rank) if setup.device == "cuda" else torch.device("cpu")
+
+
+def run_rank(rank: int, setup: Setup, runner: str) -> dict[str, Any]:
+    """Build ``runner`` ("hf_ftpipe/async", "torch/gpipe"...), step it, and return this rank's figures."""
+    kind, schedule = runner.split("/")
+    model = build_model(setup)
+    runner_class = HfFtpipeRunner if kind == "hf_ftpipe" else TorchRunner
+    pipe = runner_class(rank, setup, model, schedule)
+    batches = [make_batch(setup, step) for step in range(2)]
+    gc.collect()
+    dist.barrier()
+    memory = PeakMemory(pipe.device)
+    losses: list[float | None] = []
+    with memory:  # construction and warm-up: what the CPU profiler sees
+        pipe.build()
+        for step in range(setup.warmup):
+            losses.append(_value(pipe.step(batches[step % 2])))
+        # Streaming schedules carry micro-batches into the next step; with micro-batches still in
+        # flight when the CPU profiler stopped, the ranks died of heap corruption (torch 2.13).
+        pipe.finish()
+    dist.barrier()
+    step_times_s, loss = [], None
+    for step in range(setup.steps):
+        start = time.perf_counter()
+        loss = pipe.step(batches[(setup.warmup + step) % 2])
+        _synchronize(pipe.device)
+        step_times_s.append(time.perf_counter() - start)
+    dist.barrier()
+    losses.append(_value(loss))
+    weight_bytes = pipe.weight_bytes()
+    peak_bytes = memory.peak_bytes(weight_bytes)
+    pipe.finish()
+    dist.barrier()  # stages are timed alone, but at the same moment on every rank, as in the pipeline
+    stage_time_s = pipe.stage_time_s(batches[0])
+    return {
+        "rank": rank,
+        "step_time_s": statistics.median(step_times_s),
+        "peak_bytes": peak_bytes,
+        "weight_bytes": weight_bytes,
+        "stage_time_s": stage_time_s,
+        "losses": losses,
+    }
+
+
+def _value(loss: Any) -> float | None:
+    return float(loss.detach()) if isinstance(loss, torch.Tensor) and loss.numel() == 1 else None

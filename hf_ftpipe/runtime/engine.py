@@ -37,7 +37,7 @@ from .messages import Message, Transfer, plan_messages
 from .prediction import check_predictable, predicted_weights, updates_ahead
 from .schedule import Action, Schedule, ScheduleGPipe, StreamingSchedule, make_schedule
 from .stage import build_stage_module, plan_stages
-from .versions import StageVersions, move_gradients
+from .versions import PendingGradients, StageVersions, move_gradients
 from .weight_sync import WeightSync
 from .weights import load_stage_weights
 
@@ -149,6 +149,8 @@ class PipelineEngine:
             else {}
         )
         self.optimizer: torch.optim.Optimizer | None = None
+        self._pending_grads: PendingGradients = {}
+        """Streaming schedules: gradients waiting for their stage's next update (see `_update`)."""
         self.max_grad_norm: float | None = None
         self._update_norms: list[torch.Tensor] = []
         self.version_log: list[tuple[int, ...]] = []
@@ -258,7 +260,9 @@ class PipelineEngine:
         ``gpipe`` and ``1f1b`` run exactly the mini-batch's micro-batches and leave their
         gradients (averaged over micro-batches) in the local parameters for the caller's optimizer
         step (call ``zero_grad`` between steps). ``async`` and ``2bw`` update inside the step (see
-        `attach_optimizer`); micro-batches still in flight at the end finish in the next step.
+        `attach_optimizer`); micro-batches still in flight at the end finish in the next step,
+        and their gradients wait outside ``param.grad``, so a caller's own ``optimizer.step()`` and
+        ``zero_grad()`` between steps (`Trainer`'s) change nothing.
         """
         if self.streaming and self.optimizer is None:
             raise PipelineError(
@@ -519,33 +523,37 @@ class PipelineEngine:
         if self.weight_prediction:
             self._used_version.pop((spec.stage_index, m))
             move_gradients(
-                self._predicted.pop((spec.stage_index, m)), dict(self.modules[spec.stage_index].named_parameters())
+                self._predicted.pop((spec.stage_index, m)),
+                dict(self.modules[spec.stage_index].named_parameters()),
+                self._pending_grads,
             )
             self._backwards[spec.stage_index] += 1
         elif self.streaming:
-            self.versions[spec.stage_index].backward_done(self._used_version.pop((spec.stage_index, m)))
+            version = self._used_version.pop((spec.stage_index, m))
+            self.versions[spec.stage_index].backward_done(version, self._pending_grads)
         for value, leaf in zip(spec.received, leaves, strict=True):
             if leaf.requires_grad:
                 grad = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
                 self._deliver_grad(value, m, grad)
 
     def _update(self, stage: int) -> None:
-        """Step the optimizer on ``stage``'s parameters only, keeping stashed versions intact."""
+        """Step the optimizer on ``stage``'s parameters only, keeping stashed versions intact.
+
+        Only this stage's pending gradients are put in ``param.grad`` for the step and taken out
+        after it, so every other parameter has none and the optimizer leaves it alone.
+        """
         assert self.optimizer is not None
-        own = {id(p) for p in self.modules[stage].parameters()}
-        others = [(p, p.grad) for p in self.parameters() if id(p) not in own]
-        for param, _ in others:
-            param.grad = None
-        stage_params = [p for p in self.modules[stage].parameters() if p.grad is not None]
-        if stage_params:
-            norm = torch.nn.utils.clip_grad_norm_(stage_params, self.max_grad_norm or float("inf"))
+        params = list(self.modules[stage].parameters())
+        for param in params:
+            param.grad = self._pending_grads.pop(param, None)
+        stepped = [p for p in params if p.grad is not None]
+        if stepped:
+            norm = torch.nn.utils.clip_grad_norm_(stepped, self.max_grad_norm or float("inf"))
             self._update_norms.append(norm.detach().float())
         self.versions[stage].before_update(lambda: [t for v in self.versions.values() for t in v.live_tensors()])
         self.optimizer.step()
-        for param in self.modules[stage].parameters():
+        for param in params:
             param.grad = None
-        for param, grad in others:
-            param.grad = grad
         self.versions[stage].after_update()
 
     # -- data movement ----------------------------------------------------------------------

@@ -20,16 +20,25 @@ from dataclasses import dataclass, field
 import torch
 from torch import fx, nn
 
-__all__ = ["StageVersions", "move_gradients"]
+__all__ = ["PendingGradients", "StageVersions", "move_gradients"]
 
 
-def move_gradients(tensors: Mapping[str, torch.Tensor], params: Mapping[str, nn.Parameter]) -> None:
-    """Add the gradients a forward's weight tensors received to the parameters they stand for."""
+PendingGradients = dict[nn.Parameter, torch.Tensor]
+"""Gradients accumulated for a parameter's next update, kept apart from ``param.grad``: between
+steps the caller (`Trainer`) runs ``optimizer.step()`` and ``zero_grad()``, which must neither
+apply nor drop gradients whose update is still to come in the pipeline."""
+
+
+def move_gradients(
+    tensors: Mapping[str, torch.Tensor], params: Mapping[str, nn.Parameter], pending: PendingGradients
+) -> None:
+    """Add the gradients a forward's weight tensors received to ``pending``, under the parameters
+    they stand for."""
     for name, tensor in tensors.items():
         if tensor.grad is None:
             continue
         param = params[name]
-        param.grad = tensor.grad if param.grad is None else param.grad + tensor.grad
+        pending[param] = tensor.grad if param not in pending else pending[param] + tensor.grad
         tensor.grad = None
 
 
@@ -67,11 +76,11 @@ class StageVersions:
         view.users += 1
         return view.tensors
 
-    def backward_done(self, version: int) -> None:
-        """A micro-batch that ran on ``version`` finished its backward: move its gradients to the
-        parameters and free the version once nobody needs it."""
+    def backward_done(self, version: int, pending: PendingGradients) -> None:
+        """A micro-batch that ran on ``version`` finished its backward: move its gradients to
+        ``pending`` and free the version once nobody needs it."""
         view = self._views[version]
-        move_gradients(view.tensors, self._params)
+        move_gradients(view.tensors, self._params, pending)
         view.users -= 1
         self._release()
 

@@ -37,7 +37,10 @@ def streaming_run(
     steps: int,
     momentum: float = 0.0,
     weight_prediction: bool = False,
+    caller_steps: bool = False,
 ):
+    """With ``caller_steps``, step and zero the optimizer after every train_step as `Trainer`
+    does: the engine owns the updates, so that must change nothing."""
     model = tiny_model(kind)
     data = as_minibatches(microbatches(kind, num_microbatches * steps), num_microbatches)
     traced = capture_model(model, {name: value[:MICROBATCH] for name, value in data[0].items()})
@@ -45,8 +48,14 @@ def streaming_run(
     engine = PipelineEngine(
         traced, placement, num_microbatches=num_microbatches, schedule=schedule, weight_prediction=weight_prediction
     )
-    engine.attach_optimizer(torch.optim.SGD(engine.parameters(), lr=LR, momentum=momentum))
-    losses = [engine.train_step(batch).item() for batch in data]
+    optimizer = torch.optim.SGD(engine.parameters(), lr=LR, momentum=momentum)
+    engine.attach_optimizer(optimizer)
+    losses = []
+    for batch in data:
+        losses.append(engine.train_step(batch).item())
+        if caller_steps:
+            optimizer.step()
+            optimizer.zero_grad()
     engine.drain()
     stage_params = {s: sorted(dict(m.named_parameters())) for s, m in engine.modules.items()}
     return losses, engine.state_dict(), engine.version_log, stage_params
@@ -148,9 +157,14 @@ def test_weight_prediction_needs_a_momentum_optimizer() -> None:
         values_or_raise(run_ranks(streaming_run, 1, "bert", [0], "async", 2, 1, 0.0, True))
 
 
-def test_2bw_updates_follow_w_next_equals_w_minus_lr_grad_at_the_previous_weights() -> None:
+@pytest.mark.parametrize("caller_steps", [False, True], ids=["engine-only", "trainer-style-caller"])
+def test_2bw_updates_follow_w_next_equals_w_minus_lr_grad_at_the_previous_weights(caller_steps: bool) -> None:
+    # At the end of a step stage 0 has run backwards of a mini-batch whose update comes in the next
+    # step: a caller's optimizer.step() / zero_grad() (Trainer's) must neither apply nor drop them.
     num_microbatches, steps = 2, 4
-    results = values_or_raise(run_ranks(streaming_run, 2, "bert", [0, 1], "2bw", num_microbatches, steps))
+    results = values_or_raise(
+        run_ranks(streaming_run, 2, "bert", [0, 1], "2bw", num_microbatches, steps, 0.0, False, caller_steps)
+    )
 
     model = tiny_model("bert").train()
     weights = [{n: p.detach().clone() for n, p in model.named_parameters()}]  # W(0)

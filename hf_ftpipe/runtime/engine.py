@@ -130,8 +130,9 @@ class PipelineEngine:
                 f"weight prediction is for the 'async' schedule (stale gradients); {schedule!r} has none to predict"
             )
         self.weight_prediction = weight_prediction
-        self.transfers = self._plan_transfers()
         self.loss_stage = next((s.stage_index for s in self.specs if "loss" in s.model_outputs), None)
+        self.loss_value = None if self.loss_stage is None else self.specs[self.loss_stage].model_outputs["loss"]
+        self.transfers = self._plan_transfers()
         p2p_group = dist.new_group(list(range(self.world_size)))
         self.messenger = Messenger(self.rank, timeout_s, run_id=str(next(_run_counter)), p2p_group=p2p_group)
         # Collective set-up first: a rank that fails below must not leave the others in new_group.
@@ -316,7 +317,7 @@ class PipelineEngine:
         for offset, microbatch in enumerate(self._split(batch)):
             self._data[offset] = microbatch
         self.module.train(False)
-        self._run(self._order(training=False), training=False)
+        losses = self._run(self._order(training=False), training=False)
         self.messenger.flush()
         outputs: dict[str, torch.Tensor] = {}
         for name in output_names:
@@ -324,6 +325,9 @@ class PipelineEngine:
             if owner is None:
                 continue
             value = owner.model_outputs[name]
+            if value == self.loss_value and len(losses) == self.num_microbatches:  # already on every rank
+                outputs[name] = torch.stack(losses)
+                continue
             shape, dtype = self._value_shape(value)
             pieces = []
             for m in range(self.num_microbatches):
@@ -399,6 +403,16 @@ class PipelineEngine:
                 raise PipelineError(message) from error
             if action.computation != "U" and training:
                 self._action_done(action.microbatch_index)
+        # The losses computed elsewhere in this order: post what the owner sends up to the last of
+        # them (NCCL matches in send order), then read them.
+        loss_at = [i for i, (_, message) in enumerate(messages) if message.value == self.loss_value]
+        if loss_at:
+            for _, message in messages[posted : loss_at[-1] + 1]:
+                self._post(message)
+            posted = max(posted, loss_at[-1] + 1)
+            for i in loss_at:
+                message = messages[i][1]
+                losses.append(self._take(message, f"the loss of micro-batch {message.microbatch}"))
         self._unposted = [message for _, message in messages[posted:]]
         return losses
 
@@ -589,7 +603,7 @@ class PipelineEngine:
         grad = self._grads.pop((value, m), None)
         transfer = self.transfers.get(value)
         if transfer is not None and transfer.carries_gradient:
-            for src in transfer.target_ranks:
+            for src in transfer.reader_ranks:
                 message = Message(src, self.rank, value, m, backward=True)
                 remote = self._take(message, f"gradient of {value} for micro-batch {m}")
                 grad = remote if grad is None else grad + remote
@@ -624,7 +638,8 @@ class PipelineEngine:
         for spec in self.specs:
             source = self.stage_rank[spec.stage_index]
             for value in spec.sent:
-                targets = sorted({self.stage_rank[c] for c in spec.consumers[value]} - {source})
+                readers = sorted({self.stage_rank[c] for c in spec.consumers[value]} - {source})
+                targets = sorted(set(range(self.world_size)) - {source}) if value == self.loss_value else readers
                 if not targets:
                     continue
                 shape, dtype = self._value_shape(value)
@@ -634,9 +649,12 @@ class PipelineEngine:
                     producer_stage=spec.stage_index,
                     source_rank=source,
                     target_ranks=targets,
+                    reader_ranks=readers,
                     shape=shape,
                     dtype=dtype,
-                    carries_gradient=bool(self.graph.node(value)["requires_grad"]) and dtype.is_floating_point,
+                    carries_gradient=bool(readers)
+                    and bool(self.graph.node(value)["requires_grad"])
+                    and dtype.is_floating_point,
                 )
         return transfers
 
@@ -647,11 +665,7 @@ class PipelineEngine:
     # -- after the micro-batches ------------------------------------------------------------
 
     def _mean_loss(self, losses: list[torch.Tensor]) -> torch.Tensor:
-        if self.loss_stage is None:
-            return torch.tensor(float("nan"))
-        owner = self.stage_rank[self.loss_stage]
-        if owner == self.rank:
-            loss = torch.stack(losses).mean().float() if losses else torch.tensor(float("nan"), device=self.device)
-        else:
-            loss = torch.zeros((), dtype=torch.float32, device=self.device)
-        return self.messenger.broadcast(loss, owner, "the loss")
+        """The mean of a step's micro-batch losses, which every rank has (see `Transfer.target_ranks`)."""
+        if not losses:
+            return torch.tensor(float("nan"), device=self.device)
+        return torch.stack(losses).mean().float()

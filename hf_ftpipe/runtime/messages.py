@@ -5,7 +5,8 @@ ahead, in exactly the order its peers send (NCCL matches point-to-point messages
 ranks by order alone; gloo by tag, which the list fixes too). The rules mirror the engine:
 
 - the forward of stage s sends each value it produces to every other rank holding a stage that
-  reads it (``Transfer.target_ranks``), values in ``StageSpec.sent`` order;
+  reads it, and the loss to every other rank (``Transfer.target_ranks``), values in
+  ``StageSpec.sent`` order;
 - a value's gradient goes back to its producer's rank once every stage on the reading rank has
   run its backward for that micro-batch: it is sent by the last of those backwards, values in
   ``StageSpec.received`` order.
@@ -33,10 +34,15 @@ class Transfer:
     producer_stage: int
     source_rank: int
     target_ranks: list[int]
+    """Every rank it is sent to: those in `reader_ranks` and, for the loss, every other rank, so
+    that each rank knows a step's loss without a collective that would stop the pipeline."""
+    reader_ranks: list[int]
+    """The ranks holding a stage that reads it: they send its gradient back."""
     shape: tuple[int, ...]
     dtype: torch.dtype
     carries_gradient: bool
-    """Whether its gradient is sent back in training (it requires grad and is floating point)."""
+    """Whether its gradient is sent back in training (it requires grad, is floating point and has
+    readers on other ranks)."""
 
 
 @dataclass(frozen=True)

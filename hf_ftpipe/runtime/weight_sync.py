@@ -42,6 +42,8 @@ class WeightSync:
         self.rank = messenger.rank
         self.messenger = messenger
         self.device = device
+        self._reference: dict[str, torch.Tensor] | None = None
+        """Shared weights' values at the last reconciliation (streaming schedules, `remember_tied`)."""
         holders: dict[str, set[int]] = defaultdict(set)
         for spec in specs:
             for name in graph.params_of(spec.nodes):
@@ -82,7 +84,7 @@ class WeightSync:
         gradients, at that rank's own pace. When the pipeline is empty the copies are made equal
         again: each becomes the reference value plus the sum of every copy's change since then —
         for SGD exactly the update with all the copies' gradients summed."""
-        reference = getattr(self, "_reference", None)
+        reference = self._reference
         if reference is None:
             return
         for names, group in self._groups:

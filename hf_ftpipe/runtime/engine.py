@@ -561,8 +561,11 @@ class PipelineEngine:
         for param in params:
             param.grad = self._pending_grads.pop(param, None)
         stepped = [p for p in params if p.grad is not None]
-        if stepped:
-            norm = torch.nn.utils.clip_grad_norm_(stepped, self.max_grad_norm or float("inf"))
+        if stepped:  # the norm is logged; clipping would multiply every gradient even by 1
+            if self.max_grad_norm is None:
+                norm = torch.nn.utils.get_total_norm([p.grad for p in stepped])
+            else:
+                norm = torch.nn.utils.clip_grad_norm_(stepped, self.max_grad_norm)
             self._update_norms.append(norm.detach().float())
         self.versions[stage].before_update(lambda: [t for v in self.versions.values() for t in v.live_tensors()])
         self.optimizer.step()

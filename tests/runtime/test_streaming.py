@@ -50,15 +50,16 @@ def streaming_run(
     )
     optimizer = torch.optim.SGD(engine.parameters(), lr=LR, momentum=momentum)
     engine.attach_optimizer(optimizer)
-    losses = []
+    losses, norms = [], []
     for batch in data:
         losses.append(engine.train_step(batch).item())
+        norms.append(engine.step_grad_norm().item())
         if caller_steps:
             optimizer.step()
             optimizer.zero_grad()
     engine.drain()
     stage_params = {s: sorted(dict(m.named_parameters())) for s, m in engine.modules.items()}
-    return losses, engine.state_dict(), engine.version_log, stage_params
+    return losses, engine.state_dict(), engine.version_log, stage_params, norms
 
 
 def forward_backward(model, microbatch) -> tuple[float, dict[str, torch.Tensor]]:
@@ -69,17 +70,20 @@ def forward_backward(model, microbatch) -> tuple[float, dict[str, torch.Tensor]]
 
 
 def test_async_on_one_stage_equals_plain_training_with_an_update_per_microbatch() -> None:
-    ((losses, state, log, _),) = values_or_raise(run_ranks(streaming_run, 1, "bert", [0], "async", 2, 3))
+    ((losses, state, log, _, norms),) = values_or_raise(run_ranks(streaming_run, 1, "bert", [0], "async", 2, 3))
     model = tiny_model("bert").train()
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
-    reference_losses = []
+    reference_losses, reference_norms = [], []
     for microbatch in microbatches("bert", 6):
         optimizer.zero_grad()
         loss = model(**microbatch).loss
         loss.backward()
+        reference_norms.append(torch.nn.utils.get_total_norm([p.grad for p in model.parameters()]).item())
         optimizer.step()
         reference_losses.append(loss.item())
     assert losses == pytest.approx([sum(reference_losses[i : i + 2]) / 2 for i in (0, 2, 4)], abs=1e-5)
+    # the logged norm of a step: the largest of its updates' (one per micro-batch here), unclipped
+    assert norms == pytest.approx([max(reference_norms[i : i + 2]) for i in (0, 2, 4)], rel=1e-5)
     assert [version for _, _, version in log] == list(range(6))  # always the newest weights
     for name, value in state.items():
         torch.testing.assert_close(value, model.state_dict()[name], atol=1e-5, rtol=0, msg=name)
@@ -90,8 +94,8 @@ def test_async_two_ranks_each_gradient_uses_the_weights_its_forward_used() -> No
     logged, and stage s's k-th update applies micro-batch k's gradient (SGD, one per micro-batch)."""
     num_microbatches, steps = 4, 3
     results = values_or_raise(run_ranks(streaming_run, 2, "bert", [0, 1], "async", num_microbatches, steps))
-    used = {(s, m): v for _, _, log, _ in results for s, m, v in log}
-    stage_of = {name: s for _, _, _, params in results for s, names in params.items() for name in names}
+    used = {(s, m): v for _, _, log, *_ in results for s, m, v in log}
+    stage_of = {name: s for _, _, _, params, _ in results for s, names in params.items() for name in names}
     assert any(v < m for (s, m), v in used.items()), "no micro-batch ran on a stashed (older) version"
 
     model = tiny_model("bert").train()
@@ -114,7 +118,7 @@ def test_async_two_ranks_each_gradient_uses_the_weights_its_forward_used() -> No
 
     for rank, (rank_losses, *_) in enumerate(results):
         assert rank_losses == pytest.approx(step_losses, abs=1e-5), f"rank {rank}"
-    for rank, (_, state, _, params) in enumerate(results):
+    for rank, (_, state, _, params, _) in enumerate(results):
         for name in (n for names in params.values() for n in names):
             torch.testing.assert_close(state[name], history[rank][-1][name], atol=1e-5, rtol=0, msg=name)
 
@@ -125,8 +129,8 @@ def test_async_weight_prediction_runs_each_microbatch_on_the_extrapolated_weight
     num_microbatches, steps, momentum = 4, 3, 0.9
     args = ("bert", [0, 1], "async", num_microbatches, steps, momentum, True)
     results = values_or_raise(run_ranks(streaming_run, 2, *args))
-    logged = {(s, m): (c, k) for _, _, log, _ in results for s, m, c, k in log}
-    stage_of = {name: s for _, _, _, params in results for s, names in params.items() for name in names}
+    logged = {(s, m): (c, k) for _, _, log, *_ in results for s, m, c, k in log}
+    stage_of = {name: s for _, _, _, params, _ in results for s, names in params.items() for name in names}
     assert any(k > 0 for _, k in logged.values()), "no micro-batch was run on predicted weights"
 
     model = tiny_model("bert").train()
@@ -148,7 +152,7 @@ def test_async_weight_prediction_runs_each_microbatch_on_the_extrapolated_weight
             velocity[s].append(new_buffer)
             weights[s].append({n: latest[n] - LR * new_buffer[n] for n in latest})
 
-    for rank, (_, state, _, params) in enumerate(results):
+    for rank, (_, state, _, params, _) in enumerate(results):
         for name in (n for names in params.values() for n in names):
             torch.testing.assert_close(state[name], weights[rank][-1][name], atol=1e-5, rtol=0, msg=name)
 
@@ -187,9 +191,9 @@ def test_2bw_updates_follow_w_next_equals_w_minus_lr_grad_at_the_previous_weight
 
     for rank, (rank_losses, *_) in enumerate(results):  # every rank reports the loss stage's losses
         assert rank_losses == pytest.approx(losses, abs=1e-5), f"rank {rank}"
-    versions = {v for _, _, log, _ in results for _, _, v in log}
+    versions = {v for _, _, log, *_ in results for _, _, v in log}
     assert versions == {0, 1, 2}, "2BW runs on at most the two newest versions, here W(0), W(1), W(2)"
-    for rank, (_, state, _, params) in enumerate(results):
+    for rank, (_, state, _, params, _) in enumerate(results):
         for name in (n for names in params.values() for n in names):
             torch.testing.assert_close(state[name], weights[-1][name], atol=1e-5, rtol=0, msg=f"rank {rank} {name}")
 

@@ -80,6 +80,13 @@ class PipeTrainer(Trainer):
                 "`accelerate launch --num_processes N script.py` (CPU: `accelerate launch --multi_gpu "
                 "--num_processes N script.py` with use_cpu=True) or `torchrun --nproc_per_node N script.py`"
             )
+        if dist.get_world_size() < 2:
+            raise PipelineError(
+                "PipeTrainer found a single process: a pipeline needs one process per stage device. Launch "
+                "`accelerate launch --multi_gpu --num_processes N script.py` (on a CPU-only machine add "
+                "use_cpu=True to the arguments; `accelerate launch --cpu` starts one process) or "
+                "`torchrun --nproc_per_node N script.py`, with N >= 2"
+            )
         size = self.args.per_device_train_batch_size // self.args.num_microbatches
         rows = next(v.shape[0] for v in inputs.values() if isinstance(v, torch.Tensor))
         if rows < size:
@@ -102,7 +109,7 @@ class PipeTrainer(Trainer):
             num_microbatches=self.args.num_microbatches,
             schedule=self.args.pipeline_schedule,
             gradient_accumulation_steps=self.args.async_update_interval,
-            recompute=self.args.gradient_checkpointing,
+            recompute=bool(self.args.activation_checkpointing),
             weight_prediction=self.args.async_weight_prediction,
             device=self.args.device,
             timeout_s=self.args.pipeline_timeout_s,
@@ -181,7 +188,7 @@ class PipeTrainer(Trainer):
                 optimizer=optimizer,
                 memory=MemoryOptions(
                     headroom=self.args.partition_memory_headroom,
-                    recompute=self.args.gradient_checkpointing,
+                    recompute=bool(self.args.activation_checkpointing),
                     gradient_accumulation_steps=self.args.async_update_interval,
                 ),
                 **options,
@@ -287,18 +294,27 @@ class PipeTrainer(Trainer):
         return self.engine.clip_grad_norm_(float("inf"))
 
     def _track_num_input_tokens(self, inputs: dict[str, Any]) -> None:
-        if self.args.include_num_input_tokens_seen not in (False, "no", None):
-            name = getattr(self.model, "main_input_name", "input_ids")
-            if name in inputs:
-                self.state.num_input_tokens_seen += int(torch.as_tensor(inputs[name]).numel())
+        # Trainer sums the count over ranks; every rank here reads the same batch, so count it once.
+        setting = self.args.include_num_input_tokens_seen
+        if setting in (False, "no", None):
+            return
+        name = getattr(self.model, "main_input_name", "input_ids")
+        if name not in inputs:
+            return
+        if setting == "non_padding" and "attention_mask" in inputs:
+            tokens = int(torch.as_tensor(inputs["attention_mask"]).sum())
+        elif setting == "non_padding" and getattr(self.processing_class, "pad_token_id", None) is not None:
+            tokens = int((torch.as_tensor(inputs[name]) != self.processing_class.pad_token_id).sum())
+        else:
+            tokens = int(torch.as_tensor(inputs[name]).numel())
+        self.state.num_input_tokens_seen += tokens
 
     def floating_point_ops(self, inputs: dict[str, Any]) -> int:
-        # Trainer sums this over ranks; each rank counts only its own parameters' share.
-        if self.engine is None:
+        # Trainer sums this over ranks as if they were replicas: rank 0 counts the whole model once,
+        # by Trainer's own formula, and the other ranks add nothing.
+        if dist.is_initialized() and dist.get_rank() != 0:
             return 0
-        name = getattr(self.model, "main_input_name", "input_ids")
-        tokens = int(torch.as_tensor(inputs[name]).numel()) if name in inputs else 0
-        return 6 * tokens * sum(p.numel() for p in self.engine.parameters())
+        return super().floating_point_ops(inputs)
 
     # -- evaluation ---------------------------------------------------------------------------
 

@@ -31,7 +31,8 @@ class PipeTrainingArguments(TrainingArguments):
             "`async_update_interval` micro-batches, weight stashing keeps each micro-batch on one weight "
             "version (fastest; gradients are stale by the pipeline depth). '2bw': PipeDream-2BW: no flush, "
             "one update per mini-batch applying the gradient of the weights one update older, two weight "
-            "copies. `gradient_checkpointing=True` recomputes each stage's activations under any schedule."
+            "copies. `activation_checkpointing=True` (formerly `gradient_checkpointing`) recomputes each "
+            "stage's activations under any schedule."
         },
     )
     async_weight_prediction: bool = field(

@@ -11,12 +11,15 @@ import io
 import multiprocessing as mp
 import os
 import queue as queue_module
+import subprocess
+import sys
 import tempfile
 import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 
@@ -97,3 +100,29 @@ def values_or_raise(results: list[RankResult]) -> list[Any]:
     import torch
 
     return [torch.load(io.BytesIO(r.value), weights_only=False) for r in results]
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def accelerate_launch(
+    *command: str, num_processes: int = 2, timeout_s: float = 300, check: bool = True, env: dict | None = None
+) -> subprocess.CompletedProcess:
+    """Start ``command`` the way a user would on a CPU-only machine: ``accelerate launch --multi_gpu``.
+
+    The script itself must ask for CPU (``use_cpu=True``). With ``check`` the job must succeed;
+    its output tails are in the assertion message when it does not.
+    """
+    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu"]
+    launcher += ["--num_processes", str(num_processes), "--main_process_port", "0"]
+    result = subprocess.run(
+        [*launcher, *command],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        cwd=REPO,
+        env={**os.environ, **(env or {})},
+    )
+    if check:
+        assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-8000:]
+    return result

@@ -302,11 +302,17 @@ class Partition:
             if got != want:
                 diffs.append(f"  {f.name}: file has {got!r}, expected {want!r}")
         if diffs:
-            raise PartitionFormatError(
-                f"{source}: this partition was planned for another model or setup:\n"
-                + "\n".join(diffs)
-                + "\nDelete the file so that the partition is recomputed, or pass the "
+            fix = (
+                "\nDelete the file so that the partition is recomputed, or pass the "
                 "`partition_file` made for this model and setup."
+            )
+            if self.key.num_gpus != expected.num_gpus:
+                fix += (
+                    f"\nTo run this plan as it is, launch one process per GPU it was made for: "
+                    f"`accelerate launch --num_processes {self.key.num_gpus} ...`."
+                )
+            raise PartitionFormatError(
+                f"{source}: this partition was planned for another model or setup:\n" + "\n".join(diffs) + fix
             )
 
     def check_matches(self, graph: CostGraph, *, source: str = "partition") -> None:

@@ -1,0 +1,94 @@
+"""A PipeTrainer job that records what a `Trainer` user sees on each rank: callbacks, the progress
+bar, tensorboard logs, throughput, FLOP and token counts. Started by `accelerate launch` from
+`test_trainer_surface.py`; each rank writes ``OUTPUT/surface_rank{r}.json``.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+from datasets import Dataset
+from transformers import TrainerCallback
+from transformers.trainer_callback import ProgressCallback
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from hf_ftpipe import PipeTrainer, PipeTrainingArguments  # noqa: E402
+
+from models import tiny_batch, tiny_model  # noqa: E402
+
+STEPS = 4
+BATCH = 4
+
+
+class Recorder(TrainerCallback):
+    """Counts the callback events this rank receives and whether its progress bar is open."""
+
+    def __init__(self) -> None:
+        self.events: dict[str, int] = {}
+        self.progress_bar_open: list[bool] = []
+        self.trainer: PipeTrainer | None = None
+
+    def _count(self, name: str) -> None:
+        self.events[name] = self.events.get(name, 0) + 1
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._count("on_train_begin")
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self._count("on_step_end")
+        bars = [cb for cb in self.trainer.callback_handler.callbacks if isinstance(cb, ProgressCallback)]
+        self.progress_bar_open.append(any(cb.training_bar is not None for cb in bars))
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        self._count("on_log")
+
+    def on_evaluate(self, args, state, control, **kwargs):
+        self._count("on_evaluate")
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self._count("on_train_end")
+
+
+def main(output_dir: str, partition_file: str = "") -> None:
+    args = PipeTrainingArguments(
+        output_dir=output_dir,
+        use_cpu=True,
+        per_device_train_batch_size=BATCH,
+        per_device_eval_batch_size=BATCH,
+        num_microbatches=2,
+        max_steps=STEPS,
+        learning_rate=1e-2,
+        logging_steps=1,
+        eval_strategy="steps",
+        eval_steps=2,
+        save_strategy="no",
+        report_to="tensorboard",
+        include_num_input_tokens_seen="non_padding",
+        disable_tqdm=False,
+        seed=0,
+        partition_file=partition_file or None,
+    )
+    data = tiny_batch("gpt2", BATCH * STEPS, seed=1)
+    dataset = Dataset.from_dict({k: v.tolist() for k, v in data.items()})
+    recorder = Recorder()
+    trainer = PipeTrainer(
+        model=tiny_model("gpt2"), args=args, train_dataset=dataset, eval_dataset=dataset, callbacks=[recorder]
+    )
+    recorder.trainer = trainer
+    output = trainer.train()
+    rank = trainer.engine.rank
+    result = {
+        "rank": rank,
+        "events": recorder.events,
+        "progress_bar_open": recorder.progress_bar_open,
+        "metrics": output.metrics,
+        "total_flos": trainer.state.total_flos,
+        "num_input_tokens_seen": trainer.state.num_input_tokens_seen,
+        "log_history": trainer.state.log_history,
+    }
+    (Path(output_dir) / f"surface_rank{rank}.json").write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

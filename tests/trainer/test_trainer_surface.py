@@ -1,0 +1,123 @@
+"""What a `Trainer` user sees around the loop stays the same under PipeTrainer: callbacks on every
+rank, one progress bar, one tensorboard log, and throughput, FLOP and token counts of one model,
+not of one model per rank. Also the launch mistakes a user makes get an error that says what to do.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from transformers import HfArgumentParser
+
+from hf_ftpipe import PipeTrainingArguments, get_profile
+from hf_ftpipe.graph.trace import capture_model
+from hf_ftpipe.partition.registry import get_partitioner
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from distributed import REPO, accelerate_launch  # noqa: E402
+from models import SEQ, tiny_batch, tiny_model  # noqa: E402
+
+JOB = str(REPO / "tests" / "trainer" / "surface_job.py")
+STEPS, BATCH = 4, 4  # as in surface_job.py
+
+
+@pytest.fixture(scope="module")
+def surface(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict]]:
+    output = tmp_path_factory.mktemp("surface")
+    accelerate_launch(JOB, str(output))
+    return output, [json.loads((output / f"surface_rank{r}.json").read_text()) for r in range(2)]
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_every_rank_runs_the_callbacks_and_only_one_shows_a_progress_bar(surface: tuple[Path, list[dict]]) -> None:
+    _, ranks = surface
+    for rank in ranks:
+        assert rank["events"]["on_step_end"] == STEPS
+        assert rank["events"]["on_evaluate"] == STEPS // 2
+        assert rank["events"]["on_train_begin"] == rank["events"]["on_train_end"] == 1
+    assert [all(r["progress_bar_open"]) for r in ranks] == [True, False]
+    assert not any(ranks[1]["progress_bar_open"])
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_counts_are_of_one_model_not_one_per_rank(surface: tuple[Path, list[dict]]) -> None:
+    _, ranks = surface
+    data = tiny_batch("gpt2", BATCH * STEPS, seed=1)
+    model = tiny_model("gpt2")
+    # What plain Trainer reports on one process: 6 × tokens × non-embedding parameters.
+    expected_flos = 6 * BATCH * SEQ * STEPS * model.num_parameters(exclude_embeddings=True)
+    for rank in ranks:
+        assert rank["total_flos"] == pytest.approx(expected_flos)
+        assert rank["num_input_tokens_seen"] == int(data["attention_mask"].sum())
+    metrics = ranks[0]["metrics"]
+    samples_per_s = STEPS * BATCH / metrics["train_runtime"]
+    assert metrics["train_samples_per_second"] == pytest.approx(samples_per_s, rel=0.05, abs=0.01)
+    assert metrics["train_steps_per_second"] == pytest.approx(STEPS / metrics["train_runtime"], rel=0.05, abs=0.01)
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_tensorboard_gets_one_log_with_every_step(surface: tuple[Path, list[dict]]) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    output, ranks = surface
+    event_files = list(output.rglob("events.out.tfevents.*"))
+    assert len(event_files) == 1, event_files  # rank 0 only
+    events = EventAccumulator(str(event_files[0].parent))
+    events.Reload()
+    logged = [scalar.value for scalar in events.Scalars("train/loss")]
+    expected = [entry["loss"] for entry in ranks[0]["log_history"] if "loss" in entry]
+    assert len(logged) == STEPS
+    assert logged == pytest.approx(expected, rel=1e-5)
+    assert len(events.Scalars("eval/loss")) == STEPS // 2
+
+
+def test_arguments_parse_from_the_command_line(tmp_path: Path) -> None:
+    parser = HfArgumentParser(PipeTrainingArguments)
+    (args,) = parser.parse_args_into_dataclasses(
+        ["--output_dir", str(tmp_path), "--use_cpu", "--report_to", "none"]
+        + ["--pipeline_schedule", "1f1b", "--num_microbatches", "4", "--per_device_train_batch_size", "8"]
+        + ["--partitioner", "seq-dp", "--activation_checkpointing"]
+    )
+    assert (args.pipeline_schedule, args.num_microbatches, args.partitioner) == ("1f1b", 4, "seq-dp")
+    assert args.activation_checkpointing
+
+
+def test_command_line_rejects_an_unknown_schedule_and_lists_the_choices(tmp_path: Path) -> None:
+    command = [sys.executable, "-c", "from transformers import HfArgumentParser; from hf_ftpipe import "]
+    command[-1] += "PipeTrainingArguments as A; HfArgumentParser(A).parse_args_into_dataclasses()"
+    result = subprocess.run(
+        [*command, "--output_dir", str(tmp_path), "--pipeline_schedule", "zero-bubble"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode != 0
+    assert "invalid choice: 'zero-bubble'" in result.stderr
+    assert "'gpipe', '1f1b', 'async', '2bw'" in result.stderr
+
+
+@pytest.mark.slow
+def test_a_single_process_is_told_how_to_launch(tmp_path: Path) -> None:
+    result = subprocess.run([sys.executable, JOB, str(tmp_path)], capture_output=True, text=True, timeout=240, cwd=REPO)
+    assert result.returncode != 0
+    assert "accelerate launch --multi_gpu --num_processes N" in result.stderr[-3000:]
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_a_plan_for_another_number_of_gpus_names_the_launch_that_fits(tmp_path: Path) -> None:
+    batch = {k: v[:2] for k, v in tiny_batch("gpt2", 2, seed=1).items()}  # one micro-batch of the job
+    graph = capture_model(tiny_model("gpt2"), batch).cost_graph
+    plan = get_partitioner("seq-greedy")(graph, get_profile("auto", count=3), num_microbatches=2, microbatch_size=2)
+    plan.to_json(tmp_path / "plan.json")
+    result = accelerate_launch(JOB, str(tmp_path), str(tmp_path / "plan.json"), check=False)
+    assert result.returncode != 0
+    assert "num_gpus: file has 3, expected 2" in result.stderr
+    assert "`accelerate launch --num_processes 3 ...`" in result.stderr

@@ -114,6 +114,7 @@ class PipeTrainer(Trainer):
             device=self.args.device,
             timeout_s=self.args.pipeline_timeout_s,
             weights_path=self._weights_path(),
+            autocast_dtype=torch.bfloat16 if self.args.bf16 else None,
         )
         if self.args.release_unused_weights:
             freed = release_foreign_weights(self.model, self.engine.parameters())

@@ -137,6 +137,12 @@ class PipeTrainingArguments(TrainingArguments):
                 "over micro-batches itself; set it to 1 and raise `per_device_train_batch_size` (and "
                 "`num_microbatches`) instead"
             )
+        if self.fp16:
+            raise ValueError(
+                "`fp16=True` needs loss scaling agreed across all stages, which the pipeline does not do yet; "
+                "use `bf16=True` (autocast to bfloat16, no loss scaling: A100, H100, L4, RTX 30xx/40xx) or "
+                "full precision"
+            )
         if self.pipeline_timeout_s <= 0:
             raise ValueError(f"`pipeline_timeout_s` must be positive, got {self.pipeline_timeout_s}")
 

@@ -32,6 +32,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..errors import PartitionError, PipelineError
 from ..graph.trace import TracedModel
+from .autocast import autocast_dtypes
 from .comm import Messenger
 from .messages import Message, Transfer, plan_messages
 from .prediction import check_predictable, predicted_weights, updates_ahead
@@ -75,6 +76,12 @@ class PipelineEngine:
         timeout_s (`float`, defaults to 300): the longest wait for any transfer before the step fails.
         weights_path (`str`, *optional*): a checkpoint folder (safetensors) to read this rank's
             weights from, for a model built with empty weights (``accelerate.init_empty_weights``).
+        autocast_dtype (`torch.dtype`, *optional*): mixed precision: run every stage's forward (and
+            its recomputation) under ``torch.autocast`` with this dtype (``torch.bfloat16``), as
+            accelerate does for a whole model. Weights, gradients and optimizer state stay in their
+            own dtype. Values cross ranks in the dtype autocast gives them, found before the first
+            step (`hf_ftpipe.runtime.autocast`), so receives can be posted ahead and the pipeline
+            computes exactly what one process under autocast computes.
     """
 
     def __init__(
@@ -90,6 +97,7 @@ class PipelineEngine:
         device: torch.device | str = "cpu",
         timeout_s: float = 300.0,
         weights_path: str | os.PathLike | None = None,
+        autocast_dtype: torch.dtype | None = None,
     ) -> None:
         if not dist.is_initialized():
             raise PipelineError(
@@ -130,6 +138,10 @@ class PipelineEngine:
                 f"weight prediction is for the 'async' schedule (stale gradients); {schedule!r} has none to predict"
             )
         self.weight_prediction = weight_prediction
+        self.autocast_dtype = autocast_dtype
+        self._autocast_dtypes = (
+            autocast_dtypes(traced.graph_module, self.device, autocast_dtype) if autocast_dtype is not None else {}
+        )
         self.loss_stage = next((s.stage_index for s in self.specs if "loss" in s.model_outputs), None)
         self.loss_value = None if self.loss_stage is None else self.specs[self.loss_stage].model_outputs["loss"]
         self.transfers = self._plan_transfers()
@@ -333,7 +345,9 @@ class PipelineEngine:
             for m in range(self.num_microbatches):
                 local = self._outputs.get((value, m)) if self.stage_rank[owner.stage_index] == self.rank else None
                 tensor = (
-                    local.detach().clone() if local is not None else torch.empty(shape, dtype=dtype, device=self.device)
+                    local.detach().to(dtype, copy=True)
+                    if local is not None
+                    else torch.empty(shape, dtype=dtype, device=self.device)
                 )
                 pieces.append(self.messenger.broadcast(tensor, self.stage_rank[owner.stage_index], name))
             outputs[name] = torch.stack(pieces) if pieces[0].dim() == 0 else torch.cat(pieces)
@@ -487,7 +501,8 @@ class PipelineEngine:
                 return functional_call(module, weights, inputs, strict=False)
         else:
             run = module
-        with torch.set_grad_enabled(training):
+        autocast = torch.autocast(self.device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None)
+        with torch.set_grad_enabled(training), autocast:
             if training and self.recompute:  # keep the inputs only; run the forward again in backward
                 outputs = checkpoint(run, *args, use_reentrant=False)
             else:
@@ -503,7 +518,10 @@ class PipelineEngine:
             if transfer is not None:
                 for dst in transfer.target_ranks:
                     self.messenger.send(
-                        tensor, dst, self._tag(transfer, m, backward=False), f"{value} of micro-batch {m}"
+                        tensor.to(transfer.dtype),
+                        dst,
+                        self._tag(transfer, m, backward=False),
+                        f"{value} of micro-batch {m}",
                     )
         if "loss" in spec.model_outputs:
             return outputs[spec.sent.index(spec.model_outputs["loss"])].detach()
@@ -531,7 +549,7 @@ class PipelineEngine:
                 grad = self._output_grad(value, m)
                 if grad is not None and tensor.requires_grad:
                     roots.append(tensor)
-                    grads.append(grad)
+                    grads.append(grad.to(tensor.dtype))  # autocast may have made a bfloat16 output
         if roots:
             torch.autograd.backward(roots, grads)
         if self.weight_prediction:
@@ -625,7 +643,7 @@ class PipelineEngine:
         self._grad_parts_left[key] -= 1
         if self._grad_parts_left[key] == 0:
             self.messenger.send(
-                self._grads.pop(key),
+                self._grads.pop(key).to(transfer.dtype),
                 transfer.source_rank,
                 self._tag(transfer, m, backward=True),
                 f"gradient of {value} for micro-batch {m}",
@@ -663,7 +681,10 @@ class PipelineEngine:
 
     def _value_shape(self, value: str) -> tuple[tuple[int, ...], torch.dtype]:
         attrs = self.graph.node(value)
-        return tuple(attrs["output_shapes"][0]), getattr(torch, attrs["output_dtypes"][0])
+        dtype = getattr(torch, attrs["output_dtypes"][0])
+        if dtype.is_floating_point:  # under autocast: the dtype autocast gives it
+            dtype = self._autocast_dtypes.get(value, dtype)
+        return tuple(attrs["output_shapes"][0]), dtype
 
     # -- after the micro-batches ------------------------------------------------------------
 

@@ -121,3 +121,8 @@ def test_a_plan_for_another_number_of_gpus_names_the_launch_that_fits(tmp_path: 
     assert result.returncode != 0
     assert "num_gpus: file has 3, expected 2" in result.stderr
     assert "`accelerate launch --num_processes 3 ...`" in result.stderr
+
+
+def test_fp16_is_refused_with_the_alternative(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"`fp16=True` needs loss scaling .* use `bf16=True`"):
+        PipeTrainingArguments(output_dir=str(tmp_path), fp16=True, use_cpu=True, report_to="none")

@@ -33,11 +33,11 @@ def run_profiles(args: argparse.Namespace) -> int:
 
 
 def run_regenerate(args: argparse.Namespace) -> int:
-    from hf_ftpipe.partition.catalog import regenerate
+    from hf_ftpipe.partition.catalog import count_line, regenerate
 
     entries = regenerate(args.folder, args.only)
     fits = sum(1 for e in entries if e["file"])
-    print(f"{args.folder}: {fits} plans, {len(entries) - fits} setups that do not fit; index.json and README.md")
+    print(f"{args.folder}: {count_line(fits, len(entries) - fits)} Wrote index.json and README.md.")
     return 0
 
 

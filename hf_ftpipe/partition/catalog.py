@@ -41,6 +41,7 @@ from hf_ftpipe.profile.gpu import GPUProfile, get_profile
 __all__ = [
     "INDEX_FILE",
     "GraphCache",
+    "count_line",
     "partitioner_options",
     "plan_spec",
     "publish",
@@ -268,7 +269,7 @@ def publish(
 # -- the card ----------------------------------------------------------------------------------
 
 
-def _count_line(num_plans: int, num_unfit: int) -> str:
+def count_line(num_plans: int, num_unfit: int) -> str:
     plans = f"{num_plans} plan{'s' if num_plans != 1 else ''}"
     if not num_unfit:
         return f"{plans}; every setup fits its GPUs."
@@ -314,7 +315,7 @@ def render_card(entries: Sequence[dict[str, Any]]) -> str:
         "fp32 makes the A100 look slow: its fp32 peak (19.5 TFLOP/s; PyTorch leaves TF32 off) is below an "
         "L4's (30) and an RTX 4090's (82.6). Mixed precision is not planned yet.",
         "",
-        _count_line(len(fits), len(entries) - len(fits)),
+        count_line(len(fits), len(entries) - len(fits)),
         "",
         "| model | task | input/target | micro-batch | optimizer | GPUs | partitioner | stages (per GPU) "
         "| samples/s | worst GPU / ideal | peak memory | file |",

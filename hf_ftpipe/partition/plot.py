@@ -66,9 +66,17 @@ def _draw_load(ax: Any, summary: dict[str, Any], colors: list[Any]) -> None:
     x = list(range(len(gpus)))
     compute = [g["compute_ms"] for g in gpus]
     exposed = [g["exposed_comm_ms"] for g in gpus]
-    ax.bar(x, compute, color=colors, label="compute (fwd + bwd)")
-    ax.bar(x, exposed, bottom=compute, color="0.35", hatch="//", label="communication not hidden")
-    ax.axhline(summary["ideal_step_time_ms"], color="black", linestyle="--", linewidth=1, label="ideal")
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    ax.bar(x, compute, color=colors)
+    ax.bar(x, exposed, bottom=compute, color="0.35", hatch="//")
+    ax.axhline(summary["ideal_step_time_ms"], color="black", linestyle="--", linewidth=1)
+    handles = [
+        Patch(facecolor="0.8", edgecolor="black", label="compute (fwd + bwd)"),
+        Patch(facecolor="0.35", hatch="//", label="communication not hidden"),
+        Line2D([], [], color="black", linestyle="--", linewidth=1, label="ideal"),
+    ]
     for g in gpus:
         ax.annotate(
             f"{g['memory_fraction']:.0%}",
@@ -83,8 +91,8 @@ def _draw_load(ax: Any, summary: dict[str, Any], colors: list[Any]) -> None:
     ax.set_ylabel("ms per micro-batch")
     ax.set_title("load per GPU", fontsize=9)
     top = max([summary["ideal_step_time_ms"], *(g["cost_ms"] for g in gpus)])
-    ax.set_ylim(0, top * 1.3)  # room for the labels and the legend above the bars
-    ax.legend(fontsize=7, loc="upper center", ncol=3, frameon=False)
+    ax.set_ylim(0, top * 1.45)  # room for the labels and the legend above the bars
+    ax.legend(handles=handles, fontsize=7, loc="upper left", frameon=False)
 
 
 def _draw_stage_graph(ax: Any, summary: dict[str, Any], colors: list[Any]) -> None:

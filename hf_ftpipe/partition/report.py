@@ -207,7 +207,7 @@ def format_profiles() -> str:
         )
     return (
         table(rows)
-        + "\nDatasheet peaks (dense); the cost model assumes peak × efficiency. Links: achieved bandwidth per "
+        + "\n\nDatasheet peaks (dense); the cost model assumes peak × efficiency. Links: achieved bandwidth per "
         "direction between two GPUs (PCIe or NVLink).\nUse a name with --gpu-profile, or write your own with "
         "GPUProfile.to_json and pass its path."
     )

@@ -247,13 +247,19 @@ def publish(
     commit_message: str = "Update hf_ftpipe partitions",
 ) -> str:
     """Upload ``folder`` (plans, index, card, model configs) to the Hub dataset ``repo_id``,
-    creating it when missing; returns the commit's URL."""
+    creating it (and the branch ``revision``) when missing; returns the commit's URL.
+
+    Files are added or replaced, never deleted: a plan dropped from the folder stays in the
+    repository until removed by hand, since the repository may hold plans shared by others
+    (``index.json`` and the card list only the current ones)."""
     from huggingface_hub import HfApi
 
     folder = Path(folder)
     read_index(folder)  # refuse to publish a folder that was never generated
     api = HfApi(token=token)
     api.create_repo(repo_id, repo_type="dataset", private=private, exist_ok=True)
+    if revision is not None:
+        api.create_branch(repo_id, branch=revision, repo_type="dataset", exist_ok=True)
     commit = api.upload_folder(
         repo_id=repo_id,
         repo_type="dataset",

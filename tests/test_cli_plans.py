@@ -177,3 +177,14 @@ def test_regenerate_remakes_a_shipped_plan_identically(tmp_path: Path) -> None:
     (entry,) = read_index(tmp_path)
     assert entry == next(e for e in read_index(FOLDER) if e["name"] == name)
     assert entry["file"] in (tmp_path / "README.md").read_text()
+
+
+def test_show_reads_a_plan_written_before_stage_edges_were_recorded(tmp_path: Path) -> None:
+    data = json.loads(PAPER_PLAN.read_text())
+    del data["predicted"]["stage_edges"]
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(data))
+    code, out, err = run("show", str(old))
+    assert code == 0, err
+    assert "predates recorded stage edges" in out
+    assert all(row[-1].strip() == "-" for row in table_rows(out, "stage "))

@@ -43,7 +43,9 @@ __all__ = [
     "GraphCache",
     "count_line",
     "partitioner_options",
+    "make_entry",
     "plan_spec",
+    "profile_of",
     "publish",
     "read_index",
     "regenerate",
@@ -74,9 +76,9 @@ class GraphCache:
             model = load_model_for_planning(setup.model)
             inputs = sample_inputs_for(model, setup.microbatch_size, setup.seq_len, setup.target_len)
             self._graphs[cache_key] = trace_model(model, inputs)
+            time_s = time.perf_counter() - started
             if self._log:
-                self._log(f"traced {setup.model} {setup.shape} × {setup.microbatch_size} in "
-                          f"{time.perf_counter() - started:.1f} s")  # fmt: skip
+                self._log(f"traced {setup.model} {setup.shape} × {setup.microbatch_size} in {time_s:.1f} s")
         return self._graphs[cache_key]
 
 
@@ -89,6 +91,7 @@ def plan_spec(name: str) -> PlanSpec:
 
 
 def profile_of(spec: PlanSpec) -> GPUProfile:
+    """The built-in profile that ``spec`` names, with its GPU count."""
     return get_profile(spec.gpu_profile, count=spec.num_gpus)
 
 

@@ -21,44 +21,44 @@ from hf_ftpipe.partition.report import plan_summary
 __all__ = ["plot_plan"]
 
 
-def _pyplot() -> Any:
+def _matplotlib() -> tuple[Any, Any]:
+    """matplotlib's ``Figure`` class and its colormap registry, or an error that says what to install."""
     try:
         import matplotlib
+        from matplotlib.figure import Figure
     except ImportError as error:
         raise FtpipeError(
             'drawing a plan needs matplotlib: pip install "hf_ftpipe[plot]" (or pip install matplotlib)'
         ) from error
-    matplotlib.use("Agg")  # files only: no display needed, and none is touched
-    import matplotlib.pyplot as plt
-
-    return plt
+    return Figure, matplotlib.colormaps
 
 
 def plot_plan(plan: Partition, path: str | os.PathLike, *, title: str | None = None) -> None:
     """Write the per-GPU load and the stage graph of ``plan`` to ``path`` (PNG, or any format
-    matplotlib knows by the file's extension)."""
+    matplotlib knows by the file's extension).
+
+    Draws on a bare ``Figure`` rather than through pyplot: no display is needed, and the caller's
+    pyplot backend and current figure are left alone.
+    """
     summary = plan_summary(plan)
-    plt = _pyplot()
+    Figure, colormaps = _matplotlib()
     num_gpus = len(summary["gpus"])
-    fig, (load, graph) = plt.subplots(
-        1, 2, figsize=(6 + 0.5 * num_gpus + 0.35 * plan.num_stages, 4.8), gridspec_kw={"width_ratios": [2, 3]}
+    fig = Figure(figsize=(6 + 0.5 * num_gpus + 0.35 * plan.num_stages, 4.8))
+    load, graph = fig.subplots(1, 2, gridspec_kw={"width_ratios": [2, 3]})
+    palette = colormaps["tab10" if num_gpus <= 10 else "tab20"]
+    colors = [palette(g % 20) for g in range(num_gpus)]
+    _draw_load(load, summary, colors)
+    _draw_stage_graph(graph, summary, colors)
+    key = plan.key
+    fig.suptitle(
+        (f"{title}\n" if title else "")
+        + f"{key.model_class} on {key.num_gpus} × {key.gpu_profile}, {summary['schedule']}, "
+        f"{plan.partitioner}: {summary['throughput_samples_per_s']:.2f} samples/s predicted, "
+        f"worst GPU / ideal {summary['worst_over_ideal']:.3f}",
+        fontsize=9,
     )
-    colors = [plt.get_cmap("tab10" if num_gpus <= 10 else "tab20")(g % 20) for g in range(num_gpus)]
-    try:
-        _draw_load(load, summary, colors)
-        _draw_stage_graph(graph, summary, colors)
-        key = plan.key
-        fig.suptitle(
-            (f"{title}\n" if title else "")
-            + f"{key.model_class} on {key.num_gpus} × {key.gpu_profile}, {summary['schedule']}, "
-            f"{plan.partitioner}: {summary['throughput_samples_per_s']:.2f} samples/s predicted, "
-            f"worst GPU / ideal {summary['worst_over_ideal']:.3f}",
-            fontsize=9,
-        )
-        fig.tight_layout()
-        fig.savefig(os.fspath(path), dpi=120)
-    finally:
-        plt.close(fig)
+    fig.tight_layout()
+    fig.savefig(os.fspath(path), dpi=120)
 
 
 def _draw_load(ax: Any, summary: dict[str, Any], colors: list[Any]) -> None:

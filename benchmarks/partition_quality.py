@@ -1,8 +1,9 @@
 """Compare every registered partitioner on the paper's setups and check the issue's targets.
 
-Setups (FTPipe, ATC'21, and its public configs): T5-3B on BoolQ (512/4, micro-batch 4), RTE
-(320/8, 8) and WiC (64/4, 64) with Adafactor; GPT2-XL on WikiText-2 (1024, 1) and BERT-large on
-SQuAD (384, 24) with AdamW. All on RTX 2080 Ti (11 GB, PCIe 3.0), async schedule (PipeDream
+Setups (FTPipe, ATC'21, and its public configs; defined in ``hf_ftpipe/partition/setups.py`` and
+shared with the shipped plans in ``partitions/``): T5-3B on BoolQ (512/4, micro-batch 4), RTE
+(320/8, 8), WiC (64/4, 64) and MultiRC (512/4, 4) with Adafactor; GPT2-XL on WikiText-2 (1024, 1)
+and BERT-large on SQuAD (384, 24) with AdamW. All on RTX 2080 Ti (11 GB, PCIe 3.0), async schedule (PipeDream
 weight stashing), 8 micro-batches, activation recomputation on: FTPipe's T5-3B runs recompute,
 and without it T5-3B's activations and stashed weights do not fit 8 × 11 GB with any partition.
 
@@ -27,11 +28,12 @@ import pickle
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+from hf_ftpipe.partition.setups import PAPER_SETUPS, Setup  # noqa: E402  (the same setups as partitions/)
 
 CONTIGUOUS = ("uniform", "params", "seq-greedy", "seq-dp")
 MAX_WORST_OVER_IDEAL = 1.05
@@ -39,27 +41,7 @@ MIN_MIXED_SPEEDUP = 1.2
 MAX_PARTITION_S = 15.0
 
 
-@dataclass(frozen=True)
-class Setup:
-    name: str
-    model: str
-    microbatch_size: int
-    seq_len: int
-    target_len: int | None
-    optimizer: str
-
-    @property
-    def is_t5(self) -> bool:
-        return self.model == "t5-3b"
-
-
-SETUPS = [
-    Setup("boolq", "t5-3b", 4, 512, 4, "adafactor"),
-    Setup("rte", "t5-3b", 8, 320, 8, "adafactor"),
-    Setup("wic", "t5-3b", 64, 64, 4, "adafactor"),
-    Setup("wikitext2", "gpt2-xl", 1, 1024, None, "adamw"),
-    Setup("squad", "bert-large", 24, 384, None, "adamw"),
-]
+SETUPS = PAPER_SETUPS
 
 
 def traced_graph(setup: Setup, cache_dir: Path) -> Any:
@@ -131,7 +113,7 @@ def checks(setup: Setup, rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
     def verdict(ok: bool, figures: str) -> str:
         return f"{'PASS' if ok else 'FAIL'} ({figures})"
 
-    if setup.is_t5:
+    if setup.model == "t5-3b":
         for name in ("mixed", "auto"):
             row = feasible.get(name)
             if row is None:

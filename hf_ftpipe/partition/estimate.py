@@ -135,7 +135,7 @@ def estimate(
     # Recomputation runs each forward again just before its backward.
     forward_again = 1.0 if options.recompute else 0.0
 
-    fwd_bytes, grad_bytes = _cross_gpu_traffic(graph, node_stage, stage_device)
+    edge_bytes, fwd_bytes, grad_bytes = _stage_traffic(graph, node_stage, stage_device)
     model = _Memory(graph, node_stage, stage_nodes, stage_device, num_microbatches, optimizer, schedule, options)
     stages = []
 
@@ -188,6 +188,7 @@ def estimate(
         gpus=gpus,
         step_time_s=max((g.cost_s for g in gpus), default=0.0),
         ideal_step_time_s=total_compute_s / max(profile.count, num_devices, 1),
+        stage_edges=[[s, t, b] for (s, t), b in sorted(edge_bytes.items())],
     )
 
 
@@ -417,21 +418,26 @@ def _stage_nodes(graph: CostGraph, node_stage: Mapping[str, int], stage_device: 
     return stage_nodes
 
 
-def _cross_gpu_traffic(
+def _stage_traffic(
     graph: CostGraph, node_stage: Mapping[str, int], stage_device: Sequence[int]
-) -> tuple[dict[tuple[int, int], int], defaultdict[tuple[int, int], int]]:
-    """Bytes per (source stage, destination stage) on different GPUs: activations forward, and
-    the gradients that come back for those of them that require grad."""
+) -> tuple[dict[tuple[int, int], int], dict[tuple[int, int], int], defaultdict[tuple[int, int], int]]:
+    """Bytes per (source stage, destination stage): activations between any two stages (the
+    stage graph), activations between stages on different GPUs, and the gradients that come back
+    for those of them that require grad."""
+    edges: dict[tuple[int, int], int] = defaultdict(int)
     fwd: dict[tuple[int, int], int] = defaultdict(int)
     grad: defaultdict[tuple[int, int], int] = defaultdict(int)
     for u, attrs in graph.graph.nodes(data=True):
         s = node_stage[u]
         for t in {node_stage[v] for v in graph.graph.successors(u)}:
+            if t == s:
+                continue
+            edges[s, t] += attrs["output_bytes"]
             if stage_device[t] != stage_device[s]:
                 fwd[s, t] += attrs["output_bytes"]
                 if attrs["requires_grad"]:
                     grad[s, t] += attrs["output_bytes"]
-    return dict(fwd), grad
+    return dict(edges), dict(fwd), grad
 
 
 def _check_choice(name: str, value: str, options: object) -> None:

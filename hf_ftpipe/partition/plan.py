@@ -170,6 +170,11 @@ class Prediction:
     """max_g cost_g: time per micro-batch in the steady state of the pipeline (no fill/drain)."""
     ideal_step_time_s: float
     """Total compute / number of GPUs: a perfectly balanced plan without communication."""
+    stage_edges: list[list[int]] = field(default_factory=list)
+    """``[source, destination, bytes]`` for every pair of stages where an op of the first feeds
+    an op of the second, stages on the same GPU included: activation bytes per micro-batch. The
+    stage graph, so that a plan can be drawn without its model (``hf-ftpipe show --plot``);
+    empty in files written before it was recorded."""
 
     @property
     def throughput_samples_per_s(self) -> float:

@@ -63,6 +63,17 @@ def test_output_sent_once_per_destination_stage_and_not_within_a_gpu():
     assert [g.comm_fwd_out_s for g in plan.gpus] == [16.0, 16.0]
 
 
+def test_stage_edges_are_the_stage_graph_with_bytes_same_gpu_included():
+    # a (stage 0) feeds b and c (stage 1) once and d (stage 2) directly; c feeds d. Stages 0 and
+    # 2 share GPU 0: their edge carries no traffic but is still part of the stage graph.
+    graph = make_graph(
+        {"a": 1.0, "b": 1.0, "c": {"flops": 1.0, "output_bytes": 40}, "d": 1.0},
+        [("a", "b"), ("a", "c"), ("a", "d"), ("c", "d")],
+    )
+    plan = estimate(graph, {"a": 0, "b": 1, "c": 1, "d": 2}, [0, 1, 0], UNIT, num_microbatches=1, microbatch_size=1)
+    assert plan.stage_edges == [[0, 1, 16], [0, 2, 16], [1, 2, 40]]
+
+
 def test_memory_gpipe_with_tied_weight_and_adamw():
     params = {"emb": param("emb", (10, 10)), "buf": param("buf", (5,), trainable=False)}
     graph = make_graph(

@@ -71,6 +71,10 @@ def main(output_dir: str, partition_file: str = "") -> None:
     )
     data = tiny_batch("gpt2", BATCH * STEPS, seed=1)
     dataset = Dataset.from_dict({k: v.tolist() for k, v in data.items()})
+    # Columns the model does not take: Trainer drops them by the model's forward signature, which
+    # PipeTrainer still has although no rank holds the whole model.
+    dataset = dataset.add_column("idx", list(range(len(dataset))))
+    dataset = dataset.add_column("text", ["unused"] * len(dataset))
     recorder = Recorder()
     trainer = PipeTrainer(
         model=tiny_model("gpt2"), args=args, train_dataset=dataset, eval_dataset=dataset, callbacks=[recorder]

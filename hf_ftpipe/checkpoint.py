@@ -1,0 +1,256 @@
+"""Checkpoints of a pipeline that any partition can resume: weights and optimizer state by parameter name.
+
+A checkpoint folder is `Trainer`'s (``checkpoint-N/`` with ``trainer_state.json``, ``scheduler.pt``,
+``rng_state_{rank}.pth``), plus what a pipeline needs to resume under another partition or
+another number of ranks:
+
+- ``model.safetensors`` + ``config.json``: the whole model, gathered from every stage by rank 0
+  (`PipelineEngine.gather_state_dict`), so the folder is also a standard Hugging Face checkpoint.
+  On resume each rank reads only its own stages' tensors from it (`load_engine_weights`).
+- ``optimizer/rank{r}.safetensors`` + ``optimizer/rank{r}.json``: each rank's optimizer state,
+  keyed by the model's own parameter names instead of a rank's parameter order. On resume every
+  rank reads the JSON indexes of all the writers and takes the entries of the parameters it now
+  holds, wherever they were written (`load_optimizer_state`).
+
+A weight tied across ranks (GPT-2's ``wte`` and ``lm_head``) is written once, by its owner (the
+lowest rank holding it): under the synchronous schedules every copy receives the same summed
+gradient, so every copy's optimizer state is the same.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import nn
+
+from .errors import CheckpointError
+from .graph.cost_graph import CostGraph
+from .runtime.weight_sync import WeightSync
+from .runtime.weights import checkpoint_files
+
+__all__ = ["OPTIMIZER_FOLDER", "load_engine_weights", "load_optimizer_state", "save_optimizer_state"]
+
+OPTIMIZER_FOLDER = "optimizer"
+_FORMAT = "hf_ftpipe-optimizer"
+_FORMAT_VERSION = 1
+
+
+class _Engine(Protocol):
+    """What checkpoints need of `PipelineEngine`: this rank's tensors by name, and who owns a shared one."""
+
+    rank: int
+    world_size: int
+    graph: CostGraph
+    weight_sync: WeightSync
+
+    def named_parameters(self) -> Iterator[tuple[str, nn.Parameter]]: ...
+
+    def state_dict(self) -> dict[str, torch.Tensor]: ...
+
+
+# -- weights --------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def load_engine_weights(engine: _Engine, folder: str | os.PathLike) -> int:
+    """Copy this rank's weights and buffers from the checkpoint in ``folder``, in place; returns how many.
+
+    In place, so everything holding the parameters (optimizer, stashed weight versions) keeps
+    holding them. A tied weight may be stored under any of its names.
+    """
+    files = checkpoint_files(folder)
+    by_file: dict[Path, list[tuple[str, str, torch.Tensor]]] = defaultdict(list)
+    missing = []
+    for name, tensor in engine.state_dict().items():
+        info = engine.graph.params.get(name)
+        aliases = info.aliases if info is not None else (name,)
+        stored = next((alias for alias in aliases if alias in files), None)
+        if stored is None:
+            missing.append(name)
+        else:
+            by_file[files[stored]].append((name, stored, tensor))
+    if missing:
+        raise CheckpointError(
+            f"[rank {engine.rank}] {len(missing)} weights of this rank's stages are not in the checkpoint "
+            f"{folder}, e.g. {missing[:5]}; is it a checkpoint of this model?"
+        )
+    count = 0
+    for path, entries in by_file.items():
+        with safe_open(path, framework="pt", device="cpu") as handle:
+            for name, stored, tensor in entries:
+                value = handle.get_tensor(stored)
+                if value.shape != tensor.shape:
+                    raise CheckpointError(
+                        f"[rank {engine.rank}] {name!r} has shape {tuple(value.shape)} in {path} but "
+                        f"{tuple(tensor.shape)} in the model; is it a checkpoint of this model?"
+                    )
+                tensor.copy_(value)
+                count += 1
+    return count
+
+
+# -- optimizer state ------------------------------------------------------------------------
+
+
+def save_optimizer_state(engine: _Engine, optimizer: torch.optim.Optimizer, folder: str | os.PathLike) -> None:
+    """Write this rank's optimizer state under parameter names (every rank calls it).
+
+    ``optimizer/rank{r}.json`` holds the param groups' settings with the names of their
+    parameters, and each parameter's non-tensor state; ``optimizer/rank{r}.safetensors`` the
+    tensor state, as ``{parameter name}/{state key}`` (e.g. ``transformer.h.0.mlp.c_fc.weight/exp_avg``).
+    """
+    params = dict(engine.named_parameters())
+    names = {id(param): name for name, param in params.items()}
+    groups = []
+    for group in optimizer.param_groups:
+        settings = {key: _to_json(value, f"param group setting {key!r}") for key, value in group.items()}
+        settings["params"] = [names[id(p)] for p in group["params"] if id(p) in names]
+        groups.append(settings)
+    tensors: dict[str, torch.Tensor] = {}
+    scalars: dict[str, dict[str, Any]] = {}
+    for name, param in params.items():
+        if engine.weight_sync.owner(name) != engine.rank:
+            continue  # a shared weight's copy: its owner writes the one state
+        for key, value in optimizer.state.get(param, {}).items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"{name}/{key}"] = value.detach().cpu().contiguous()
+            else:
+                scalars.setdefault(name, {})[key] = _to_json(value, f"optimizer state {key!r} of {name!r}")
+    index = {
+        "format": _FORMAT,
+        "version": _FORMAT_VERSION,
+        "optimizer": type(_unwrap(optimizer)).__name__,
+        "rank": engine.rank,
+        "world_size": engine.world_size,
+        "param_groups": groups,
+        "tensors": sorted(tensors),
+        "scalars": scalars,
+    }
+    out = Path(folder) / OPTIMIZER_FOLDER
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, out / f"rank{engine.rank}.safetensors", metadata={"format": _FORMAT})
+    (out / f"rank{engine.rank}.json").write_text(json.dumps(index, indent=1))
+
+
+def load_optimizer_state(engine: _Engine, optimizer: torch.optim.Optimizer, folder: str | os.PathLike) -> None:
+    """Give ``optimizer`` the saved state of the parameters this rank holds, whatever rank wrote it.
+
+    Builds the optimizer's own ``state_dict`` format for this rank's parameter order and hands
+    it to ``optimizer.load_state_dict``, which casts each state tensor to its parameter's
+    device and dtype as usual.
+    """
+    indexes = _read_indexes(Path(folder) / OPTIMIZER_FOLDER)
+    kind = type(_unwrap(optimizer)).__name__
+    writers = {index["optimizer"] for index in indexes}
+    if writers != {kind}:
+        raise CheckpointError(
+            f"the checkpoint {folder} holds {sorted(writers)} state but this run's optimizer is {kind}; "
+            "resume with the same `optim` setting"
+        )
+    saved_group: dict[str, dict[str, Any]] = {}
+    tensor_file: dict[str, tuple[Path, list[str]]] = {}
+    scalars: dict[str, dict[str, Any]] = {}
+    for index in indexes:
+        path = Path(folder) / OPTIMIZER_FOLDER / f"rank{index['rank']}.safetensors"
+        for group in index["param_groups"]:
+            for name in group["params"]:
+                saved_group.setdefault(name, group)
+        for key in index["tensors"]:
+            name, _, _ = key.rpartition("/")
+            tensor_file.setdefault(name, (path, []))[1].append(key)
+        for name, values in index["scalars"].items():
+            scalars[name] = values
+
+    names = {id(param): name for name, param in engine.named_parameters()}
+    current = optimizer.state_dict()
+    state: dict[int, dict[str, Any]] = {}
+    groups = []
+    unknown = []
+    with ExitStack() as stack:
+        handles: dict[Path, Any] = {}
+        for packed, group in zip(current["param_groups"], optimizer.param_groups, strict=True):
+            group_names = [names[id(p)] for p in group["params"] if id(p) in names]
+            source = next((saved_group[n] for n in group_names if n in saved_group), None)
+            settings = {k: v for k, v in packed.items() if k != "params"}
+            if source is not None:
+                for key, value in source.items():
+                    if key != "params" and key in settings:
+                        settings[key] = _from_json(value, like=settings[key])
+            settings["params"] = packed["params"]
+            groups.append(settings)
+            for position, param in zip(packed["params"], group["params"], strict=True):
+                name = names.get(id(param))
+                if name is None or name not in saved_group:
+                    unknown.append(name or f"parameter #{position}")
+                    continue
+                entry = dict(scalars.get(name, {}))
+                if name in tensor_file:
+                    path, keys = tensor_file[name]
+                    if path not in handles:
+                        handles[path] = stack.enter_context(safe_open(path, framework="pt", device="cpu"))
+                    for key in keys:
+                        entry[key.rpartition("/")[2]] = handles[path].get_tensor(key)
+                if entry:
+                    state[position] = entry
+    if unknown:
+        raise CheckpointError(
+            f"[rank {engine.rank}] the optimizer state in {folder} has no entry for {len(unknown)} parameters "
+            f"of this rank, e.g. {unknown[:5]}; is it a checkpoint of this model?"
+        )
+    optimizer.load_state_dict({"state": state, "param_groups": groups})
+
+
+def _read_indexes(folder: Path) -> list[dict[str, Any]]:
+    paths = sorted(folder.glob("rank*.json"))
+    if not paths:
+        raise CheckpointError(
+            f"no pipeline optimizer state in {folder} (rank*.json); resume from a checkpoint written by "
+            "PipeTrainer (a plain Trainer checkpoint's weights can be used with `weights_path` instead)"
+        )
+    indexes = [json.loads(path.read_text()) for path in paths]
+    bad = [str(path) for path, index in zip(paths, indexes, strict=True) if index.get("format") != _FORMAT]
+    if bad:
+        raise CheckpointError(f"{bad} are not hf_ftpipe optimizer indexes (no format {_FORMAT!r})")
+    world_sizes = {index["world_size"] for index in indexes}
+    if len(world_sizes) != 1 or len(indexes) != next(iter(world_sizes)):
+        raise CheckpointError(
+            f"{folder} holds {len(indexes)} rank files but they were written by {sorted(world_sizes)} ranks; "
+            "the checkpoint is incomplete (a rank failed while saving?) or mixes two runs"
+        )
+    return indexes
+
+
+def _unwrap(optimizer: Any) -> Any:
+    """accelerate's `AcceleratedOptimizer` wraps the optimizer `Trainer` made."""
+    return getattr(optimizer, "optimizer", optimizer)
+
+
+def _to_json(value: Any, what: str) -> Any:
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return value.item()
+    if isinstance(value, tuple):
+        return [_to_json(v, what) for v in value]
+    if value is None or isinstance(value, bool | int | float | str | list):
+        return value
+    raise CheckpointError(
+        f"{what} is a {type(value).__name__}, which hf_ftpipe checkpoints cannot store; "
+        "use an optimizer whose settings are numbers, strings or tuples of them"
+    )
+
+
+def _from_json(value: Any, like: Any) -> Any:
+    """A saved setting in the type the fresh optimizer uses for it (tuples, tensors)."""
+    if isinstance(like, tuple) and isinstance(value, list):
+        return tuple(value)
+    if isinstance(like, torch.Tensor):
+        return torch.as_tensor(value, dtype=like.dtype, device=like.device)
+    return value

@@ -51,6 +51,7 @@ class _Engine(Protocol):
     world_size: int
     graph: CostGraph
     weight_sync: WeightSync
+    streaming: bool
 
     def named_parameters(self) -> Iterator[tuple[str, nn.Parameter]]: ...
 
@@ -118,8 +119,8 @@ def save_optimizer_state(engine: _Engine, optimizer: torch.optim.Optimizer, fold
     tensors: dict[str, torch.Tensor] = {}
     scalars: dict[str, dict[str, Any]] = {}
     for name, param in params.items():
-        if engine.weight_sync.owner(name) != engine.rank:
-            continue  # a shared weight's copy: its owner writes the one state
+        if engine.weight_sync.owner(name) != engine.rank and not engine.streaming:
+            continue  # a shared weight's copies have one state (summed gradients): the owner writes it
         for key, value in optimizer.state.get(param, {}).items():
             if isinstance(value, torch.Tensor):
                 tensors[f"{name}/{key}"] = value.detach().cpu().contiguous()
@@ -144,69 +145,92 @@ def save_optimizer_state(engine: _Engine, optimizer: torch.optim.Optimizer, fold
 def load_optimizer_state(engine: _Engine, optimizer: torch.optim.Optimizer, folder: str | os.PathLike) -> None:
     """Give ``optimizer`` the saved state of the parameters this rank holds, whatever rank wrote it.
 
-    Builds the optimizer's own ``state_dict`` format for this rank's parameter order and hands
-    it to ``optimizer.load_state_dict``, which casts each state tensor to its parameter's
-    device and dtype as usual.
+    Builds the optimizer's own ``state_dict`` for this rank's parameter order and hands it to
+    ``optimizer.load_state_dict``, which casts each state tensor to its parameter's device and
+    dtype as usual.
     """
-    indexes = _read_indexes(Path(folder) / OPTIMIZER_FOLDER)
+    saved = _SavedOptimizer(Path(folder) / OPTIMIZER_FOLDER, reader_rank=engine.rank)
     kind = type(_unwrap(optimizer)).__name__
-    writers = {index["optimizer"] for index in indexes}
-    if writers != {kind}:
+    if saved.optimizers != {kind}:
         raise CheckpointError(
-            f"the checkpoint {folder} holds {sorted(writers)} state but this run's optimizer is {kind}; "
-            "resume with the same `optim` setting"
+            f"the checkpoint {folder} holds {sorted(saved.optimizers)} state but this run's optimizer is "
+            f"{kind}; resume with the `optim` setting of the run that wrote it"
         )
-    saved_group: dict[str, dict[str, Any]] = {}
-    tensor_file: dict[str, tuple[Path, list[str]]] = {}
-    scalars: dict[str, dict[str, Any]] = {}
-    for index in indexes:
-        path = Path(folder) / OPTIMIZER_FOLDER / f"rank{index['rank']}.safetensors"
-        for group in index["param_groups"]:
-            for name in group["params"]:
-                saved_group.setdefault(name, group)
-        for key in index["tensors"]:
-            name, _, _ = key.rpartition("/")
-            tensor_file.setdefault(name, (path, []))[1].append(key)
-        for name, values in index["scalars"].items():
-            scalars[name] = values
-
     names = {id(param): name for name, param in engine.named_parameters()}
-    current = optimizer.state_dict()
+    packed = optimizer.state_dict()["param_groups"]  # the optimizer's own numbering of its parameters
     state: dict[int, dict[str, Any]] = {}
     groups = []
     unknown = []
-    with ExitStack() as stack:
-        handles: dict[Path, Any] = {}
-        for packed, group in zip(current["param_groups"], optimizer.param_groups, strict=True):
-            group_names = [names[id(p)] for p in group["params"] if id(p) in names]
-            source = next((saved_group[n] for n in group_names if n in saved_group), None)
-            settings = {k: v for k, v in packed.items() if k != "params"}
-            if source is not None:
-                for key, value in source.items():
-                    if key != "params" and key in settings:
-                        settings[key] = _from_json(value, like=settings[key])
-            settings["params"] = packed["params"]
-            groups.append(settings)
-            for position, param in zip(packed["params"], group["params"], strict=True):
-                name = names.get(id(param))
-                if name is None or name not in saved_group:
-                    unknown.append(name or f"parameter #{position}")
-                    continue
-                entry = dict(scalars.get(name, {}))
-                if name in tensor_file:
-                    path, keys = tensor_file[name]
-                    if path not in handles:
-                        handles[path] = stack.enter_context(safe_open(path, framework="pt", device="cpu"))
-                    for key in keys:
-                        entry[key.rpartition("/")[2]] = handles[path].get_tensor(key)
-                if entry:
-                    state[position] = entry
+    with saved:
+        for numbers, group in zip(packed, optimizer.param_groups, strict=True):
+            group_names = [names.get(id(p)) for p in group["params"]]
+            source = next((saved.settings(name) for name in group_names if saved.has(name)), {})
+            settings = {k: _from_json(source[k], like=v) if k in source else v for k, v in numbers.items()}
+            groups.append({**settings, "params": numbers["params"]})
+            for number, name in zip(numbers["params"], group_names, strict=True):
+                if not saved.has(name):
+                    unknown.append(name or f"parameter #{number}")
+                elif entry := saved.state(name):
+                    state[number] = entry
     if unknown:
         raise CheckpointError(
             f"[rank {engine.rank}] the optimizer state in {folder} has no entry for {len(unknown)} parameters "
             f"of this rank, e.g. {unknown[:5]}; is it a checkpoint of this model?"
         )
     optimizer.load_state_dict({"state": state, "param_groups": groups})
+
+
+class _SavedOptimizer:
+    """Every rank's saved optimizer state, looked up by parameter name.
+
+    A weight tied across ranks under ``async``/``2bw`` has a state per copy (each copy took its
+    own rank's gradients): a reader takes the copy its own rank wrote if there is one, else the
+    owner's. Resuming with the same partition so gives every copy its own state back.
+    """
+
+    def __init__(self, folder: Path, reader_rank: int) -> None:
+        self.folder = folder
+        self._files = ExitStack()
+        self._handles: dict[Path, Any] = {}
+        indexes = _read_indexes(folder)
+        self.optimizers = {index["optimizer"] for index in indexes}
+        self._settings: dict[str, dict[str, Any]] = {}
+        self._tensors: dict[str, tuple[Path, list[str]]] = {}
+        self._scalars: dict[str, dict[str, Any]] = {}
+        # The reader's own file last, so its copies replace the owner's.
+        for index in sorted(indexes, key=lambda index: (index["rank"] == reader_rank, -index["rank"])):
+            path = folder / f"rank{index['rank']}.safetensors"
+            for group in index["param_groups"]:
+                self._settings.update(dict.fromkeys(group["params"], group))
+            keys: dict[str, list[str]] = defaultdict(list)
+            for key in index["tensors"]:
+                keys[key.rpartition("/")[0]].append(key)
+            self._tensors.update({name: (path, name_keys) for name, name_keys in keys.items()})
+            self._scalars.update(index["scalars"])
+
+    def has(self, name: str | None) -> bool:
+        return name is not None and name in self._settings
+
+    def settings(self, name: str) -> dict[str, Any]:
+        """The settings (``lr``, ``betas``, ...) of the param group that held ``name``."""
+        return {key: value for key, value in self._settings[name].items() if key != "params"}
+
+    def state(self, name: str) -> dict[str, Any]:
+        """The optimizer state of ``name`` (e.g. ``step``, ``exp_avg``, ``exp_avg_sq``); use inside ``with``."""
+        entry = dict(self._scalars.get(name, {}))
+        if name in self._tensors:
+            path, keys = self._tensors[name]
+            if path not in self._handles:
+                self._handles[path] = self._files.enter_context(safe_open(path, framework="pt", device="cpu"))
+            entry.update({key.rpartition("/")[2]: self._handles[path].get_tensor(key) for key in keys})
+        return entry
+
+    def __enter__(self) -> _SavedOptimizer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._handles.clear()
+        self._files.close()
 
 
 def _read_indexes(folder: Path) -> list[dict[str, Any]]:

@@ -2,7 +2,7 @@
 
 ``resume_job.py RUNS_JSON`` trains each run of the JSON list in turn, in the same processes. A run
 is ``{"output_dir", "partitioner", "schedule", "dropout", "resume", "empty_weights", "model_seed",
-"expect_error"}``. Each writes ``result.json`` (rank 0: the logged loss of every step) and
+"expect_error", "best"}``. Each writes ``result.json`` (rank 0: the logged loss of every step) and
 ``rank{r}.pt`` (each rank's stage weights after training) into its ``output_dir``; a run that
 expects an error writes its `CheckpointError` message to ``error.txt`` instead (every rank fails
 the same way, before any collective, so the processes can go on).
@@ -46,6 +46,13 @@ def run(spec: dict) -> None:
         report_to="none",
         seed=0,
         max_grad_norm=1.0,
+        # "best": evaluate at each checkpoint and end on the best one, here the *highest* eval
+        # loss (checkpoint-3), so that loading it is told apart from keeping the final weights.
+        **(
+            {"eval_strategy": "steps", "eval_steps": 3, "load_best_model_at_end": True, "greater_is_better": True}
+            if spec.get("best")
+            else {}
+        ),
     )
     data = tiny_batch("gpt2", SAMPLES, seed=1)
     dataset = Dataset.from_dict({k: v.tolist() for k, v in data.items()})
@@ -54,7 +61,7 @@ def run(spec: dict) -> None:
             model = tiny_model("gpt2", dropout=spec.get("dropout", 0.0))
     else:
         model = tiny_model("gpt2", dropout=spec.get("dropout", 0.0), seed=spec.get("model_seed", 0))
-    trainer = PipeTrainer(model=model, args=args, train_dataset=dataset)
+    trainer = PipeTrainer(model=model, args=args, train_dataset=dataset, eval_dataset=dataset)
     if spec.get("expect_error"):
         try:
             trainer.train(resume_from_checkpoint=spec["resume"])
@@ -69,7 +76,8 @@ def run(spec: dict) -> None:
     torch.save(trainer.engine.state_dict(), Path(spec["output_dir"]) / f"rank{rank}.pt")
     if rank == 0:
         losses = {entry["step"]: entry["loss"] for entry in trainer.state.log_history if "loss" in entry}
-        (Path(spec["output_dir"]) / "result.json").write_text(json.dumps({"losses": losses}))
+        result = {"losses": losses, "best_model_checkpoint": trainer.state.best_model_checkpoint}
+        (Path(spec["output_dir"]) / "result.json").write_text(json.dumps(result))
 
 
 if __name__ == "__main__":

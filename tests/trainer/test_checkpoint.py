@@ -40,6 +40,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
         {"output_dir": str(root / "gpipe"), "dropout": 0.1},  # dropout on: resuming must restore the RNG
         {"output_dir": str(root / "nodropout")},
         {"output_dir": str(root / "async"), "schedule": "async", "dropout": 0.1},
+        {"output_dir": str(root / "2bw"), "schedule": "2bw", "dropout": 0.1},
+        {"output_dir": str(root / "best"), "best": True},
     ]
     launch(uninterrupted)
     incomplete = root / "incomplete"
@@ -51,9 +53,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
         # Another partition moves parameters between the ranks; other initial weights, all overwritten.
         {"output_dir": str(root / "repartitioned"), "partitioner": "seq-greedy", "model_seed": 1},
         {"output_dir": str(root / "async-resumed"), "schedule": "async", "dropout": 0.1},
+        {"output_dir": str(root / "2bw-resumed"), "schedule": "2bw", "dropout": 0.1},
         {"output_dir": str(root / "refused"), "expect_error": True},
     ]
-    sources = ["gpipe", "nodropout", "async"]
+    sources = ["gpipe", "nodropout", "async", "2bw"]
     for spec, source in zip(resumed, sources, strict=False):
         spec["resume"] = str(root / source / "checkpoint-3")
     resumed[-1]["resume"] = str(incomplete)
@@ -116,15 +119,26 @@ def test_checkpoint_folder_is_trainer_layout_plus_a_standard_model_and_named_opt
     assert decays == [0.0, 0.01]
 
 
-def test_async_run_resumes_from_its_drained_checkpoint_and_keeps_training(runs: Path) -> None:
-    reference, resumed = runs / "async", runs / "async-resumed"
-    losses = _losses(resumed)
-    assert list(losses) == ["1", "2", "3", "4", "5", "6"]
-    assert all(math.isfinite(loss) for loss in losses.values())
+@pytest.mark.parametrize("schedule", ["async", "2bw"])
+def test_streaming_run_resumes_as_the_run_that_wrote_the_checkpoint_went_on(runs: Path, schedule: str) -> None:
+    # Saving drains the pipeline, in the run that saves as in the resumed one: from there both
+    # continue alike, each copy of the tied weight with its own optimizer state back.
+    reference, resumed = runs / schedule, runs / f"{schedule}-resumed"
+    assert _losses(resumed) == pytest.approx(_losses(reference), abs=1e-6)
+    assert all(math.isfinite(loss) for loss in _losses(resumed).values())
+    _assert_same_model(resumed, reference)
     rank0, rank1 = (torch.load(resumed / f"rank{r}.pt") for r in (0, 1))
     torch.testing.assert_close(rank0[TIED], rank1[TIED], atol=0, rtol=0)  # tied copies reconciled at the end
-    start = load_file(reference / "checkpoint-3" / "model.safetensors")
-    assert not torch.equal(load_file(resumed / "model.safetensors")[TIED], start[TIED])
+    indexes = [json.loads((reference / "checkpoint-3" / "optimizer" / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert all(f"{TIED}/exp_avg" in index["tensors"] for index in indexes)
+
+
+def test_load_best_model_at_end_reloads_every_stage_from_the_best_checkpoint(runs: Path) -> None:
+    result = json.loads((runs / "best" / "result.json").read_text())
+    assert Path(result["best_model_checkpoint"]).name == "checkpoint-3"
+    _assert_same_model(runs / "best", runs / "best" / "checkpoint-3")
+    final = load_file(runs / "best" / "checkpoint-6" / "model.safetensors")
+    assert not torch.equal(final[TIED], load_file(runs / "best" / "model.safetensors")[TIED])
 
 
 def test_incomplete_checkpoint_is_refused_with_the_reason(runs: Path) -> None:

@@ -12,9 +12,14 @@ another number of ranks:
   rank reads the JSON indexes of all the writers and takes the entries of the parameters it now
   holds, wherever they were written (`load_optimizer_state`).
 
-A weight tied across ranks (GPT-2's ``wte`` and ``lm_head``) is written once, by its owner (the
-lowest rank holding it): under the synchronous schedules every copy receives the same summed
-gradient, so every copy's optimizer state is the same.
+A weight tied across ranks (GPT-2's ``wte`` and ``lm_head``) has one copy per rank holding it.
+Under ``gpipe`` and ``1f1b`` every copy receives the same summed gradient, so the copies' optimizer
+states are equal and the owner (the lowest rank holding it) writes the one state. Under ``async``
+and ``2bw`` each copy steps with its own rank's gradients, so every holder writes its copy's state
+and a resuming rank takes back the one its own rank wrote, if any (else the owner's).
+
+The trainer drains a streaming pipeline before saving: a checkpoint never holds micro-batches in
+flight, and a run resumed from it continues exactly as the run that wrote it did.
 """
 
 from __future__ import annotations
@@ -57,6 +62,8 @@ class _Engine(Protocol):
 
     def state_dict(self) -> dict[str, torch.Tensor]: ...
 
+    def drain(self) -> None: ...
+
 
 # -- weights --------------------------------------------------------------------------------
 
@@ -65,9 +72,12 @@ class _Engine(Protocol):
 def load_engine_weights(engine: _Engine, folder: str | os.PathLike) -> int:
     """Copy this rank's weights and buffers from the checkpoint in ``folder``, in place; returns how many.
 
-    In place, so everything holding the parameters (optimizer, stashed weight versions) keeps
-    holding them. A tied weight may be stored under any of its names.
+    In place, so the optimizer keeps holding the parameters. A streaming pipeline is drained
+    first (micro-batches in flight would apply their updates to the new weights) and the loaded
+    values become the reference its tied copies are reconciled from. A tied weight may be stored
+    under any of its names. Every rank must call it.
     """
+    engine.drain()
     files = checkpoint_files(folder)
     by_file: dict[Path, list[tuple[str, str, torch.Tensor]]] = defaultdict(list)
     missing = []
@@ -96,6 +106,8 @@ def load_engine_weights(engine: _Engine, folder: str | os.PathLike) -> int:
                     )
                 tensor.copy_(value)
                 count += 1
+    if engine.streaming:
+        engine.weight_sync.remember_tied(dict(engine.named_parameters()))
     return count
 
 

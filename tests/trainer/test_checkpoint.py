@@ -1,8 +1,8 @@
 """Checkpoints and resume: PipeTrainer runs interrupted at step 3 end as the uninterrupted ones do.
 
-Two launches of two CPU processes on a tiny GPT-2 (`resume_job.py`): the first trains the
-uninterrupted runs, saving ``checkpoint-3`` and ``checkpoint-6``; the second resumes each from its
-``checkpoint-3`` in fresh processes.
+Launches of CPU processes on a tiny GPT-2 (`resume_job.py`): two processes train the
+uninterrupted runs, saving ``checkpoint-3`` and ``checkpoint-6``; fresh ones resume each from its
+``checkpoint-3``, two processes again, and three for one of them.
 """
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 JOB = str(REPO / "tests" / "trainer" / "resume_job.py")
-LAUNCH = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"]
+LAUNCH = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--main_process_port", "0"]
 TIED = "transformer.wte.weight"
 
 
-def launch(runs: list[dict], timeout_s: float = 240) -> None:
-    command = [*LAUNCH, "--main_process_port", "0", JOB, json.dumps(runs)]
+def launch(runs: list[dict], num_processes: int = 2, timeout_s: float = 240) -> None:
+    command = [*LAUNCH, "--num_processes", str(num_processes), JOB, json.dumps(runs)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, cwd=REPO)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-8000:]
 
@@ -61,6 +61,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
         spec["resume"] = str(root / source / "checkpoint-3")
     resumed[-1]["resume"] = str(incomplete)
     launch(resumed)
+    three = {"output_dir": str(root / "three-ranks"), "resume": str(root / "nodropout" / "checkpoint-3")}
+    launch([three], num_processes=3)
     return root
 
 
@@ -90,6 +92,16 @@ def test_checkpoint_resumes_under_a_partition_that_moves_parameters_between_rank
     before = [set(torch.load(reference / f"rank{r}.pt")) for r in (0, 1)]
     after = [set(torch.load(resumed / f"rank{r}.pt")) for r in (0, 1)]
     assert before != after, "the two partitions should place parameters differently"
+    assert _losses(resumed) == pytest.approx(_losses(reference), abs=1e-6)
+    _assert_same_model(resumed, reference)
+
+
+def test_checkpoint_of_two_ranks_resumes_on_three(runs: Path) -> None:
+    reference, resumed = runs / "nodropout", runs / "three-ranks"
+    held = [set(torch.load(resumed / f"rank{r}.pt")) for r in (0, 1, 2)]
+    assert all(held) and len(set().union(*held)) == len(
+        torch.load(reference / "rank0.pt") | torch.load(reference / "rank1.pt")
+    )
     assert _losses(resumed) == pytest.approx(_losses(reference), abs=1e-6)
     _assert_same_model(resumed, reference)
 

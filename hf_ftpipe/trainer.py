@@ -415,6 +415,14 @@ class PipeTrainer(Trainer):
         if checkpoint_dir is None:
             return
         engine = self._engine_for("resuming from a checkpoint")
+        if not os.path.isdir(os.path.join(checkpoint_dir, checkpoint.OPTIMIZER_FOLDER)):
+            # Trainer resumes a checkpoint without optimizer state (save_only_model=True) too.
+            logger.warning(
+                "%s holds no pipeline optimizer state (saved with save_only_model=True, or not by PipeTrainer): "
+                "resuming its weights, with a fresh optimizer and learning-rate schedule",
+                checkpoint_dir,
+            )
+            return
         checkpoint.load_optimizer_state(engine, self.optimizer, checkpoint_dir)
         path = os.path.join(checkpoint_dir, _SCHEDULER)
         if not os.path.isfile(path):

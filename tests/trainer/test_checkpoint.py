@@ -47,6 +47,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     incomplete = root / "incomplete"
     shutil.copytree(root / "gpipe" / "checkpoint-3", incomplete)
     (incomplete / "optimizer" / "rank1.json").unlink()
+    weights_only = root / "weights-only"
+    shutil.copytree(root / "nodropout" / "checkpoint-3", weights_only)
+    shutil.rmtree(weights_only / "optimizer")
+    (weights_only / "scheduler.pt").unlink()
     resumed = [
         # A model built without weights: every rank reads its stages from the checkpoint.
         {"output_dir": str(root / "gpipe-resumed"), "dropout": 0.1, "empty_weights": True},
@@ -54,11 +58,13 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
         {"output_dir": str(root / "repartitioned"), "partitioner": "seq-greedy", "model_seed": 1},
         {"output_dir": str(root / "async-resumed"), "schedule": "async", "dropout": 0.1},
         {"output_dir": str(root / "2bw-resumed"), "schedule": "2bw", "dropout": 0.1},
+        {"output_dir": str(root / "weights-only-resumed")},
         {"output_dir": str(root / "refused"), "expect_error": True},
     ]
     sources = ["gpipe", "nodropout", "async", "2bw"]
     for spec, source in zip(resumed, sources, strict=False):
         spec["resume"] = str(root / source / "checkpoint-3")
+    resumed[-2]["resume"] = str(weights_only)
     resumed[-1]["resume"] = str(incomplete)
     launch(resumed)
     three = {"output_dir": str(root / "three-ranks"), "resume": str(root / "nodropout" / "checkpoint-3")}
@@ -151,6 +157,13 @@ def test_load_best_model_at_end_reloads_every_stage_from_the_best_checkpoint(run
     _assert_same_model(runs / "best", runs / "best" / "checkpoint-3")
     final = load_file(runs / "best" / "checkpoint-6" / "model.safetensors")
     assert not torch.equal(final[TIED], load_file(runs / "best" / "model.safetensors")[TIED])
+
+
+def test_checkpoint_without_optimizer_state_resumes_its_weights_with_a_fresh_optimizer(runs: Path) -> None:
+    # As Trainer does with save_only_model=True checkpoints.
+    reference, resumed = _losses(runs / "nodropout"), _losses(runs / "weights-only-resumed")
+    assert resumed["4"] == pytest.approx(reference["4"], abs=1e-6)  # the same weights before step 4's update
+    assert resumed["5"] != pytest.approx(reference["5"], abs=1e-4)  # Adam restarted from zero moments
 
 
 def test_incomplete_checkpoint_is_refused_with_the_reason(runs: Path) -> None:

@@ -51,23 +51,27 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     shutil.copytree(root / "nodropout" / "checkpoint-3", weights_only)
     shutil.rmtree(weights_only / "optimizer")
     (weights_only / "scheduler.pt").unlink()
+
+    def step3(run: str) -> str:
+        return str(root / run / "checkpoint-3")
+
     resumed = [
         # A model built without weights: every rank reads its stages from the checkpoint.
-        {"output_dir": str(root / "gpipe-resumed"), "dropout": 0.1, "empty_weights": True},
+        {"output_dir": str(root / "gpipe-resumed"), "resume": step3("gpipe"), "dropout": 0.1, "empty_weights": True},
         # Another partition moves parameters between the ranks; other initial weights, all overwritten.
-        {"output_dir": str(root / "repartitioned"), "partitioner": "seq-greedy", "model_seed": 1},
-        {"output_dir": str(root / "async-resumed"), "schedule": "async", "dropout": 0.1},
-        {"output_dir": str(root / "2bw-resumed"), "schedule": "2bw", "dropout": 0.1},
-        {"output_dir": str(root / "weights-only-resumed")},
-        {"output_dir": str(root / "refused"), "expect_error": True},
+        {
+            "output_dir": str(root / "repartitioned"),
+            "resume": step3("nodropout"),
+            "partitioner": "seq-greedy",
+            "model_seed": 1,
+        },
+        {"output_dir": str(root / "async-resumed"), "resume": step3("async"), "schedule": "async", "dropout": 0.1},
+        {"output_dir": str(root / "2bw-resumed"), "resume": step3("2bw"), "schedule": "2bw", "dropout": 0.1},
+        {"output_dir": str(root / "weights-only-resumed"), "resume": str(weights_only)},
+        {"output_dir": str(root / "refused"), "resume": str(incomplete), "expect_error": True},
     ]
-    sources = ["gpipe", "nodropout", "async", "2bw"]
-    for spec, source in zip(resumed, sources, strict=False):
-        spec["resume"] = str(root / source / "checkpoint-3")
-    resumed[-2]["resume"] = str(weights_only)
-    resumed[-1]["resume"] = str(incomplete)
     launch(resumed)
-    three = {"output_dir": str(root / "three-ranks"), "resume": str(root / "nodropout" / "checkpoint-3")}
+    three = {"output_dir": str(root / "three-ranks"), "resume": step3("nodropout")}
     launch([three], num_processes=3)
     return root
 

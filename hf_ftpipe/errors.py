@@ -23,3 +23,7 @@ class PartitionFormatError(PartitionError):
 
 class PipelineError(FtpipeError, RuntimeError):
     """A pipeline rank failed; the message begins ``[rank r, stage s]``."""
+
+
+class CheckpointError(FtpipeError, ValueError):
+    """A checkpoint cannot be resumed: incomplete, written for another model, or by another optimizer."""

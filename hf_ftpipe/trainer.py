@@ -20,8 +20,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from transformers import Trainer
+from transformers.trainer_utils import get_last_checkpoint
 
-from .errors import PipelineError
+from . import checkpoint
+from .errors import CheckpointError, PipelineError
 from .graph.trace import TracedModel, capture_model
 from .partition import Partition, PartitionKey, validate_partition
 from .partition.auto import PartitionerResult, reason_line
@@ -35,6 +37,9 @@ from .training_args import PipeTrainingArguments
 __all__ = ["PipeTrainer"]
 
 logger = logging.getLogger(__name__)
+
+_SCHEDULER = "scheduler.pt"  # Trainer's name
+_PARTITION = "partition.json"
 
 
 class _StagesModule(nn.Module):
@@ -68,6 +73,9 @@ class PipeTrainer(Trainer):
         super().__init__(model=model, args=args, **kwargs)
         self.engine: PipelineEngine | None = None
         self.partition: Partition | None = None
+        self._resume_from: str | None = None
+        self._built_from: str | None = None
+        """The checkpoint the pipeline read its weights from (a model built with empty weights)."""
 
     # -- building the pipeline ----------------------------------------------------------------
 
@@ -103,6 +111,7 @@ class PipeTrainer(Trainer):
             self.model.tie_weights()
         traced = capture_model(self.model, microbatch)
         self.partition = self._share_partition(traced, microbatch)
+        self._built_from = self._weights_path()
         self.engine = PipelineEngine(
             traced,
             self.partition,
@@ -113,7 +122,7 @@ class PipeTrainer(Trainer):
             weight_prediction=self.args.async_weight_prediction,
             device=self.args.device,
             timeout_s=self.args.pipeline_timeout_s,
-            weights_path=self._weights_path(),
+            weights_path=self._built_from,
             autocast_dtype=torch.bfloat16 if self.args.bf16 else None,
         )
         if self.args.release_unused_weights:
@@ -132,12 +141,15 @@ class PipeTrainer(Trainer):
             return None
         if self.args.weights_path:
             return self.args.weights_path
+        if self._resume_from:  # the checkpoint being resumed holds the whole model
+            return self._resume_from
         name = getattr(getattr(self.model, "config", None), "_name_or_path", "")
         if name and os.path.isdir(name):
             return name
         raise PipelineError(
             "the model has empty (meta) weights and no checkpoint to read them from; pass "
-            "`weights_path` (a folder written by save_pretrained) in PipeTrainingArguments"
+            "`weights_path` (a folder written by save_pretrained) in PipeTrainingArguments, or "
+            "`resume_from_checkpoint` to train()"
         )
 
     def _share_partition(self, traced: TracedModel, microbatch: dict[str, Any]) -> Partition:
@@ -249,10 +261,15 @@ class PipeTrainer(Trainer):
             self.engine.attach_optimizer(optimizer, max_grad_norm=self.args.max_grad_norm or None)
         return optimizer
 
-    def train(self, *args: Any, **kwargs: Any) -> Any:
+    def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any) -> Any:
+        if resume_from_checkpoint is True and os.path.isdir(self.args.output_dir):
+            # Trainer's meaning (the last checkpoint in output_dir), resolved early: a model built
+            # with empty weights reads them from it. None found: Trainer raises its own error.
+            resume_from_checkpoint = get_last_checkpoint(self.args.output_dir) or True
+        self._resume_from = resume_from_checkpoint if isinstance(resume_from_checkpoint, str) else None
         if self.engine is None:
             self._ensure_engine(self._first_batch(self.get_train_dataloader()))
-        output = super().train(*args, **kwargs)
+        output = super().train(resume_from_checkpoint, *args, **kwargs)
         self.sync_model()
         return output
 
@@ -386,12 +403,66 @@ class PipeTrainer(Trainer):
             dist.barrier()
 
     def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
-        """Each rank holds the optimizer state of its own stages: save one file per rank."""
-        os.makedirs(output_dir, exist_ok=True)
-        rank = dist.get_rank() if dist.is_initialized() else 0
-        torch.save(self.optimizer.state_dict(), os.path.join(output_dir, f"optimizer_rank{rank}.pt"))
+        """Each rank writes its stages' optimizer state by parameter name (`hf_ftpipe.checkpoint`);
+        rank 0 the scheduler, as Trainer does, and the partition that wrote the checkpoint."""
+        engine = self._engine_for("saving a checkpoint")
+        engine.drain()  # save_model drained already; a checkpoint never holds micro-batches in flight
+        checkpoint.save_optimizer_state(engine, self.optimizer, output_dir)
         if self.args.should_save:
-            torch.save(self.lr_scheduler.state_dict(), os.path.join(output_dir, "scheduler.pt"))
+            torch.save(self.lr_scheduler.state_dict(), os.path.join(output_dir, _SCHEDULER))
+            if self.partition is not None:
+                self.partition.to_json(os.path.join(output_dir, _PARTITION))
+
+    def _save_rng_state(self, output_dir: str) -> None:
+        super()._save_rng_state(output_dir)
+        # Every rank's files are written before rank 0 writes trainer_state.json, the last file of
+        # a checkpoint: a folder with it is complete.
+        if dist.is_initialized():
+            dist.barrier()
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model: nn.Module | None = None) -> None:
+        """Each rank reads its own stages' weights from the checkpoint, by name (any partition wrote it)."""
+        engine = self._engine_for("resuming from a checkpoint")
+        if self._built_from == resume_from_checkpoint:
+            return  # the pipeline was built from this checkpoint's weights
+        count = checkpoint.load_engine_weights(engine, resume_from_checkpoint)
+        logger.info("rank %d read %d weights from %s", engine.rank, count, resume_from_checkpoint)
+
+    def _load_optimizer_and_scheduler(self, checkpoint_dir: str | None) -> None:
+        if checkpoint_dir is None:
+            return
+        engine = self._engine_for("resuming from a checkpoint")
+        if not os.path.isdir(os.path.join(checkpoint_dir, checkpoint.OPTIMIZER_FOLDER)):
+            # Trainer resumes a checkpoint without optimizer state (save_only_model=True) too.
+            logger.warning(
+                "%s holds no pipeline optimizer state (saved with save_only_model=True, or not by PipeTrainer): "
+                "resuming its weights, with a fresh optimizer and learning-rate schedule",
+                checkpoint_dir,
+            )
+            return
+        checkpoint.load_optimizer_state(engine, self.optimizer, checkpoint_dir)
+        path = os.path.join(checkpoint_dir, _SCHEDULER)
+        if not os.path.isfile(path):
+            raise CheckpointError(f"{checkpoint_dir} has no {_SCHEDULER}; is it a complete PipeTrainer checkpoint?")
+        state = torch.load(path, weights_only=True)  # our own file, written by _save_optimizer_and_scheduler
+        groups = len(self.optimizer.param_groups)
+        if len(state.get("base_lrs", [])) != groups:
+            raise CheckpointError(
+                f"{path} schedules {len(state.get('base_lrs', []))} parameter groups but this rank's optimizer "
+                f"has {groups}; resume with the optimizer settings of the run that wrote the checkpoint"
+            )
+        self.lr_scheduler.load_state_dict(state)
+
+    def _load_best_model(self) -> None:
+        """`load_best_model_at_end`: every rank reloads its own stages from the best checkpoint."""
+        best = self.state.best_model_checkpoint
+        logger.info("loading the best model from %s (score: %s)", best, self.state.best_metric)
+        checkpoint.load_engine_weights(self._engine_for("loading the best model"), best)
+
+    def _engine_for(self, doing: str) -> PipelineEngine:
+        if self.engine is None:
+            raise PipelineError(f"internal: {doing} before the pipeline is built")
+        return self.engine
 
     # -- helpers ------------------------------------------------------------------------------
 

@@ -20,9 +20,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from transformers import Trainer
+from transformers.trainer_pt_utils import find_batch_size, nested_truncate
 
 from .errors import PipelineError
+from .generation import greedy_decode
 from .graph.trace import TracedModel, capture_model
+from .loss_weighting import label_counts, model_loss_shifts_labels
 from .partition import Partition, PartitionKey, validate_partition
 from .partition.auto import PartitionerResult, reason_line
 from .partition.estimate import MemoryOptions
@@ -271,8 +274,37 @@ class PipeTrainer(Trainer):
 
     def training_step(self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None) -> torch.Tensor:
         engine = self._ensure_engine(inputs)
-        loss = engine.train_step(self._prepare_inputs(inputs))
+        inputs = self._prepare_inputs(inputs)
+        loss = engine.train_step(inputs, loss_weights=self._loss_weights(inputs))
         return loss.detach().to(self.args.device)
+
+    def _loss_weights(self, inputs: dict[str, Any]) -> list[float] | None:
+        """Each micro-batch's weight in the loss `Trainer` would compute on the whole mini-batch.
+
+        Where Trainer passes ``num_items_in_batch`` (the model takes loss kwargs), its loss is the
+        sum of token losses over the mini-batch's label tokens: micro-batch m weighs its own token
+        count over that count (see `hf_ftpipe.loss_weighting`). Otherwise: the plain mean of the
+        equal micro-batches (``None``).
+        """
+        total = self._trainer_count(inputs)
+        if not total:
+            return None
+        counts = label_counts(inputs["labels"], self.engine.num_microbatches, shifted=self._model_loss_shifts)
+        return [count / total for count in counts]
+
+    def _trainer_count(self, inputs: dict[str, Any]) -> int | None:
+        """The ``num_items_in_batch`` `Trainer` passes the model for ``inputs`` (training and
+        evaluation alike), or ``None`` where it passes none."""
+        labels = inputs.get("labels")
+        if not self.model_accepts_loss_kwargs or not isinstance(labels, torch.Tensor) or labels.dim() == 0:
+            return None
+        return sum(label_counts(labels, 1, shifted=getattr(self, "_loss_shifts_labels", False)))
+
+    @property
+    def _model_loss_shifts(self) -> bool:
+        if not hasattr(self, "_model_loss_shifts_value"):
+            self._model_loss_shifts_value = model_loss_shifts_labels(self.model)
+        return self._model_loss_shifts_value
 
     def _clip_grad_norm(self, model: nn.Module) -> torch.Tensor:
         if self.engine.streaming:  # clipped per stage update inside the step
@@ -304,32 +336,109 @@ class PipeTrainer(Trainer):
 
     def evaluation_loop(self, dataloader: Any, *args: Any, **kwargs: Any) -> Any:
         self._ensure_engine(self._first_batch(dataloader))
-        # Outputs are already whole and identical on every rank: gathering would duplicate them.
-        self.gather_function = _identity
+        # Outputs are already whole and identical on every rank: gathering would duplicate them. Like
+        # gather_for_metrics on one process, keep only the batch's real rows of what is "gathered":
+        # the loop repeats a short last batch's loss `eval_batch_size` times.
+        self.gather_function = self._keep_batch_rows
         return super().evaluation_loop(dataloader, *args, **kwargs)
 
     def prediction_step(
         self, model: nn.Module, inputs: dict[str, Any], prediction_loss_only: bool, ignore_keys: list[str] | None = None
-    ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    ) -> tuple[torch.Tensor | None, Any, Any]:
+        """`Trainer.prediction_step` through the pipeline: the model's loss over this eval batch (its
+        mean over the batch's label tokens, as the model computes it on the whole batch), the model's
+        outputs less ``loss`` and ``ignore_keys`` (or, with ``predict_with_generate``, greedily
+        generated tokens), and the labels. Identical on every rank."""
         engine = self._ensure_engine(inputs)
         inputs = self._prepare_inputs(inputs)
-        names = ("loss",) if prediction_loss_only else ("loss", "logits")
-        size = self.args.per_device_train_batch_size  # the traced mini-batch
-        rows = next(v.shape[0] for v in inputs.values() if isinstance(v, torch.Tensor))
-        losses, weights, logits = [], [], []
-        for start in range(0, rows, size):
-            chunk = {k: v[start : start + size] if _is_batched(v, rows) else v for k, v in inputs.items()}
-            real, padded = self._pad_batch(chunk, size)
-            outputs = engine.eval_step(padded, output_names=names)
+        self._batch_rows = find_batch_size(inputs)
+        if ignore_keys is None:
+            config = getattr(self.model, "config", None)
+            ignore_keys = list(getattr(config, "keys_to_ignore_at_inference", None) or []) if config else []
+        generating = self.args.predict_with_generate and not prediction_loss_only
+        names = ["loss"]
+        if not prediction_loss_only and not generating:
+            names += [n for n in engine.graph.output_names if n != "loss" and n not in ignore_keys]
+        losses, counts, pieces = [], [], {name: [] for name in names[1:]}
+        for real, chunk in self._chunks(inputs):
+            outputs = engine.eval_step(chunk, output_names=tuple(names))
             if outputs.get("loss") is not None:
-                losses.append(self._eval_loss(outputs["loss"], real) * real)
-                weights.append(real)
-            if outputs.get("logits") is not None:
-                logits.append(outputs["logits"][:real])
-        loss = torch.stack(losses).sum() / sum(weights) if losses else None
+                losses.append(outputs["loss"])
+                counts.append(self._microbatch_counts(chunk, real))
+            for name in pieces:
+                if outputs.get(name) is not None:
+                    pieces[name].append(outputs[name][:real])
+        loss = _weighted_mean(torch.cat(losses), torch.cat(counts), self._trainer_count(inputs)) if losses else None
         if prediction_loss_only:
             return loss, None, None
-        return loss, torch.cat(logits) if logits else None, inputs.get("labels")
+        labels = inputs.get("labels")
+        if generating:
+            generated = self.generate(inputs, max_length=self.args.generation_max_length, pad_to_max_length=True)
+            return loss, generated, labels
+        predictions = tuple(torch.cat(parts) for parts in pieces.values() if parts)
+        return loss, (predictions[0] if len(predictions) == 1 else predictions or None), labels
+
+    def _keep_batch_rows(self, value: Any) -> Any:
+        rows = getattr(self, "_batch_rows", None)
+        return value if rows is None else nested_truncate(value, rows)
+
+    @torch.no_grad()
+    def generate(
+        self, inputs: dict[str, Any], max_length: int | None = None, pad_to_max_length: bool = False
+    ) -> torch.Tensor:
+        """Greedy decoding through the pipeline for an encoder-decoder model (every rank must call it).
+
+        Returns what ``model.generate(**inputs, do_sample=False, num_beams=1, max_length=max_length)``
+        returns: ``(batch, length)`` token ids, the decoder start token first (``pad_to_max_length``:
+        padded with the pad token to ``max_length``, as `Seq2SeqTrainer` does). ``max_length``
+        defaults to the traced label length + 1. See `hf_ftpipe.generation` for how and what it costs.
+        """
+        config = getattr(self.model, "config", None)
+        if not getattr(config, "is_encoder_decoder", False):
+            raise PipelineError(
+                f"generation through the pipeline is for encoder-decoder models (T5, BART); "
+                f"{type(self.model).__name__} is not one: drop `predict_with_generate`"
+            )
+        engine = self._ensure_engine(inputs)
+        inputs = self._prepare_inputs(inputs)
+        label_length = engine.graph.inputs["labels"].shape[-1]
+        max_length = label_length + 1 if max_length is None else max_length
+        settings = getattr(self.model, "generation_config", None) or config
+        start = getattr(settings, "decoder_start_token_id", None)
+        start = config.decoder_start_token_id if start is None else start
+        pad = settings.pad_token_id if settings.pad_token_id is not None else config.pad_token_id
+
+        def logits_of(batch: dict[str, Any]) -> torch.Tensor:
+            return engine.eval_step(batch, output_names=("logits",))["logits"]
+
+        pieces = []
+        for real, chunk in self._chunks({k: v for k, v in inputs.items() if k != "labels"}, labels_like=label_length):
+            tokens = greedy_decode(
+                logits_of,
+                chunk,
+                label_length=label_length,
+                max_new_tokens=max_length - 1,
+                decoder_start_token_id=start,
+                pad_token_id=pad,
+                eos_token_id=settings.eos_token_id,
+                rows=real,
+            )
+            pieces.append(tokens[:real])
+        width = max_length if pad_to_max_length else max(p.shape[1] for p in pieces)
+        return torch.cat([nn.functional.pad(p, (0, width - p.shape[1]), value=pad) for p in pieces])
+
+    def _chunks(self, inputs: dict[str, Any], labels_like: int | None = None) -> Any:
+        """``(real rows, batch)`` pieces of ``inputs`` of the traced mini-batch size, the last padded.
+
+        ``labels_like``: add placeholder ``labels`` of that length (generation replaces them)."""
+        size = self.args.per_device_train_batch_size  # the traced mini-batch
+        rows = next(v.shape[0] for v in inputs.values() if isinstance(v, torch.Tensor))
+        for start in range(0, rows, size):
+            chunk = {k: v[start : start + size] if _is_batched(v, rows) else v for k, v in inputs.items()}
+            if labels_like is not None:
+                real = min(size, rows - start)
+                chunk["labels"] = torch.zeros(real, labels_like, dtype=torch.long, device=self.args.device)
+            yield self._pad_batch(chunk, size)
 
     def _pad_batch(self, inputs: dict[str, Any], size: int) -> tuple[int, dict[str, Any]]:
         """Pad a short batch to the traced mini-batch size; padded rows carry ignored labels."""
@@ -346,18 +455,16 @@ class PipeTrainer(Trainer):
             padded[name] = value
         return real, padded
 
-    def _eval_loss(self, microbatch_losses: torch.Tensor | None, real: int) -> torch.Tensor | None:
-        """Mean loss of the micro-batches that hold real samples, weighted by their real samples."""
-        if microbatch_losses is None:
-            return None
-        size = self.engine.graph.inputs
-        per_microbatch = next(i.shape[0] for i in size.values() if i.shape is not None)
-        weights = torch.tensor(
-            [min(per_microbatch, max(0, real - m * per_microbatch)) for m in range(len(microbatch_losses))],
-            dtype=microbatch_losses.dtype,
-            device=microbatch_losses.device,
-        )
-        return (microbatch_losses * weights).sum() / weights.sum()
+    def _microbatch_counts(self, chunk: dict[str, Any], real: int) -> torch.Tensor:
+        """What each micro-batch's loss is a mean over: its label tokens, or (no labels to count) its real rows."""
+        num_microbatches = self.engine.num_microbatches
+        labels = chunk.get("labels")
+        if isinstance(labels, torch.Tensor) and labels.dim() > 0:
+            counts = label_counts(labels, num_microbatches, shifted=self._model_loss_shifts)
+        else:
+            rows = self.args.per_device_train_batch_size // num_microbatches
+            counts = [min(rows, max(0, real - m * rows)) for m in range(num_microbatches)]
+        return torch.tensor(counts, dtype=torch.float64)
 
     # -- saving -------------------------------------------------------------------------------
 
@@ -400,8 +507,12 @@ def _is_batched(value: Any, rows: int) -> bool:
     return isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == rows
 
 
-def _identity(value: Any) -> Any:
-    return value
+def _weighted_mean(losses: torch.Tensor, counts: torch.Tensor, total: int | None) -> torch.Tensor:
+    """sum(count * loss) / total (default: sum(count)); a micro-batch of count 0 (NaN loss: nothing
+    to average) is left out."""
+    counts = counts.to(losses.device, torch.float64)
+    terms = torch.where(counts > 0, losses.double() * counts, torch.zeros_like(counts))
+    return (terms.sum() / (total or counts.sum())).to(losses.dtype)
 
 
 def _unshard(dataloader: Any) -> None:

@@ -89,6 +89,21 @@ class PipeTrainingArguments(TrainingArguments):
         default=True,
         metadata={"help": "Free, on each rank, the weights of stages other ranks run (one slice per process)."},
     )
+    predict_with_generate: bool = field(
+        default=False,
+        metadata={
+            "help": "Encoder-decoder models: `evaluate()` and `predict()` return greedily generated token ids as "
+            "predictions (decoded through the pipeline, as `Seq2SeqTrainer` does with generate); `eval_loss` "
+            "still comes from the teacher-forced forward."
+        },
+    )
+    generation_max_length: int | None = field(
+        default=None,
+        metadata={
+            "help": "With `predict_with_generate`: the longest generated sequence, decoder start token included "
+            "(generate's `max_length`); at most the traced label length + 1, which is the default."
+        },
+    )
     pipeline_timeout_s: float = field(
         default=300.0,
         metadata={"help": "Longest wait for any transfer between ranks before the whole job stops with an error."},
@@ -135,6 +150,11 @@ class PipeTrainingArguments(TrainingArguments):
                 f"`gradient_accumulation_steps={self.gradient_accumulation_steps}`: the pipeline accumulates "
                 "over micro-batches itself; set it to 1 and raise `per_device_train_batch_size` (and "
                 "`num_microbatches`) instead"
+            )
+        if self.generation_max_length is not None and self.generation_max_length < 2:
+            raise ValueError(
+                f"`generation_max_length={self.generation_max_length}` leaves no room for a generated token "
+                "after the decoder start token; use 2 or more"
             )
         if self.pipeline_timeout_s <= 0:
             raise ValueError(f"`pipeline_timeout_s` must be positive, got {self.pipeline_timeout_s}")

@@ -401,6 +401,11 @@ class PipeTrainer(Trainer):
             )
         engine = self._ensure_engine(inputs)
         inputs = self._prepare_inputs(inputs)
+        if "labels" not in engine.graph.inputs:
+            raise PipelineError(
+                "generation feeds the tokens so far to the pipeline as `labels`, but it was traced on a batch "
+                "without labels; train or evaluate on batches with (padded) labels before generating"
+            )
         label_length = engine.graph.inputs["labels"].shape[-1]
         max_length = label_length + 1 if max_length is None else max_length
         settings = getattr(self.model, "generation_config", None) or config

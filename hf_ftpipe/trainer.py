@@ -71,6 +71,13 @@ class PipeTrainer(Trainer):
         super().__init__(model=model, args=args, **kwargs)
         self.engine: PipelineEngine | None = None
         self.partition: Partition | None = None
+        if self.label_smoother is not None or self.compute_loss_func is not None:
+            # The pipeline trains on the loss the traced model computes; either would be ignored.
+            what = "label_smoothing_factor" if self.label_smoother is not None else "compute_loss_func"
+            raise PipelineError(
+                f"PipeTrainer trains on the model's own loss and cannot apply `{what}`; drop it, or compute that "
+                "loss inside the model's forward (the pipeline traces the forward, loss included)"
+            )
 
     # -- building the pipeline ----------------------------------------------------------------
 

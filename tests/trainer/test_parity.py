@@ -15,11 +15,22 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoModelForSequenceClassification, Trainer
+from transformers import (
+    AutoModelForCausalLM,
+    AutoModelForSeq2SeqLM,
+    AutoModelForSequenceClassification,
+    EvalPrediction,
+    Trainer,
+)
+
+from hf_ftpipe import PipeTrainer, PipeTrainingArguments
+from hf_ftpipe.errors import PipelineError
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from parity_job import KINDS, STEPS, compute_metrics, make_data, run  # noqa: E402
 from test_pipe_trainer import REPO, launch  # noqa: E402
+
+from models import tiny_model  # noqa: E402
 
 LOADERS = {"gpt2": AutoModelForCausalLM, "t5": AutoModelForSeq2SeqLM, "bert": AutoModelForSequenceClassification}
 TOLERANCE = {"atol": 1e-5, "rtol": 1e-4}
@@ -98,7 +109,19 @@ def test_t5_generation_through_the_pipeline_equals_generate(pipeline_results: Pa
     np.testing.assert_array_equal(generated, expected.numpy())
     assert (expected[:, 1:] != 0).any(), "generation produced only padding: the check would be trivial"
 
-    from transformers import EvalPrediction
-
     reference = compute_metrics(EvalPrediction(predictions=expected.numpy(), label_ids=labels.numpy()))
     assert metrics["test_accuracy"] == pytest.approx(reference["accuracy"])
+
+
+@pytest.mark.parametrize(
+    ("overrides", "name"),
+    [
+        ({"args": {"label_smoothing_factor": 0.1}}, "label_smoothing_factor"),
+        ({"compute_loss_func": len}, "compute_loss_func"),
+    ],
+)
+def test_a_loss_the_pipeline_would_ignore_is_refused(tmp_path: Path, overrides: dict, name: str) -> None:
+    args = PipeTrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", **overrides.get("args", {}))
+    extra = {k: v for k, v in overrides.items() if k != "args"}
+    with pytest.raises(PipelineError, match=f"cannot apply `{name}`"):
+        PipeTrainer(model=tiny_model("gpt2"), args=args, **extra)

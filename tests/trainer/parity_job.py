@@ -107,6 +107,12 @@ def run(kind: str, output_dir: str, trainer_class: type) -> dict[str, Any]:
         trainer.args.predict_with_generate = True
         generated = trainer.predict(parts["eval_dataset"])
         result["generate"] = (generated.predictions, generated.metrics)
+        # A second end-of-sequence id, the commonest first token generated: rows now finish at
+        # different steps (padding after EOS, stopping early), and the saved generation config keeps it.
+        first = int(np.bincount(generated.predictions[:, 1]).argmax())
+        trainer.model.generation_config.eos_token_id = [1, first]
+        stopped = trainer.predict(parts["eval_dataset"])
+        result["generate_eos"] = (stopped.predictions, stopped.metrics, first)
     trainer.save_model(output_dir)
     return result
 

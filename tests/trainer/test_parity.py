@@ -92,9 +92,14 @@ def test_pipe_trainer_matches_trainer(pipeline_results: Path, kind: str, tmp_pat
 
 @pytest.mark.distributed
 @pytest.mark.slow
-def test_t5_generation_through_the_pipeline_equals_generate(pipeline_results: Path) -> None:
-    generated, metrics = torch.load(pipeline_results / "t5" / "result.pt", weights_only=False)["generate"]
+@pytest.mark.parametrize("result_key", ["generate", "generate_eos"])
+def test_t5_generation_through_the_pipeline_equals_generate(pipeline_results: Path, result_key: str) -> None:
+    """``generate``: the model's own EOS; ``generate_eos``: a second EOS id that most rows produce
+    first, so rows end at different steps."""
+    result = torch.load(pipeline_results / "t5" / "result.pt", weights_only=False)
+    generated, metrics = result[result_key][:2]
     model = AutoModelForSeq2SeqLM.from_pretrained(pipeline_results / "t5").eval()
+    eos = [1, result["generate_eos"][2]] if result_key == "generate_eos" else 1
     data = make_data("t5", 6, seed=2)
     labels = torch.tensor(data["labels"])
     with torch.no_grad():
@@ -104,10 +109,13 @@ def test_t5_generation_through_the_pipeline_equals_generate(pipeline_results: Pa
             do_sample=False,
             num_beams=1,
             max_new_tokens=labels.shape[1],
+            eos_token_id=eos,
         )
     expected = torch.nn.functional.pad(expected, (0, labels.shape[1] + 1 - expected.shape[1]), value=0)
     np.testing.assert_array_equal(generated, expected.numpy())
     assert (expected[:, 1:] != 0).any(), "generation produced only padding: the check would be trivial"
+    if result_key == "generate_eos":
+        assert (expected[:, 2:] == 0).any(), "no row ended early: the check would not cover EOS"
 
     reference = compute_metrics(EvalPrediction(predictions=expected.numpy(), label_ids=labels.numpy()))
     assert metrics["test_accuracy"] == pytest.approx(reference["accuracy"])

@@ -230,7 +230,7 @@ class PipeTrainer(Trainer):
         return self._train_batch_size * args.gradient_accumulation_steps  # ranks are stages, not replicas
 
     def _get_num_items_in_batch(self, batch_samples: list, device: torch.device) -> None:
-        return None  # the pipeline averages the micro-batch losses itself
+        return None  # the pipeline weighs the micro-batch losses itself (see `_loss_weights`)
 
     # -- training -----------------------------------------------------------------------------
 

@@ -272,7 +272,7 @@ class PipelineEngine:
         the mean of ``w[m] * num_microbatches * loss[m]`` over them.
 
         ``gpipe`` and ``1f1b`` run exactly the mini-batch's micro-batches and leave their
-        gradients (averaged over micro-batches) in the local parameters for the caller's optimizer
+        gradients (of the weighted loss) in the local parameters for the caller's optimizer
         step (call ``zero_grad`` between steps). ``async`` and ``2bw`` update inside the step (see
         `attach_optimizer`); micro-batches still in flight at the end finish in the next step,
         and their gradients wait outside ``param.grad``, so a caller's own ``optimizer.step()`` and

@@ -24,7 +24,9 @@ from transformers.trainer_utils import get_last_checkpoint
 
 from . import checkpoint
 from .errors import CheckpointError, PipelineError
+from .evaluation import PipeEvaluation
 from .graph.trace import TracedModel, capture_model
+from .loss_weighting import label_counts, model_loss_shifts_labels
 from .partition import Partition, PartitionKey, validate_partition
 from .partition.auto import PartitionerResult, reason_line
 from .partition.estimate import MemoryOptions
@@ -50,7 +52,7 @@ class _StagesModule(nn.Module):
         self.stages = engine.module
 
 
-class PipeTrainer(Trainer):
+class PipeTrainer(PipeEvaluation, Trainer):
     """`Trainer` that trains and evaluates ``model`` as a pipeline (see `PipeTrainingArguments`).
 
     ``self.model`` stays the user's model object: `Trainer` reads its config and signature, and
@@ -76,6 +78,13 @@ class PipeTrainer(Trainer):
         self._resume_from: str | None = None
         self._built_from: str | None = None
         """The checkpoint the pipeline read its weights from (a model built with empty weights)."""
+        if self.label_smoother is not None or self.compute_loss_func is not None:
+            # The pipeline trains on the loss the traced model computes; either would be ignored.
+            what = "label_smoothing_factor" if self.label_smoother is not None else "compute_loss_func"
+            raise PipelineError(
+                f"PipeTrainer trains on the model's own loss and cannot apply `{what}`; drop it, or compute that "
+                "loss inside the model's forward (the pipeline traces the forward, loss included)"
+            )
 
     # -- building the pipeline ----------------------------------------------------------------
 
@@ -240,7 +249,7 @@ class PipeTrainer(Trainer):
         return self._train_batch_size * args.gradient_accumulation_steps  # ranks are stages, not replicas
 
     def _get_num_items_in_batch(self, batch_samples: list, device: torch.device) -> None:
-        return None  # the pipeline averages the micro-batch losses itself
+        return None  # the pipeline weighs the micro-batch losses itself (see `_loss_weights`)
 
     # -- training -----------------------------------------------------------------------------
 
@@ -296,8 +305,37 @@ class PipeTrainer(Trainer):
 
     def training_step(self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None) -> torch.Tensor:
         engine = self._ensure_engine(inputs)
-        loss = engine.train_step(self._prepare_inputs(inputs))
+        inputs = self._prepare_inputs(inputs)
+        loss = engine.train_step(inputs, loss_weights=self._loss_weights(inputs))
         return loss.detach().to(self.args.device)
+
+    def _loss_weights(self, inputs: dict[str, Any]) -> list[float] | None:
+        """Each micro-batch's weight in the loss `Trainer` would compute on the whole mini-batch.
+
+        Where Trainer passes ``num_items_in_batch`` (the model takes loss kwargs), its loss is the
+        sum of token losses over the mini-batch's label tokens: micro-batch m weighs its own token
+        count over that count (see `hf_ftpipe.loss_weighting`). Otherwise: the plain mean of the
+        equal micro-batches (``None``).
+        """
+        total = self._trainer_count(inputs)
+        if not total:
+            return None
+        counts = label_counts(inputs["labels"], self.engine.num_microbatches, shifted=self._model_loss_shifts)
+        return [count / total for count in counts]
+
+    def _trainer_count(self, inputs: dict[str, Any]) -> int | None:
+        """The ``num_items_in_batch`` `Trainer` passes the model for ``inputs`` (training and
+        evaluation alike), or ``None`` where it passes none."""
+        labels = inputs.get("labels")
+        if not self.model_accepts_loss_kwargs or not isinstance(labels, torch.Tensor) or labels.dim() == 0:
+            return None
+        return sum(label_counts(labels, 1, shifted=getattr(self, "_loss_shifts_labels", False)))
+
+    @property
+    def _model_loss_shifts(self) -> bool:
+        if not hasattr(self, "_model_loss_shifts_value"):
+            self._model_loss_shifts_value = model_loss_shifts_labels(self.model)
+        return self._model_loss_shifts_value
 
     def _clip_grad_norm(self, model: nn.Module) -> torch.Tensor:
         if self.engine.streaming:  # clipped per stage update inside the step
@@ -333,65 +371,6 @@ class PipeTrainer(Trainer):
         if dist.is_initialized() and dist.get_rank() != 0:
             return 0
         return super().floating_point_ops(inputs)
-
-    # -- evaluation ---------------------------------------------------------------------------
-
-    def evaluation_loop(self, dataloader: Any, *args: Any, **kwargs: Any) -> Any:
-        self._ensure_engine(self._first_batch(dataloader))
-        # Outputs are already whole and identical on every rank: gathering would duplicate them.
-        self.gather_function = _identity
-        return super().evaluation_loop(dataloader, *args, **kwargs)
-
-    def prediction_step(
-        self, model: nn.Module, inputs: dict[str, Any], prediction_loss_only: bool, ignore_keys: list[str] | None = None
-    ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
-        engine = self._ensure_engine(inputs)
-        inputs = self._prepare_inputs(inputs)
-        names = ("loss",) if prediction_loss_only else ("loss", "logits")
-        size = self.args.per_device_train_batch_size  # the traced mini-batch
-        rows = next(v.shape[0] for v in inputs.values() if isinstance(v, torch.Tensor))
-        losses, weights, logits = [], [], []
-        for start in range(0, rows, size):
-            chunk = {k: v[start : start + size] if _is_batched(v, rows) else v for k, v in inputs.items()}
-            real, padded = self._pad_batch(chunk, size)
-            outputs = engine.eval_step(padded, output_names=names)
-            if outputs.get("loss") is not None:
-                losses.append(self._eval_loss(outputs["loss"], real) * real)
-                weights.append(real)
-            if outputs.get("logits") is not None:
-                logits.append(outputs["logits"][:real])
-        loss = torch.stack(losses).sum() / sum(weights) if losses else None
-        if prediction_loss_only:
-            return loss, None, None
-        return loss, torch.cat(logits) if logits else None, inputs.get("labels")
-
-    def _pad_batch(self, inputs: dict[str, Any], size: int) -> tuple[int, dict[str, Any]]:
-        """Pad a short batch to the traced mini-batch size; padded rows carry ignored labels."""
-        real = next(v.shape[0] for v in inputs.values() if isinstance(v, torch.Tensor))
-        if real == size:
-            return real, inputs
-        padded = {}
-        for name, value in inputs.items():
-            if isinstance(value, torch.Tensor) and value.shape[:1] == (real,):
-                filler = value[-1:].expand(size - real, *value.shape[1:]).clone()
-                if name == "labels":
-                    filler.fill_(-100)
-                value = torch.cat([value, filler])
-            padded[name] = value
-        return real, padded
-
-    def _eval_loss(self, microbatch_losses: torch.Tensor | None, real: int) -> torch.Tensor | None:
-        """Mean loss of the micro-batches that hold real samples, weighted by their real samples."""
-        if microbatch_losses is None:
-            return None
-        size = self.engine.graph.inputs
-        per_microbatch = next(i.shape[0] for i in size.values() if i.shape is not None)
-        weights = torch.tensor(
-            [min(per_microbatch, max(0, real - m * per_microbatch)) for m in range(len(microbatch_losses))],
-            dtype=microbatch_losses.dtype,
-            device=microbatch_losses.device,
-        )
-        return (microbatch_losses * weights).sum() / weights.sum()
 
     # -- saving -------------------------------------------------------------------------------
 
@@ -482,14 +461,6 @@ def _summary(result: PartitionerResult) -> str:
         f"{result.throughput_samples_per_s:.3g} samples/s, worst GPU / ideal {result.worst_over_ideal:.3f}, "
         f"peak memory {result.max_memory_fraction:.0%}, {result.time_s:.2f} s, {verdict}"
     )
-
-
-def _is_batched(value: Any, rows: int) -> bool:
-    return isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == rows
-
-
-def _identity(value: Any) -> Any:
-    return value
 
 
 def _unshard(dataloader: Any) -> None:

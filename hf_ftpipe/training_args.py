@@ -90,6 +90,21 @@ class PipeTrainingArguments(TrainingArguments):
         default=True,
         metadata={"help": "Free, on each rank, the weights of stages other ranks run (one slice per process)."},
     )
+    predict_with_generate: bool = field(
+        default=False,
+        metadata={
+            "help": "Encoder-decoder models: `evaluate()` and `predict()` return greedily generated token ids as "
+            "predictions (decoded through the pipeline, as `Seq2SeqTrainer` does with generate); `eval_loss` "
+            "still comes from the teacher-forced forward."
+        },
+    )
+    generation_max_length: int | None = field(
+        default=None,
+        metadata={
+            "help": "With `predict_with_generate`: the longest generated sequence, decoder start token included "
+            "(generate's `max_length`); at most the traced label length + 1, which is the default."
+        },
+    )
     pipeline_timeout_s: float = field(
         default=300.0,
         metadata={"help": "Longest wait for any transfer between ranks before the whole job stops with an error."},
@@ -142,6 +157,11 @@ class PipeTrainingArguments(TrainingArguments):
                 "`fp16=True` needs loss scaling agreed across all stages, which the pipeline does not do yet; "
                 "use `bf16=True` (autocast to bfloat16, no loss scaling: A100, H100, L4, RTX 30xx/40xx) or "
                 "full precision"
+            )
+        if self.generation_max_length is not None and self.generation_max_length < 2:
+            raise ValueError(
+                f"`generation_max_length={self.generation_max_length}` leaves no room for a generated token "
+                "after the decoder start token; use 2 or more"
             )
         if self.pipeline_timeout_s <= 0:
             raise ValueError(f"`pipeline_timeout_s` must be positive, got {self.pipeline_timeout_s}")

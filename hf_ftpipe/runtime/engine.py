@@ -188,6 +188,10 @@ class PipelineEngine:
         self._version_base = {s: v.updates for s, v in self.versions.items()}
         self._predicted: dict[tuple[int, int], dict[str, torch.Tensor]] = {}
         self._backwards = dict.fromkeys(self.local_stages, 0)  # since the pipeline was last empty
+        self._loss_weight: dict[int, float] = {}
+        """Micro-batch → its weight in its mini-batch's loss, until every rank has read its loss."""
+        self._loss_seed: dict[int, float] = {}
+        """Micro-batch → the gradient its loss stage seeds the backward with, until that backward."""
 
     def _build_modules(self, traced: TracedModel, weights_path: str | os.PathLike | None) -> dict[int, fx.GraphModule]:
         modules = {
@@ -266,12 +270,21 @@ class PipelineEngine:
         self.messenger.all_reduce(norm, dist.group.WORLD, "update gradient norms", op=dist.ReduceOp.MAX)
         return norm
 
-    def train_step(self, batch: Mapping[str, Any]) -> torch.Tensor:
-        """Forward and backward of one mini-batch; returns, on every rank, the mean loss of the
+    def train_step(self, batch: Mapping[str, Any], loss_weights: Sequence[float] | None = None) -> torch.Tensor:
+        """Forward and backward of one mini-batch; returns, on every rank, the loss of the
         micro-batches whose forward finished during this step.
 
+        ``loss_weights`` (one per micro-batch, default ``1 / num_microbatches`` each) make the step's
+        loss ``sum(w[m] * loss[m])``: the weights a micro-batch's mean loss takes in the mean over the
+        whole mini-batch, e.g. its share of the label tokens (what `Trainer` computes with
+        ``num_items_in_batch``). The backward is scaled the same way; a micro-batch of weight 0 (no
+        label to learn from, whose mean loss is NaN) adds no gradient. ``async`` scales each
+        micro-batch by ``w[m] * num_microbatches / gradient_accumulation_steps``. When the micro-batches
+        that finished in a step are not one whole mini-batch (``async``, ``2bw``), the loss returned is
+        the mean of ``w[m] * num_microbatches * loss[m]`` over them.
+
         ``gpipe`` and ``1f1b`` run exactly the mini-batch's micro-batches and leave their
-        gradients (averaged over micro-batches) in the local parameters for the caller's optimizer
+        gradients (of the weighted loss) in the local parameters for the caller's optimizer
         step (call ``zero_grad`` between steps). ``async`` and ``2bw`` update inside the step (see
         `attach_optimizer`); micro-batches still in flight at the end finish in the next step,
         and their gradients wait outside ``param.grad``, so a caller's own ``optimizer.step()`` and
@@ -283,6 +296,7 @@ class PipelineEngine:
                 "`attach_optimizer(optimizer)` before the first train_step"
             )
         microbatches = self._split(batch)
+        weights = self._check_loss_weights(loss_weights)
         self._update_norms.clear()
         if isinstance(self.schedule, StreamingSchedule):
             first = self.schedule.given
@@ -292,6 +306,7 @@ class PipelineEngine:
             order = self._order(training=True)
         for offset, microbatch in enumerate(microbatches):
             self._data[first + offset] = microbatch
+            self._loss_weight[first + offset] = weights[offset]
         self.module.train(True)
         losses = self._run(order, training=True)
         if not self.streaming:
@@ -329,7 +344,7 @@ class PipelineEngine:
         for offset, microbatch in enumerate(self._split(batch)):
             self._data[offset] = microbatch
         self.module.train(False)
-        losses = self._run(self._order(training=False), training=False)
+        losses = [loss for _, loss in self._run(self._order(training=False), training=False)]
         self.messenger.flush()
         outputs: dict[str, torch.Tensor] = {}
         for name in output_names:
@@ -374,8 +389,9 @@ class PipelineEngine:
             self._orders[training] = order
         return self._orders[training]
 
-    def _run(self, order: Sequence[Action], training: bool) -> list[torch.Tensor]:
-        """Perform this rank's actions of ``order``; returns the losses computed here."""
+    def _run(self, order: Sequence[Action], training: bool) -> list[tuple[int, torch.Tensor]]:
+        """Perform this rank's actions of ``order``; returns ``(micro-batch, loss)`` of every loss
+        computed in it, here or on the rank that holds the loss stage."""
         messages = [
             (position, message)
             for position, message in plan_messages(
@@ -386,7 +402,7 @@ class PipelineEngine:
         for message in self._unposted:  # sent in an earlier step, read in this one
             self._post(message)
         posted = 0
-        losses: list[torch.Tensor] = []
+        losses: list[tuple[int, torch.Tensor]] = []
         for position, action in enumerate(order):
             if self.stage_rank[action.stage_index] != self.rank:
                 continue
@@ -397,7 +413,7 @@ class PipelineEngine:
                 if action.computation == "F":
                     loss = self._forward(action, training)
                     if loss is not None:
-                        losses.append(loss)
+                        losses.append((action.microbatch_index, loss))
                 elif action.computation == "B":
                     self._backward(action)
                 else:
@@ -426,7 +442,9 @@ class PipelineEngine:
             posted = max(posted, loss_at[-1] + 1)
             for i in loss_at:
                 message = messages[i][1]
-                losses.append(self._take(message, f"the loss of micro-batch {message.microbatch}"))
+                losses.append(
+                    (message.microbatch, self._take(message, f"the loss of micro-batch {message.microbatch}"))
+                )
         self._unposted = [message for _, message in messages[posted:]]
         return losses
 
@@ -524,6 +542,8 @@ class PipelineEngine:
                         f"{value} of micro-batch {m}",
                     )
         if "loss" in spec.model_outputs:
+            if training:
+                self._loss_seed[m] = self._seed(m)
             return outputs[spec.sent.index(spec.model_outputs["loss"])].detach()
         return None
 
@@ -540,11 +560,12 @@ class PipelineEngine:
         m = action.microbatch_index
         leaves, outputs = self._saved.pop((spec.stage_index, m))
         roots, grads = [], []
-        seed = 1.0 / (self.gradient_accumulation_steps if self.schedule.name == "async" else self.num_microbatches)
         for value, tensor in zip(spec.sent, outputs, strict=True):
-            if spec.model_outputs.get("loss") == value and tensor.requires_grad:
-                roots.append(tensor)
-                grads.append(torch.full_like(tensor, seed))
+            if spec.model_outputs.get("loss") == value:
+                seed = self._loss_seed.pop(m, 0.0)
+                if seed and tensor.requires_grad:  # weight 0: a NaN loss must not reach the gradients
+                    roots.append(tensor)
+                    grads.append(torch.full_like(tensor, seed))
             elif spec.consumers.get(value):
                 grad = self._output_grad(value, m)
                 if grad is not None and tensor.requires_grad:
@@ -688,8 +709,35 @@ class PipelineEngine:
 
     # -- after the micro-batches ------------------------------------------------------------
 
-    def _mean_loss(self, losses: list[torch.Tensor]) -> torch.Tensor:
-        """The mean of a step's micro-batch losses, which every rank has (see `Transfer.target_ranks`)."""
+    def _check_loss_weights(self, loss_weights: Sequence[float] | None) -> list[float]:
+        if loss_weights is None:
+            return [1.0 / self.num_microbatches] * self.num_microbatches
+        weights = [float(w) for w in loss_weights]
+        if len(weights) != self.num_microbatches or any(not w >= 0 for w in weights):
+            raise PipelineError(
+                f"`loss_weights` needs one weight >= 0 per micro-batch ({self.num_microbatches}), got {weights}"
+            )
+        return weights
+
+    def _seed(self, m: int) -> float:
+        """The gradient of the step's loss with respect to micro-batch ``m``'s loss."""
+        weight = self._loss_weight.get(m, 1.0 / self.num_microbatches)
+        if self.schedule.name == "async":  # the update averages over its own group of micro-batches
+            return weight * self.num_microbatches / self.gradient_accumulation_steps
+        return weight
+
+    def _mean_loss(self, losses: list[tuple[int, torch.Tensor]]) -> torch.Tensor:
+        """The weighted loss of a step's micro-batches, which every rank has (see `Transfer.target_ranks`).
+
+        Exactly ``sum(w[m] * loss[m])`` when they are one whole mini-batch; otherwise the mean of
+        ``w[m] * num_microbatches * loss[m]``. Losses of weight 0 (NaN: no label) are left out.
+        """
+        weights = [self._loss_weight.pop(m, 1.0 / self.num_microbatches) for m, _ in losses]
         if not losses:
             return torch.tensor(float("nan"), device=self.device)
-        return torch.stack(losses).mean().float()
+        values = torch.stack([loss.float() for _, loss in losses])
+        scale = torch.tensor(weights, dtype=values.dtype, device=values.device)
+        total = torch.where(scale > 0, values * scale, torch.zeros_like(values)).sum()
+        if len(losses) == self.num_microbatches:
+            return total
+        return total * self.num_microbatches / len(losses)

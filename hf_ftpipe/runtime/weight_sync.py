@@ -107,8 +107,9 @@ class WeightSync:
         self.messenger.all_reduce(squares, dist.group.WORLD, "squared gradient norms")
         total_norm = squares.sqrt().float()
         if max_norm < float("inf"):
-            grads = [p.grad for p in params.values() if p.grad is not None]
-            torch.nn.utils.clip_grads_with_norm_(grads, max_norm, total_norm.to(self.device))
+            # clip_grads_with_norm_ scales the `.grad` of what it is given: pass the parameters.
+            with_grads = [p for p in params.values() if p.grad is not None]
+            torch.nn.utils.clip_grads_with_norm_(with_grads, max_norm, total_norm.to(self.device))
         return total_norm
 
     def gather(

@@ -224,3 +224,59 @@ def test_bfloat16_autocast_equals_single_process_autocast(kind: str, stage_devic
             torch.testing.assert_close(
                 value, reference_state[name], atol=atol, rtol=0, msg=lambda why, r=rank, n=name: f"rank {r}: {n}: {why}"
             )
+
+
+def weighted_batches() -> list[tuple[dict[str, torch.Tensor], list[float]]]:
+    """GPT-2 mini-batches whose micro-batches hold different numbers of label tokens; in the first,
+    micro-batch 1 has none (its mean loss is NaN, its weight 0)."""
+    data = []
+    for step in range(STEPS):
+        batch = tiny_batch("gpt2", MICROBATCH * NUM_MICROBATCHES, seed=step)
+        batch["labels"][MICROBATCH:, : 3 + step] = -100
+        if step == 0:
+            batch["labels"][MICROBATCH:] = -100
+        counts = [int(c.ne(-100).sum()) for c in batch["labels"][:, 1:].chunk(NUM_MICROBATCHES)]
+        data.append((batch, [c / sum(counts) for c in counts]))
+    return data
+
+
+def weighted_run(rank: int, world_size: int, stage_device: list[int], schedule: str):
+    model = tiny_model("gpt2")
+    data = weighted_batches()
+    traced = capture_model(model, {name: value[:MICROBATCH] for name, value in data[0][0].items()})
+    engine = PipelineEngine(
+        traced,
+        contiguous_placement(traced.cost_graph, stage_device),
+        num_microbatches=NUM_MICROBATCHES,
+        schedule=schedule,
+    )
+    optimizer = torch.optim.SGD(engine.parameters(), lr=LR)
+    losses = []
+    for batch, weights in data:
+        optimizer.zero_grad()
+        losses.append(engine.train_step(batch, loss_weights=weights).item())
+        optimizer.step()
+    return losses, engine.state_dict()
+
+
+@pytest.mark.parametrize(
+    ("stage_device", "schedule"), [([0, 1], "gpipe"), ([0, 1], "1f1b"), ([0, 1, 1, 0], "1f1b")], ids=str
+)
+def test_loss_weights_give_the_token_mean_of_the_mini_batch(stage_device: list[int], schedule: str) -> None:
+    """The step's loss and gradients are those of the mean over the mini-batch's label tokens (what
+    Trainer computes with num_items_in_batch), also when a micro-batch has no label token."""
+    results = values_or_raise(run_ranks(weighted_run, max(stage_device) + 1, stage_device, schedule))
+    model = tiny_model("gpt2")
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    reference_losses = []
+    for batch, _ in weighted_batches():
+        optimizer.zero_grad()
+        loss = model(**batch).loss  # the model's own mean over every label token of the mini-batch
+        loss.backward()
+        optimizer.step()
+        reference_losses.append(loss.item())
+    reference_state = model.state_dict()
+    for rank, (losses, state) in enumerate(results):
+        assert losses == pytest.approx(reference_losses, abs=1e-5), f"rank {rank} losses"
+        for name, value in state.items():
+            torch.testing.assert_close(value, reference_state[name], atol=1e-5, rtol=0, msg=f"rank {rank}: {name}")

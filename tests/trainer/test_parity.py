@@ -1,0 +1,135 @@
+"""PipeTrainer (gpipe, 2 CPU processes) gives plain `Trainer`'s numbers on one process.
+
+One launched job trains a tiny GPT-2 (label padding: micro-batches differ in label tokens), T5
+and BERT classifier; this process runs plain `Trainer` on the same seed, data and arguments and
+compares every logged loss and gradient norm, the learning rates, `evaluate()`, `predict()` and
+the final weights. The job's T5 then predicts with generation through the pipeline, which must
+equal `model.generate` on the trained weights.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    AutoModelForSeq2SeqLM,
+    AutoModelForSequenceClassification,
+    EvalPrediction,
+    Trainer,
+)
+
+from hf_ftpipe import PipeTrainer, PipeTrainingArguments
+from hf_ftpipe.errors import PipelineError
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from parity_job import KINDS, STEPS, compute_metrics, make_data, run  # noqa: E402
+from test_pipe_trainer import REPO, launch  # noqa: E402
+
+from models import tiny_model  # noqa: E402
+
+LOADERS = {"gpt2": AutoModelForCausalLM, "t5": AutoModelForSeq2SeqLM, "bert": AutoModelForSequenceClassification}
+TOLERANCE = {"atol": 1e-5, "rtol": 1e-4}
+
+
+@pytest.fixture(scope="module")
+def pipeline_results(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    output = tmp_path_factory.mktemp("pipe")
+    launch(str(REPO / "tests" / "trainer" / "parity_job.py"), str(output))
+    return output
+
+
+def _steps(history: list[dict]) -> list[dict]:
+    return [entry for entry in history if "loss" in entry]
+
+
+def _close(actual: object, expected: object, what: str) -> None:
+    if isinstance(expected, tuple):
+        assert isinstance(actual, tuple) and len(actual) == len(expected), what
+        for i, (a, e) in enumerate(zip(actual, expected, strict=True)):
+            _close(a, e, f"{what}[{i}]")
+        return
+    torch.testing.assert_close(torch.as_tensor(actual), torch.as_tensor(expected), **TOLERANCE, msg=what)
+
+
+def _metrics_close(actual: dict, expected: dict, what: str) -> None:
+    numbers = {k for k, v in expected.items() if isinstance(v, float) and "runtime" not in k and "per_second" not in k}
+    assert numbers <= set(actual), f"{what}: {sorted(numbers - set(actual))} missing from {actual}"
+    for key in sorted(numbers):
+        assert actual[key] == pytest.approx(expected[key], rel=1e-4, abs=1e-5), f"{what} {key}"
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", KINDS)
+def test_pipe_trainer_matches_trainer(pipeline_results: Path, kind: str, tmp_path: Path) -> None:
+    pipe = torch.load(pipeline_results / kind / "result.pt", weights_only=False)
+    reference = run(kind, str(tmp_path), Trainer)
+
+    steps, expected_steps = _steps(pipe["history"]), _steps(reference["history"])
+    assert len(steps) == len(expected_steps) == STEPS
+    for step, (got, want) in enumerate(zip(steps, expected_steps, strict=True)):
+        for key in ("loss", "grad_norm", "learning_rate"):
+            assert got[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), f"step {step + 1} {key}: {got} vs {want}"
+
+    _metrics_close(pipe["evaluate"], reference["evaluate"], "evaluate()")
+    predictions, label_ids, metrics = pipe["predict"]
+    want_predictions, want_labels, want_metrics = reference["predict"]
+    _close(predictions, want_predictions, "predict() predictions")
+    np.testing.assert_array_equal(label_ids, want_labels)
+    _metrics_close(metrics, want_metrics, "predict() metrics")
+
+    trained = LOADERS[kind].from_pretrained(pipeline_results / kind).state_dict()
+    expected = LOADERS[kind].from_pretrained(tmp_path).state_dict()
+    assert trained.keys() == expected.keys()
+    for name, value in expected.items():
+        torch.testing.assert_close(trained[name], value, **TOLERANCE, msg=name)
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+@pytest.mark.parametrize("result_key", ["generate", "generate_eos"])
+def test_t5_generation_through_the_pipeline_equals_generate(pipeline_results: Path, result_key: str) -> None:
+    """``generate``: the model's own EOS; ``generate_eos``: a second EOS id that most rows produce
+    first, so rows end at different steps."""
+    result = torch.load(pipeline_results / "t5" / "result.pt", weights_only=False)
+    generated, metrics = result[result_key][:2]
+    model = AutoModelForSeq2SeqLM.from_pretrained(pipeline_results / "t5").eval()
+    eos = [1, result["generate_eos"][2]] if result_key == "generate_eos" else 1
+    data = make_data("t5", 6, seed=2)
+    labels = torch.tensor(data["labels"])
+    with torch.no_grad():
+        expected = model.generate(
+            input_ids=torch.tensor(data["input_ids"]),
+            attention_mask=torch.tensor(data["attention_mask"]),
+            do_sample=False,
+            num_beams=1,
+            max_new_tokens=labels.shape[1],
+            eos_token_id=eos,
+        )
+    expected = torch.nn.functional.pad(expected, (0, labels.shape[1] + 1 - expected.shape[1]), value=0)
+    np.testing.assert_array_equal(generated, expected.numpy())
+    assert (expected[:, 1:] != 0).any(), "generation produced only padding: the check would be trivial"
+    if result_key == "generate_eos":
+        assert (expected[:, 2:] == 0).any(), "no row ended early: the check would not cover EOS"
+
+    reference = compute_metrics(EvalPrediction(predictions=expected.numpy(), label_ids=labels.numpy()))
+    assert metrics["test_accuracy"] == pytest.approx(reference["accuracy"])
+
+
+@pytest.mark.parametrize(
+    ("overrides", "name"),
+    [
+        ({"args": {"label_smoothing_factor": 0.1}}, "label_smoothing_factor"),
+        ({"compute_loss_func": len}, "compute_loss_func"),
+    ],
+)
+def test_a_loss_the_pipeline_would_ignore_is_refused(tmp_path: Path, overrides: dict, name: str) -> None:
+    args = PipeTrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", **overrides.get("args", {}))
+    extra = {k: v for k, v in overrides.items() if k != "args"}
+    with pytest.raises(PipelineError, match=f"cannot apply `{name}`"):
+        PipeTrainer(model=tiny_model("gpt2"), args=args, **extra)

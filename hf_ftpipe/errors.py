@@ -23,3 +23,7 @@ class PartitionFormatError(PartitionError):
 
 class PipelineError(FtpipeError, RuntimeError):
     """A pipeline rank failed; the message begins ``[rank r, stage s]``."""
+
+
+class HubError(FtpipeError, ConnectionError):
+    """The Hub (or the server in ``HF_ENDPOINT``) cannot be reached, refused a request, or failed."""

@@ -2,7 +2,15 @@
 
 __version__ = "0.1.0"
 
-from .errors import FtpipeError, PartitionError, PartitionFormatError, PipelineError, ProfileError, TraceError
+from .errors import (
+    FtpipeError,
+    HubError,
+    PartitionError,
+    PartitionFormatError,
+    PipelineError,
+    ProfileError,
+    TraceError,
+)
 from .graph import CostGraph, capture_model, trace_model
 from .partition import Partition, PartitionKey, partition_seq_greedy, validate_partition
 from .profile import GPUProfile, detect_profile, get_profile, list_profiles
@@ -14,6 +22,7 @@ __all__ = [
     "CostGraph",
     "FtpipeError",
     "GPUProfile",
+    "HubError",
     "Partition",
     "PartitionError",
     "PartitionFormatError",

@@ -161,3 +161,18 @@ def test_resolution_order_cache_then_hub_then_compute(hub, caplog) -> None:
         again = resolve_partition(graph, plan.key, compute, repo_id=REPO)
     assert again.source == "computed" and computed == [1, 1]
     assert "refused the partition from the Hub" in caplog.text and "does not fit this model's graph" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"push_partition_to_hub": True}, "`push_partition_to_hub=True` needs `partition_repo`"),
+        ({"partition_repo": "plans"}, "`partition_repo='plans'` is not a repo id; use 'namespace/name'"),
+    ],
+)
+def test_hub_arguments_name_the_problem_and_the_fix(tmp_path, overrides: dict, message: str) -> None:
+    from hf_ftpipe import PipeTrainingArguments
+
+    with pytest.raises(ValueError) as error:
+        PipeTrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", **overrides)
+    assert message in str(error.value)

@@ -172,6 +172,7 @@ class PipeTrainer(Trainer):
             push=self.args.push_partition_to_hub,
             use_cache=self.args.partition_cache,
             check=lambda plan: validate_partition(plan, graph, memory_capacity_bytes=profile.memory_bytes),
+            partitioner=self.args.partitioner,
         )
         self.partition_source = resolved.source
         logger.info("partition: %s %s", resolved.source, resolved.location)

@@ -46,15 +46,22 @@ def resolve_partition(
     push: bool = False,
     use_cache: bool = True,
     check: Callable[[Partition], None] | None = None,
+    partitioner: str = "auto",
     store: PartitionStore | None = None,
 ) -> Resolved:
     """The plan for ``graph`` under ``key``; ``compute()`` runs only when no source has one.
 
     A pinned ``revision`` skips the local cache: the plan must be the one at that revision
-    (huggingface_hub's download cache still serves it offline).
+    (huggingface_hub's download cache still serves it offline). With a ``partitioner`` other than
+    ``"auto"``, a stored plan made by another partitioner is refused: the key does not record it.
     """
 
     def fits(partition: Partition, source: str) -> None:
+        if partitioner != "auto" and partition.partitioner != partitioner:
+            raise PartitionError(
+                f"{source}: made by the {partition.partitioner!r} partitioner, not the {partitioner!r} asked for "
+                "(`partitioner='auto'` takes a stored plan by any partitioner)"
+            )
         partition.check_key(key, source=source)
         partition.check_matches(graph, source=source)
         if check is not None:
@@ -62,7 +69,9 @@ def resolve_partition(
 
     if partition_file:
         partition = Partition.from_json(partition_file, expected_key=key)
-        fits(partition, partition_file)
+        partition.check_matches(graph, source=partition_file)
+        if check is not None:
+            check(partition)
         return Resolved(partition, "file", partition_file)
     store = store or PartitionStore(repo_id, revision=revision)
     if use_cache and not revision:

@@ -153,13 +153,21 @@ def test_resolution_order_cache_then_hub_then_compute(hub, caplog) -> None:
     pulled = resolve_partition(graph, plan.key, compute, repo_id=REPO)
     assert pulled.source == "hub" and pulled.partition.to_dict() == first.partition.to_dict() and computed == [1]
 
+    # A stored plan by another partitioner than the one asked for is refused ('auto' takes any).
+    assert resolve_partition(graph, plan.key, compute, repo_id=REPO, partitioner="seq-greedy").source == "cache"
+    with caplog.at_level(logging.WARNING, logger="hf_ftpipe.hub"):
+        by_mixed = resolve_partition(graph, plan.key, compute, repo_id=REPO, partitioner="mixed", use_cache=False)
+    assert by_mixed.source == "computed" and computed == [1, 1]
+    assert "made by the 'seq-greedy' partitioner, not the 'mixed' asked for" in caplog.text
+    caplog.clear()
+
     # A plan whose nodes are not the traced model's is refused, with a warning, and recomputed.
     PartitionStore().cache_path(plan.key).unlink()
     wrong = replace(plan, node_stage={f"{name}_renamed": s for name, s in plan.node_stage.items()})
     _upload(hub, path_for(plan.key), json.dumps(wrong.to_dict()).encode())
     with caplog.at_level(logging.WARNING, logger="hf_ftpipe.hub"):
         again = resolve_partition(graph, plan.key, compute, repo_id=REPO)
-    assert again.source == "computed" and computed == [1, 1]
+    assert again.source == "computed" and computed == [1, 1, 1]
     assert "refused the partition from the Hub" in caplog.text and "does not fit this model's graph" in caplog.text
 
 
@@ -176,3 +184,17 @@ def test_hub_arguments_name_the_problem_and_the_fix(tmp_path, overrides: dict, m
     with pytest.raises(ValueError) as error:
         PipeTrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", **overrides)
     assert message in str(error.value)
+
+
+def test_an_explicit_partition_file_wins_and_a_wrong_one_is_an_error(hub, tmp_path) -> None:
+    graph, plan = _graph(), _plan()
+    plan.to_json(tmp_path / "plan.json")
+
+    def compute() -> Partition:
+        raise AssertionError("an explicit partition_file must not be recomputed")
+
+    resolved = resolve_partition(graph, plan.key, compute, partition_file=str(tmp_path / "plan.json"), repo_id=REPO)
+    assert resolved.source == "file" and resolved.partition.to_dict() == plan.to_dict() and hub.requests == []
+    _plan(num_gpus=2).to_json(tmp_path / "other.json")
+    with pytest.raises(PartitionFormatError, match="num_gpus: file has 2, expected 3"):
+        resolve_partition(graph, plan.key, compute, partition_file=str(tmp_path / "other.json"))

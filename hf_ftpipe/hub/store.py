@@ -20,6 +20,7 @@ huggingface_hub explicitly, so changing the environment after import takes effec
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ __all__ = ["MAX_HUB_FILE_BYTES", "PartitionStore", "PlanEntry", "PulledPlan", "p
 MAX_HUB_FILE_BYTES = 8 * 2**20
 """Largest plan file taken from the Hub: a T5-3B plan is ~100 KiB."""
 REPO_TYPE = "dataset"
+logger = logging.getLogger(__name__)
 _PATH = re.compile(
     r"^plans/v(?P<format_version>\d+)/(?P<model_class>[^/]+)/(?P<model_fingerprint>[^/]+)/"
     r"(?P<gpu_profile>[^/]+)x(?P<num_gpus>\d+)/(?P<schedule>[^-/]+)-mb(?P<num_microbatches>\d+)-"
@@ -206,7 +208,7 @@ class PartitionStore:
         self, path: str, *, revision: str | None = None, expected_key: PartitionKey | None = None
     ) -> PulledPlan:
         """Download, size-check and validate the plan at ``path``; refuse it if made for another key."""
-        from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url
+        from huggingface_hub import get_hf_file_metadata, hf_hub_url
         from huggingface_hub.errors import EntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
 
         repo, revision = self._repo(), revision or self.revision
@@ -222,23 +224,18 @@ class PartitionStore:
                         f"{where}: the file is {meta.size} bytes, more than the {self.max_file_bytes} a partition "
                         "file from the Hub may have; refused without downloading it"
                     )
-            local = hf_hub_download(
-                repo,
-                path,
-                repo_type=REPO_TYPE,
-                revision=revision,
-                cache_dir=self.hub_cache,
-                token=self.token,
-                etag_timeout=self.timeout_s,
-                local_files_only=self.offline,
-                endpoint=self.endpoint,
-            )
+            local = self._download(path, revision, local_only=self.offline)
         except (EntryNotFoundError, RepositoryNotFoundError):
             raise  # "nothing there": pull() turns these into None
         except RevisionNotFoundError as e:
             raise HubError(f"{where}: revision {revision!r} does not exist in {repo}") from e
         except _network_errors() as e:
-            raise HubError(f"{where}: cannot read it from {self.endpoint}: {type(e).__name__}: {e}") from e
+            error = HubError(f"{where}: cannot read it from {self.endpoint}: {type(e).__name__}: {e}")
+            try:  # nothing is lost: a copy downloaded before still serves
+                local = self._download(path, revision, local_only=True)
+            except (EntryNotFoundError, *_network_errors()):
+                raise error from e
+            logger.warning("%s; using the copy downloaded before", error)
         size = os.path.getsize(local)
         if size > self.max_file_bytes:
             raise PartitionFormatError(
@@ -249,6 +246,21 @@ class PartitionStore:
         if expected_key is not None:
             partition.check_key(expected_key, source=where)
         return PulledPlan(partition=partition, path=path, commit=commit, location=where)
+
+    def _download(self, path: str, revision: str | None, *, local_only: bool) -> str:
+        from huggingface_hub import hf_hub_download
+
+        return hf_hub_download(
+            self._repo(),
+            path,
+            repo_type=REPO_TYPE,
+            revision=revision,
+            cache_dir=self.hub_cache,
+            token=self.token,
+            etag_timeout=self.timeout_s,
+            local_files_only=local_only,
+            endpoint=self.endpoint,
+        )
 
     def push(
         self, partition: Partition, *, commit_message: str | None = None, branch: str | None = None

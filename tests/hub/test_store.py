@@ -198,3 +198,14 @@ def test_an_explicit_partition_file_wins_and_a_wrong_one_is_an_error(hub, tmp_pa
     _plan(num_gpus=2).to_json(tmp_path / "other.json")
     with pytest.raises(PartitionFormatError, match="num_gpus: file has 2, expected 3"):
         resolve_partition(graph, plan.key, compute, partition_file=str(tmp_path / "other.json"))
+
+
+def test_a_server_error_falls_back_to_the_copy_downloaded_before(hub, caplog) -> None:
+    plan = _plan()
+    PartitionStore(REPO).push(plan)
+    PartitionStore(REPO).pull(plan.key)
+    hub.fail_with(503)
+    with caplog.at_level(logging.WARNING, logger="hf_ftpipe.hub"):
+        pulled = PartitionStore(REPO).pull(plan.key)
+    assert pulled.partition.to_dict() == plan.to_dict()
+    assert "503" in caplog.text and "using the copy downloaded before" in caplog.text

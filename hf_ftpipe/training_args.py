@@ -161,6 +161,11 @@ class PipeTrainingArguments(TrainingArguments):
                 "`push_partition_to_hub=True` needs `partition_repo`, the Hub dataset repo to push to, "
                 "e.g. partition_repo='my-org/ftpipe-partitions'"
             )
+        if self.partition_revision and not self.partition_repo:
+            raise ValueError(
+                f"`partition_revision={self.partition_revision!r}` needs `partition_repo`, the Hub dataset repo to "
+                "pull from"
+            )
         if self.partition_repo is not None and self.partition_repo.count("/") != 1:
             raise ValueError(
                 f"`partition_repo={self.partition_repo!r}` is not a repo id; use 'namespace/name', "

@@ -23,7 +23,7 @@ shorter timeout gives up), ``omit_head_length`` leaves Content-Length off HEAD a
 
 huggingface_hub reads ``HF_ENDPOINT``, ``HF_HOME`` and ``HF_HUB_OFFLINE`` into
 ``huggingface_hub.constants`` when it is imported, so setting the environment afterwards does not
-move the client. ``hf_ftpipe.hub`` reads those variables itself at each call and passes
+move the client. ``hf_ftpipe.hub.PartitionStore`` reads those variables itself when it is made and passes
 ``endpoint=``, ``cache_dir=`` and ``local_files_only=`` explicitly: a test sets them with
 ``monkeypatch.setenv`` (see ``tests/hub/conftest.py``), and a subprocess simply inherits them.
 """

@@ -58,6 +58,9 @@ def test_a_pinned_revision_is_honoured(hub) -> None:
     assert PartitionStore(REPO).pull(first.key).partition.to_dict() == second.to_dict()
     old = PartitionStore(REPO, revision=first_commit).pull(first.key)
     assert old.commit == first_commit and old.partition.to_dict() == first.to_dict()
+    initial = hub.repo(REPO).commits[first_commit].parent  # the empty repo, before the first push
+    assert [e.path for e in PartitionStore(REPO).list(revision=first_commit)] == [path_for(first.key)]
+    assert PartitionStore(REPO).list(revision=initial) == []
     with pytest.raises(HubError, match="revision 'no-such-branch' does not exist"):
         PartitionStore(REPO).pull(first.key, revision="no-such-branch")
 
@@ -176,6 +179,7 @@ def test_resolution_order_cache_then_hub_then_compute(hub, caplog) -> None:
     [
         ({"push_partition_to_hub": True}, "`push_partition_to_hub=True` needs `partition_repo`"),
         ({"partition_repo": "plans"}, "`partition_repo='plans'` is not a repo id; use 'namespace/name'"),
+        ({"partition_revision": "main"}, "`partition_revision='main'` needs `partition_repo`"),
     ],
 )
 def test_hub_arguments_name_the_problem_and_the_fix(tmp_path, overrides: dict, message: str) -> None:

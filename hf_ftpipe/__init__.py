@@ -5,6 +5,7 @@ __version__ = "0.1.0"
 from .errors import (
     CheckpointError,
     FtpipeError,
+    HubError,
     PartitionError,
     PartitionFormatError,
     PipelineError,
@@ -23,6 +24,7 @@ __all__ = [
     "CostGraph",
     "FtpipeError",
     "GPUProfile",
+    "HubError",
     "Partition",
     "PartitionError",
     "PartitionFormatError",

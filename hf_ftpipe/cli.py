@@ -113,6 +113,9 @@ def _parser() -> argparse.ArgumentParser:
     partition.add_argument("-o", "--output", help="write the plan to this JSON file")
     partition.set_defaults(run=_run_partition)
     compare.set_defaults(run=_run_compare)
+    from hf_ftpipe.hub.commands import add_hub_commands
+
+    add_hub_commands(commands)
     return parser
 
 

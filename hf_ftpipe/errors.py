@@ -27,3 +27,7 @@ class PipelineError(FtpipeError, RuntimeError):
 
 class CheckpointError(FtpipeError, ValueError):
     """A checkpoint cannot be resumed: incomplete, written for another model, or by another optimizer."""
+
+
+class HubError(FtpipeError, ConnectionError):
+    """The Hub (or the server in ``HF_ENDPOINT``) cannot be reached, refused a request, or failed."""

@@ -27,7 +27,7 @@ from .errors import CheckpointError, PipelineError
 from .evaluation import PipeEvaluation
 from .graph.trace import TracedModel, capture_model
 from .loss_weighting import label_counts, model_loss_shifts_labels
-from .partition import Partition, PartitionKey, validate_partition
+from .partition import Partition, validate_partition
 from .partition.auto import PartitionerResult, reason_line
 from .partition.estimate import MemoryOptions
 from .partition.registry import get_partitioner
@@ -85,6 +85,8 @@ class PipeTrainer(PipeEvaluation, Trainer):
                 f"PipeTrainer trains on the model's own loss and cannot apply `{what}`; drop it, or compute that "
                 "loss inside the model's forward (the pipeline traces the forward, loss included)"
             )
+        self.partition_source: str | None = None
+        """Rank 0: where the plan came from: 'file', 'cache', 'hub' or 'computed'."""
 
     # -- building the pipeline ----------------------------------------------------------------
 
@@ -182,52 +184,63 @@ class PipeTrainer(PipeEvaluation, Trainer):
         return partition
 
     def _make_partition(self, traced: TracedModel, profile: GPUProfile, microbatch: dict[str, Any]) -> Partition:
+        """``partition_file``, else the local cache, else ``partition_repo``, else the partitioner (hub/resolve.py)."""
+        from .hub.resolve import resolve_partition
+        from .partition._keys import resolve_key
+
+        graph = traced.cost_graph
+        schedule, num_microbatches = self.args.pipeline_schedule, self.args.num_microbatches
+        key = resolve_key(graph, profile, None, schedule=schedule, num_microbatches=num_microbatches, dtype=None)
+        resolved = resolve_partition(
+            graph,
+            key,
+            lambda: self._compute_partition(traced, profile, microbatch),
+            partition_file=self.args.partition_file,
+            repo_id=self.args.partition_repo,
+            revision=self.args.partition_revision,
+            push=self.args.push_partition_to_hub,
+            use_cache=self.args.partition_cache,
+            check=lambda plan: validate_partition(plan, graph, memory_capacity_bytes=profile.memory_bytes),
+            partitioner=self.args.partitioner,
+        )
+        self.partition_source = resolved.source
+        logger.info("partition: %s %s", resolved.source, resolved.location)
+        return resolved.partition
+
+    def _compute_partition(self, traced: TracedModel, profile: GPUProfile, microbatch: dict[str, Any]) -> Partition:
         graph = traced.cost_graph
         microbatch_size = next(v.shape[0] for v in microbatch.values() if isinstance(v, torch.Tensor))
         optimizer = "adafactor" if "adafactor" in str(self.args.optim) else "adamw"
-        if self.args.partition_file:
-            key = PartitionKey.from_graph(
-                graph,
-                dtype=None,
-                schedule=self.args.pipeline_schedule,
-                num_microbatches=self.args.num_microbatches,
-                gpu_profile=profile.name,
-                num_gpus=profile.count,
+        options: dict[str, Any] = {}
+        report: list[PartitionerResult] = []
+        if self.args.partitioner == "auto":
+            options["report"] = report
+        partition = get_partitioner(self.args.partitioner)(
+            graph,
+            profile,
+            num_microbatches=self.args.num_microbatches,
+            microbatch_size=microbatch_size,
+            schedule=self.args.pipeline_schedule,
+            optimizer=optimizer,
+            memory=MemoryOptions(
+                headroom=self.args.partition_memory_headroom,
+                recompute=bool(self.args.activation_checkpointing),
+                gradient_accumulation_steps=self.args.async_update_interval,
+            ),
+            **options,
+        )
+        for result in report:
+            logger.info("partitioner %s: %s", result.partitioner, _summary(result))
+        predicted = partition.predicted
+        if predicted is not None:
+            logger.info(
+                "partition by %s: %d stages on %d GPUs, %.3g samples/s predicted, worst GPU / ideal %.3f",
+                partition.partitioner,
+                partition.num_stages,
+                partition.num_devices,
+                predicted.throughput_samples_per_s,
+                predicted.imbalance,
             )
-            partition = Partition.from_json(self.args.partition_file, expected_key=key)
-            partition.check_matches(graph, source=self.args.partition_file)
-        else:
-            options: dict[str, Any] = {}
-            report: list[PartitionerResult] = []
-            if self.args.partitioner == "auto":
-                options["report"] = report
-            partition = get_partitioner(self.args.partitioner)(
-                graph,
-                profile,
-                num_microbatches=self.args.num_microbatches,
-                microbatch_size=microbatch_size,
-                schedule=self.args.pipeline_schedule,
-                optimizer=optimizer,
-                memory=MemoryOptions(
-                    headroom=self.args.partition_memory_headroom,
-                    recompute=bool(self.args.activation_checkpointing),
-                    gradient_accumulation_steps=self.args.async_update_interval,
-                ),
-                **options,
-            )
-            for result in report:
-                logger.info("partitioner %s: %s", result.partitioner, _summary(result))
-            predicted = partition.predicted
-            if predicted is not None:
-                logger.info(
-                    "partition by %s: %d stages on %d GPUs, %.3g samples/s predicted, worst GPU / ideal %.3f",
-                    partition.partitioner,
-                    partition.num_stages,
-                    partition.num_devices,
-                    predicted.throughput_samples_per_s,
-                    predicted.imbalance,
-                )
-        validate_partition(partition, graph, memory_capacity_bytes=profile.memory_bytes)
         return partition
 
     # -- data: the same batches on every rank -------------------------------------------------

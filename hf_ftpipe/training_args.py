@@ -78,6 +78,26 @@ class PipeTrainingArguments(TrainingArguments):
             "help": "A partition JSON to use instead of computing one; refused if made for another model or setup."
         },
     )
+    partition_repo: str | None = field(
+        default=None,
+        metadata={
+            "help": "A Hub dataset repo ('namespace/name') of shared partitions: rank 0 pulls the plan made for this "
+            "model, input shapes, dtype, schedule and GPU profile instead of computing it. Unreachable Hub: "
+            "computed, with a warning. Honours HF_ENDPOINT, HF_TOKEN and HF_HUB_OFFLINE."
+        },
+    )
+    partition_revision: str | None = field(
+        default=None,
+        metadata={"help": "Branch or commit of `partition_repo` to pull from (default: main); skips the local cache."},
+    )
+    push_partition_to_hub: bool = field(
+        default=False,
+        metadata={"help": "Push a computed partition to `partition_repo` (created if needed; needs HF_TOKEN)."},
+    )
+    partition_cache: bool = field(
+        default=True,
+        metadata={"help": "Read and write plans in the local cache, $HF_HOME/hf_ftpipe/partitions."},
+    )
     weights_path: str | None = field(
         default=None,
         metadata={
@@ -162,6 +182,21 @@ class PipeTrainingArguments(TrainingArguments):
             raise ValueError(
                 f"`generation_max_length={self.generation_max_length}` leaves no room for a generated token "
                 "after the decoder start token; use 2 or more"
+            )
+        if self.push_partition_to_hub and not self.partition_repo:
+            raise ValueError(
+                "`push_partition_to_hub=True` needs `partition_repo`, the Hub dataset repo to push to, "
+                "e.g. partition_repo='my-org/ftpipe-partitions'"
+            )
+        if self.partition_revision and not self.partition_repo:
+            raise ValueError(
+                f"`partition_revision={self.partition_revision!r}` needs `partition_repo`, the Hub dataset repo to "
+                "pull from"
+            )
+        if self.partition_repo is not None and self.partition_repo.count("/") != 1:
+            raise ValueError(
+                f"`partition_repo={self.partition_repo!r}` is not a repo id; use 'namespace/name', "
+                "e.g. 'my-org/ftpipe-partitions'"
             )
         if self.pipeline_timeout_s <= 0:
             raise ValueError(f"`pipeline_timeout_s` must be positive, got {self.pipeline_timeout_s}")

@@ -1,0 +1,46 @@
+"""A 2-rank PipeTrainer job on a tiny GPT-2 with ``partition_repo`` set, started by tests/hub/test_trainer_hub.py.
+
+Rank 0 writes ``OUTPUT/result.json``: where its plan came from (``trainer.partition_source``) and
+the plan itself, so the test can tell a pulled plan from a computed one.
+"""
+
+import json
+import logging
+import sys
+from pathlib import Path
+
+from datasets import Dataset
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from hf_ftpipe import PipeTrainer, PipeTrainingArguments  # noqa: E402
+
+from models import tiny_batch, tiny_model  # noqa: E402
+
+
+def main(output_dir: str, repo: str, push: str) -> None:
+    logging.basicConfig(level=logging.INFO)
+    args = PipeTrainingArguments(
+        output_dir=output_dir,
+        use_cpu=True,
+        per_device_train_batch_size=4,
+        num_microbatches=2,
+        partitioner="seq-greedy",
+        partition_repo=repo,
+        push_partition_to_hub=push == "push",
+        max_steps=2,
+        save_strategy="no",
+        report_to="none",
+        seed=0,
+    )
+    data = tiny_batch("gpt2", 8, seed=1)
+    dataset = Dataset.from_dict({k: v.tolist() for k, v in data.items()})
+    trainer = PipeTrainer(model=tiny_model("gpt2"), args=args, train_dataset=dataset)
+    trainer.train()
+    if trainer.engine.rank == 0:
+        result = {"source": trainer.partition_source, "partition": trainer.partition.to_dict()}
+        (Path(output_dir) / "result.json").write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

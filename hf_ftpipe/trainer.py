@@ -27,9 +27,9 @@ from .errors import CheckpointError, PipelineError
 from .evaluation import PipeEvaluation
 from .graph.trace import TracedModel, capture_model
 from .loss_weighting import label_counts, model_loss_shifts_labels
-from .partition import Partition, validate_partition
+from .partition import Partition, check_fits_run, validate_partition
 from .partition.auto import PartitionerResult, reason_line
-from .partition.estimate import MemoryOptions
+from .partition.estimate import MemoryOptions, Optimizer
 from .partition.registry import get_partitioner
 from .profile import GPUProfile, get_profile
 from .runtime import PipelineEngine
@@ -201,6 +201,9 @@ class PipeTrainer(PipeEvaluation, Trainer):
             push=self.args.push_partition_to_hub,
             use_cache=self.args.partition_cache,
             check=lambda plan: validate_partition(plan, graph, memory_capacity_bytes=profile.memory_bytes),
+            check_stored=lambda plan: check_fits_run(
+                plan, graph, profile.memory_bytes, optimizer=self._planned_optimizer(), memory=self._memory_options()
+            ),
             partitioner=self.args.partitioner,
         )
         self.partition_source = resolved.source
@@ -210,7 +213,6 @@ class PipeTrainer(PipeEvaluation, Trainer):
     def _compute_partition(self, traced: TracedModel, profile: GPUProfile, microbatch: dict[str, Any]) -> Partition:
         graph = traced.cost_graph
         microbatch_size = next(v.shape[0] for v in microbatch.values() if isinstance(v, torch.Tensor))
-        optimizer = "adafactor" if "adafactor" in str(self.args.optim) else "adamw"
         options: dict[str, Any] = {}
         report: list[PartitionerResult] = []
         if self.args.partitioner == "auto":
@@ -221,12 +223,8 @@ class PipeTrainer(PipeEvaluation, Trainer):
             num_microbatches=self.args.num_microbatches,
             microbatch_size=microbatch_size,
             schedule=self.args.pipeline_schedule,
-            optimizer=optimizer,
-            memory=MemoryOptions(
-                headroom=self.args.partition_memory_headroom,
-                recompute=bool(self.args.activation_checkpointing),
-                gradient_accumulation_steps=self.args.async_update_interval,
-            ),
+            optimizer=self._planned_optimizer(),
+            memory=self._memory_options(),
             **options,
         )
         for result in report:
@@ -242,6 +240,18 @@ class PipeTrainer(PipeEvaluation, Trainer):
                 predicted.imbalance,
             )
         return partition
+
+    def _planned_optimizer(self) -> Optimizer:
+        """The optimizer whose state the memory model counts: Adafactor's factored state, else
+        Adam's two moments (an upper bound for SGD)."""
+        return "adafactor" if "adafactor" in str(self.args.optim) else "adamw"
+
+    def _memory_options(self) -> MemoryOptions:
+        return MemoryOptions(
+            headroom=self.args.partition_memory_headroom,
+            recompute=bool(self.args.activation_checkpointing),
+            gradient_accumulation_steps=self.args.async_update_interval,
+        )
 
     # -- data: the same batches on every rank -------------------------------------------------
 

@@ -46,6 +46,7 @@ def resolve_partition(
     push: bool = False,
     use_cache: bool = True,
     check: Callable[[Partition], None] | None = None,
+    check_stored: Callable[[Partition], None] | None = None,
     partitioner: str = "auto",
     store: PartitionStore | None = None,
 ) -> Resolved:
@@ -54,6 +55,9 @@ def resolve_partition(
     A pinned ``revision`` skips the local cache: the plan must be the one at that revision
     (huggingface_hub's download cache still serves it offline). With a ``partitioner`` other than
     ``"auto"``, a stored plan made by another partitioner is refused: the key does not record it.
+    ``check`` (raising `PartitionError`) applies to every plan; ``check_stored`` to plans from the
+    cache or the Hub only, e.g. that they fit this run's memory budget, which the key does not
+    record either.
     """
 
     def fits(partition: Partition, source: str) -> None:
@@ -64,8 +68,9 @@ def resolve_partition(
             )
         partition.check_key(key, source=source)
         partition.check_matches(graph, source=source)
-        if check is not None:
-            check(partition)
+        for stored_check in (check, check_stored):
+            if stored_check is not None:
+                stored_check(partition)
 
     if partition_file:
         partition = Partition.from_json(partition_file, expected_key=key)

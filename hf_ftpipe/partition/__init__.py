@@ -28,7 +28,7 @@ from hf_ftpipe.partition.plan import (
 from hf_ftpipe.partition.registry import available_partitioners, get_partitioner, register_partitioner
 from hf_ftpipe.partition.seq_dp import partition_seq_dp
 from hf_ftpipe.partition.seq_greedy import greedy_cuts, partition_seq_greedy
-from hf_ftpipe.partition.validate import stage_graph, validate_partition
+from hf_ftpipe.partition.validate import check_fits_run, stage_graph, validate_partition
 
 __all__ = [
     "FORMAT_NAME",
@@ -43,6 +43,7 @@ __all__ = [
     "Schedule",
     "StageCost",
     "available_partitioners",
+    "check_fits_run",
     "compare_partitioners",
     "estimate",
     "estimate_memory",

@@ -8,10 +8,10 @@ import networkx as nx
 
 from hf_ftpipe.errors import PartitionError
 from hf_ftpipe.graph.cost_graph import CostGraph
-from hf_ftpipe.partition.estimate import MemoryOptions, estimate_memory
+from hf_ftpipe.partition.estimate import MemoryOptions, Optimizer, estimate_memory
 from hf_ftpipe.partition.plan import Partition
 
-__all__ = ["stage_graph", "validate_partition"]
+__all__ = ["check_fits_run", "stage_graph", "validate_partition"]
 
 
 def validate_partition(
@@ -43,6 +43,35 @@ def validate_partition(
     if memory_capacity_bytes is not None:
         problems = _memory_problems(partition, graph, memory_capacity_bytes, memory)
         _raise_if("the partition does not fit in GPU memory", problems)
+
+
+def check_fits_run(
+    partition: Partition,
+    graph: CostGraph,
+    memory_capacity_bytes: int,
+    *,
+    optimizer: Optimizer,
+    memory: MemoryOptions,
+) -> None:
+    """Raise ``PartitionError`` unless a stored plan fits this run's memory budget.
+
+    A plan's key records the model, shapes, dtype, schedule and GPUs, not the optimizer,
+    recomputation or headroom it was made for, so a plan from the cache or the Hub may have been
+    planned for a lighter budget (recomputation on, SGD, no headroom). Its memory is estimated
+    again under this run's options, against each GPU's capacity less this run's headroom.
+    """
+    used = estimate_memory(
+        graph,
+        partition.node_stage,
+        partition.stage_device,
+        num_microbatches=partition.key.num_microbatches,
+        optimizer=optimizer,
+        schedule=partition.key.schedule,  # type: ignore[arg-type]
+        memory=memory,
+    )
+    setup = f"optimizer {optimizer!r}, recompute={memory.recompute}, headroom {memory.headroom:g}"
+    problems = _memory_problems_of(used, [memory_capacity_bytes] * len(used), memory.headroom)
+    _raise_if(f"the plan was made for another memory budget and does not fit this run's ({setup})", problems)
 
 
 def stage_graph(graph: CostGraph, node_stage: dict[str, int]) -> nx.DiGraph:
@@ -146,7 +175,10 @@ def _memory_problems(
             f"`memory_capacity_bytes` lists {len(capacities)} GPUs, the partition uses "
             f"{len(used)}; give one number, or one per GPU"
         )
-    headroom = memory.headroom if memory is not None else 0.0
+    return _memory_problems_of(used, capacities, memory.headroom if memory is not None else 0.0)
+
+
+def _memory_problems_of(used: Sequence[int], capacities: Sequence[int], headroom: float) -> list[str]:
     note = f" less {headroom * 100:g}% headroom" if headroom else ""
     problems = []
     for g, (need, raw) in enumerate(zip(used, capacities)):

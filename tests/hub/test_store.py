@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from hf_ftpipe.errors import HubError, PartitionFormatError
+from hf_ftpipe.errors import HubError, PartitionError, PartitionFormatError
 from hf_ftpipe.hub import MAX_HUB_FILE_BYTES, PartitionStore, path_for, resolve_partition
 from hf_ftpipe.partition import Partition, partition_seq_greedy
 
@@ -213,3 +213,25 @@ def test_a_server_error_falls_back_to_the_copy_downloaded_before(hub, caplog) ->
         pulled = PartitionStore(REPO).pull(plan.key)
     assert pulled.partition.to_dict() == plan.to_dict()
     assert "503" in caplog.text and "using the copy downloaded before" in caplog.text
+
+
+def test_a_stored_plan_that_does_not_fit_this_runs_budget_is_refused_and_recomputed(hub, caplog) -> None:
+    """The key does not record the optimizer, recomputation or headroom: ``check_stored`` (PipeTrainer
+    re-estimates the plan's memory under the run's options) refuses a cached or pulled plan made for
+    a lighter budget, with a warning, and the plan is computed for this run."""
+    graph, plan = _graph(), _plan()
+    computed = []
+
+    def compute() -> Partition:
+        computed.append(1)
+        return _plan(graph)
+
+    def too_big(partition: Partition) -> None:
+        raise PartitionError("the plan was made for another memory budget and does not fit this run's")
+
+    resolve_partition(graph, plan.key, compute, repo_id=REPO, push=True)
+    with caplog.at_level(logging.WARNING, logger="hf_ftpipe.hub"):
+        again = resolve_partition(graph, plan.key, compute, repo_id=REPO, check_stored=too_big)
+    assert again.source == "computed" and computed == [1, 1]
+    assert caplog.text.count("made for another memory budget") == 2  # the cached copy, then the Hub's
+    assert resolve_partition(graph, plan.key, compute, repo_id=REPO, check_stored=lambda _: None).source == "cache"

@@ -11,6 +11,7 @@ from hf_ftpipe.partition import (
     MemoryOptions,
     Partition,
     PartitionKey,
+    check_fits_run,
     partition_seq_greedy,
     stage_graph,
     validate_partition,
@@ -145,3 +146,22 @@ def test_memory_headroom_and_recompute_from_memory_options():
     recompute = MemoryOptions(headroom=0, recompute=True)
     validate_partition(bare, graph, memory_capacity_bytes=16 * 2 + 16, memory=recompute)
     assert "GPU 1 needs 48 bytes" in _error(bare, graph, memory_capacity_bytes=47, memory=recompute)
+
+
+def test_a_stored_plan_is_checked_against_this_runs_memory_budget():
+    """A plan made for SGD fits its own prediction but not a run with AdamW's two moments; nor a
+    run with more headroom. The key records neither, so the run's options decide."""
+    weights = {"w": param("w", (10, 10))}  # 400 bytes: SGD 400 + 400 grad; AdamW + 800 state
+    graph = make_graph({"a": {"flops": 1.0, "params": ("w",)}, "b": 1.0}, [("a", "b")], params=weights)
+    plan = partition_seq_greedy(graph, UNIT.with_count(2), num_microbatches=2, microbatch_size=1, optimizer="sgd")
+    need_sgd = plan.predicted.gpus[0].memory_bytes
+    assert need_sgd == 800 + 2 * 16
+    validate_partition(plan, graph, memory_capacity_bytes=need_sgd)  # its own prediction fits
+    check_fits_run(plan, graph, need_sgd, optimizer="sgd", memory=MemoryOptions(headroom=0))
+    with pytest.raises(PartitionError) as info:
+        check_fits_run(plan, graph, need_sgd, optimizer="adamw", memory=MemoryOptions(headroom=0))
+    message = str(info.value)
+    assert "made for another memory budget" in message and "optimizer 'adamw'" in message
+    assert f"GPU 0 needs {need_sgd + 800} bytes" in message and f"its {need_sgd} bytes" in message
+    with pytest.raises(PartitionError, match="less 50% headroom"):
+        check_fits_run(plan, graph, need_sgd, optimizer="sgd", memory=MemoryOptions(headroom=0.5))

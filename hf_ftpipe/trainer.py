@@ -25,6 +25,7 @@ from transformers.trainer_utils import get_last_checkpoint
 from . import checkpoint
 from .errors import CheckpointError, PipelineError
 from .evaluation import PipeEvaluation
+from .float16 import Float16Training
 from .graph.trace import TracedModel, capture_model
 from .loss_weighting import label_counts, model_loss_shifts_labels
 from .partition import Partition, check_fits_run, validate_partition
@@ -85,6 +86,10 @@ class PipeTrainer(PipeEvaluation, Trainer):
                 f"PipeTrainer trains on the model's own loss and cannot apply `{what}`; drop it, or compute that "
                 "loss inside the model's forward (the pipeline traces the forward, loss included)"
             )
+        self.float16 = Float16Training() if self.args.fp16 else None
+        """``fp16=True``: the loss scale all ranks agree on (``trainer.float16.scaler``)."""
+        if self.float16 is not None:
+            self.accelerator.scaler = None  # accelerate's decides per process; see hf_ftpipe/float16.py
         self.partition_source: str | None = None
         """Rank 0: where the plan came from: 'file', 'cache', 'hub' or 'computed'."""
 
@@ -134,7 +139,7 @@ class PipeTrainer(PipeEvaluation, Trainer):
             device=self.args.device,
             timeout_s=self.args.pipeline_timeout_s,
             weights_path=self._built_from,
-            autocast_dtype=torch.bfloat16 if self.args.bf16 else None,
+            autocast_dtype=torch.bfloat16 if self.args.bf16 else torch.float16 if self.args.fp16 else None,
         )
         if self.args.release_unused_weights:
             freed = release_foreign_weights(self.model, self.engine.parameters())
@@ -291,6 +296,8 @@ class PipeTrainer(PipeEvaluation, Trainer):
         optimizer = super().create_optimizer(self.engine.module)
         if self.engine.streaming:  # async / 2bw update inside the pipeline, stage by stage
             self.engine.attach_optimizer(optimizer, max_grad_norm=self.args.max_grad_norm or None)
+        if self.float16 is not None:
+            self.float16.guard_optimizer(optimizer)
         return optimizer
 
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any) -> Any:
@@ -329,6 +336,8 @@ class PipeTrainer(PipeEvaluation, Trainer):
     def training_step(self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None) -> torch.Tensor:
         engine = self._ensure_engine(inputs)
         inputs = self._prepare_inputs(inputs)
+        if self.float16 is not None:
+            self.float16.start_step(engine)
         loss = engine.train_step(inputs, loss_weights=self._loss_weights(inputs))
         return loss.detach().to(self.args.device)
 
@@ -363,6 +372,8 @@ class PipeTrainer(PipeEvaluation, Trainer):
     def _clip_grad_norm(self, model: nn.Module) -> torch.Tensor:
         if self.engine.streaming:  # clipped per stage update inside the step
             return self.engine.step_grad_norm()
+        if self.float16 is not None:
+            self.float16.unscale(self.engine, self.optimizer)
         return self.engine.clip_grad_norm_(self.args.max_grad_norm)
 
     def _get_grad_norm(self, model: nn.Module, grad_norm: Any = None) -> Any:
@@ -370,6 +381,8 @@ class PipeTrainer(PipeEvaluation, Trainer):
             return grad_norm
         if self.engine.streaming:
             return self.engine.step_grad_norm()
+        if self.float16 is not None:
+            self.float16.unscale(self.engine, self.optimizer)
         return self.engine.clip_grad_norm_(float("inf"))
 
     def _track_num_input_tokens(self, inputs: dict[str, Any]) -> None:
@@ -414,6 +427,14 @@ class PipeTrainer(PipeEvaluation, Trainer):
             torch.save(self.lr_scheduler.state_dict(), os.path.join(output_dir, _SCHEDULER))
             if self.partition is not None:
                 self.partition.to_json(os.path.join(output_dir, _PARTITION))
+
+    def _save_scaler(self, output_dir: str) -> None:
+        if self.float16 is not None:
+            self.float16.save(output_dir, self.args.should_save)
+
+    def _load_scaler(self, checkpoint_dir: str | None) -> None:
+        if self.float16 is not None:
+            self.float16.load(checkpoint_dir)
 
     def _save_rng_state(self, output_dir: str) -> None:
         super()._save_rng_state(output_dir)

@@ -172,11 +172,11 @@ class PipeTrainingArguments(TrainingArguments):
                 "over micro-batches itself; set it to 1 and raise `per_device_train_batch_size` (and "
                 "`num_microbatches`) instead"
             )
-        if self.fp16:
+        if self.fp16 and self.pipeline_schedule in ("async", "2bw"):
             raise ValueError(
-                "`fp16=True` needs loss scaling agreed across all stages, which the pipeline does not do yet; "
-                "use `bf16=True` (autocast to bfloat16, no loss scaling: A100, H100, L4, RTX 30xx/40xx) or "
-                "full precision"
+                f"`fp16=True` with pipeline_schedule={self.pipeline_schedule!r}: float16 loss scaling skips a step "
+                "on every stage when any stage overflows, but this schedule updates each stage on its own inside "
+                "the pipeline; use `bf16=True` (no loss scaling), or fp16 with pipeline_schedule='gpipe' or '1f1b'"
             )
         if self.generation_max_length is not None and self.generation_max_length < 2:
             raise ValueError(

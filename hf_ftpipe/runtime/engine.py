@@ -77,7 +77,8 @@ class PipelineEngine:
         weights_path (`str`, *optional*): a checkpoint folder (safetensors) to read this rank's
             weights from, for a model built with empty weights (``accelerate.init_empty_weights``).
         autocast_dtype (`torch.dtype`, *optional*): mixed precision: run every stage's forward (and
-            its recomputation) under ``torch.autocast`` with this dtype (``torch.bfloat16``), as
+            its recomputation) under ``torch.autocast`` with this dtype (``torch.bfloat16``, or
+            ``torch.float16`` with `loss_scale` set per step by the caller), as
             accelerate does for a whole model. Weights, gradients and optimizer state stay in their
             own dtype. Values cross ranks in the dtype autocast gives them, found before the first
             step (`hf_ftpipe.runtime.autocast`), so receives can be posted ahead and the pipeline
@@ -139,6 +140,9 @@ class PipelineEngine:
             )
         self.weight_prediction = weight_prediction
         self.autocast_dtype = autocast_dtype
+        self.loss_scale = 1.0
+        """Multiplies the loss's gradient at the start of the backward (float16 loss scaling,
+        `hf_ftpipe.runtime.loss_scale`); the gradients come out scaled by it, the loss returned is not."""
         self._autocast_dtypes = (
             autocast_dtypes(traced.graph_module, self.device, autocast_dtype) if autocast_dtype is not None else {}
         )
@@ -721,7 +725,7 @@ class PipelineEngine:
 
     def _seed(self, m: int) -> float:
         """The gradient of the step's loss with respect to micro-batch ``m``'s loss."""
-        weight = self._loss_weight.get(m, 1.0 / self.num_microbatches)
+        weight = self._loss_weight.get(m, 1.0 / self.num_microbatches) * self.loss_scale
         if self.schedule.name == "async":  # the update averages over its own group of micro-batches
             return weight * self.num_microbatches / self.gradient_accumulation_steps
         return weight

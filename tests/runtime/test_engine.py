@@ -53,11 +53,12 @@ def pipeline_run(rank: int, world_size: int, kind: str, stage_device: list[int],
     return losses, engine.state_dict()
 
 
-def reference_run(kind: str, autocast_dtype: torch.dtype | None = None):
+def reference_run(kind: str, autocast_dtype: torch.dtype | None = None, loss_scale: float = 1.0):
     """Single process, same micro-batches, gradients accumulated over the mini-batch.
 
     With ``autocast_dtype`` each forward runs under its own autocast region, as accelerate wraps
     a model's forward (one region around the whole loop would reuse weights cast before a step).
+    ``loss_scale`` scales each backward and divides the gradients before the step (float16).
     """
     model = tiny_model(kind)
     model.train()
@@ -70,8 +71,10 @@ def reference_run(kind: str, autocast_dtype: torch.dtype | None = None):
             microbatch = {k: v[m * MICROBATCH : (m + 1) * MICROBATCH] for k, v in batch.items()}
             with torch.autocast("cpu", dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None):
                 loss = model(**microbatch).loss
-            (loss / NUM_MICROBATCHES).backward()
+            (loss / NUM_MICROBATCHES * loss_scale).backward()
             total += loss.item() / NUM_MICROBATCHES
+        for param in model.parameters():
+            param.grad.div_(loss_scale)
         optimizer.step()
         losses.append(total)
     return losses, model.state_dict()
@@ -176,7 +179,9 @@ def test_recomputation_changes_nothing_but_memory(schedule: str) -> None:
             torch.testing.assert_close(value, plain_state[name], atol=0, rtol=0, msg=name)
 
 
-def bf16_pipeline_run(rank: int, world_size: int, kind: str, stage_device: list[int]):
+def autocast_pipeline_run(
+    rank: int, world_size: int, kind: str, stage_device: list[int], dtype: torch.dtype, loss_scale: float
+):
     model = tiny_model(kind)
     data = batches(kind)
     traced = capture_model(model, {name: value[:MICROBATCH] for name, value in data[0].items()})
@@ -184,34 +189,41 @@ def bf16_pipeline_run(rank: int, world_size: int, kind: str, stage_device: list[
         traced,
         contiguous_placement(traced.cost_graph, stage_device),
         num_microbatches=NUM_MICROBATCHES,
-        autocast_dtype=torch.bfloat16,
+        autocast_dtype=dtype,
     )
+    engine.loss_scale = loss_scale
     optimizer = torch.optim.SGD(engine.parameters(), lr=LR)
     losses = []
     for batch in data:
         optimizer.zero_grad()
         losses.append(engine.train_step(batch).item())
+        for param in engine.parameters():
+            param.grad.div_(loss_scale)
         optimizer.step()
     logits = engine.eval_step(data[0], output_names=("logits",))["logits"]
     return losses, engine.state_dict(), logits
 
 
 @pytest.mark.parametrize(
-    ("kind", "stage_device", "atol"),
+    ("kind", "stage_device", "dtype", "loss_scale", "atol"),
     [
-        ("gpt2", [0, 1], 1e-5),
+        ("gpt2", [0, 1], torch.bfloat16, 1.0, 1e-5),
         # T5's shared embedding feeds stages on both ranks: the bfloat16 gradients of values read on
         # several ranks are summed in another order than autograd's, which rounds differently.
-        ("t5", [0, 1, 0], 3e-3),
+        ("t5", [0, 1, 0], torch.bfloat16, 1.0, 3e-3),
+        # float16: the loss's gradient seeded with the loss scale, as PipeTrainer's fp16 does.
+        ("gpt2", [0, 1], torch.float16, 1024.0, 1e-5),
     ],
-    ids=["gpt2-0-1", "t5-0-1-0"],
+    ids=["bf16-gpt2-0-1", "bf16-t5-0-1-0", "fp16-gpt2-0-1"],
 )
-def test_bfloat16_autocast_equals_single_process_autocast(kind: str, stage_device: list[int], atol: float) -> None:
-    results = values_or_raise(run_ranks(bf16_pipeline_run, 2, kind, stage_device))
-    reference_losses, reference_state = reference_run(kind, autocast_dtype=torch.bfloat16)
+def test_autocast_equals_single_process_autocast(
+    kind: str, stage_device: list[int], dtype: torch.dtype, loss_scale: float, atol: float
+) -> None:
+    results = values_or_raise(run_ranks(autocast_pipeline_run, 2, kind, stage_device, dtype, loss_scale))
+    reference_losses, reference_state = reference_run(kind, autocast_dtype=dtype, loss_scale=loss_scale)
     model = tiny_model(kind)
     model.load_state_dict(reference_state)
-    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.no_grad(), torch.autocast("cpu", dtype=dtype):
         reference_logits = model.eval()(**batches(kind)[0]).logits
     full_precision_losses, _ = reference_run(kind)
     assert reference_losses != pytest.approx(full_precision_losses, abs=atol), "autocast changed too little"

@@ -123,6 +123,9 @@ def test_a_plan_for_another_number_of_gpus_names_the_launch_that_fits(tmp_path: 
     assert "`accelerate launch --num_processes 3 ...`" in result.stderr
 
 
-def test_fp16_is_refused_with_the_alternative(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match=r"`fp16=True` needs loss scaling .* use `bf16=True`"):
-        PipeTrainingArguments(output_dir=str(tmp_path), fp16=True, use_cpu=True, report_to="none")
+@pytest.mark.parametrize("schedule", ["async", "2bw"])
+def test_fp16_with_a_streaming_schedule_is_refused_with_the_alternatives(tmp_path: Path, schedule: str) -> None:
+    with pytest.raises(ValueError, match=rf"`fp16=True` with pipeline_schedule='{schedule}'.*use `bf16=True`.*'gpipe'"):
+        PipeTrainingArguments(
+            output_dir=str(tmp_path), fp16=True, pipeline_schedule=schedule, use_cpu=True, report_to="none"
+        )

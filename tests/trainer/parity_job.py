@@ -21,6 +21,7 @@ from models import SEQ, TARGET, VOCAB, tiny_model  # noqa: E402
 
 KINDS = ("gpt2", "t5", "bert")
 STEPS = 4
+OPTIMIZERS = {"gpt2": "adamw_torch", "t5": "adafactor", "bert": "sgd"}  # Trainer's `optim` names
 
 
 def make_data(kind: str, rows: int, seed: int) -> Dataset:
@@ -72,6 +73,7 @@ def setup(kind: str, output_dir: str, pipe: bool) -> dict[str, Any]:
         per_device_train_batch_size=4,
         per_device_eval_batch_size=4,
         max_steps=STEPS,
+        optim=OPTIMIZERS[kind],
         learning_rate=3e-3,
         lr_scheduler_type="linear",
         warmup_steps=1,

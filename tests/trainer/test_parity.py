@@ -1,7 +1,7 @@
 """PipeTrainer (gpipe, 2 CPU processes) gives plain `Trainer`'s numbers on one process.
 
-One launched job trains a tiny GPT-2 (label padding: micro-batches differ in label tokens), T5
-and BERT classifier; this process runs plain `Trainer` on the same seed, data and arguments and
+One launched job trains a tiny GPT-2 (label padding: micro-batches differ in label tokens; AdamW),
+T5 (Adafactor) and BERT classifier (SGD); this process runs plain `Trainer` on the same seed, data and arguments and
 compares every logged loss and gradient norm, the learning rates, `evaluate()`, `predict()` and
 the final weights. The job's T5 then predicts with generation through the pipeline, which must
 equal `model.generate` on the trained weights.

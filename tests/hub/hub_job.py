@@ -1,12 +1,14 @@
 """A 2-rank PipeTrainer job on a tiny GPT-2 with ``partition_repo`` set, started by tests/hub/test_trainer_hub.py.
 
-Rank 0 writes ``OUTPUT/result.json``: where its plan came from (``trainer.partition_source``) and
-the plan itself, so the test can tell a pulled plan from a computed one.
+Rank 0 writes ``OUTPUT/result.json``: where its plan came from (``trainer.partition_source``), the
+plan itself, and how many times the partitioner ran, so the test can tell a pulled plan from a
+computed one.
 """
 
 import json
 import logging
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from datasets import Dataset
@@ -14,8 +16,19 @@ from datasets import Dataset
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hf_ftpipe import PipeTrainer, PipeTrainingArguments  # noqa: E402
+from hf_ftpipe.partition import Partition, partition_seq_greedy, register_partitioner  # noqa: E402
 
 from models import tiny_batch, tiny_model  # noqa: E402
+
+PARTITIONER = "counted-seq-greedy"
+calls: list[int] = []
+
+
+@register_partitioner(PARTITIONER)
+def counted_seq_greedy(*args, **kwargs) -> Partition:
+    """seq-greedy, counting its calls; the plan names this partitioner, as stored plans must."""
+    calls.append(1)
+    return replace(partition_seq_greedy(*args, **kwargs), partitioner=PARTITIONER)
 
 
 def main(output_dir: str, repo: str, push: str) -> None:
@@ -25,7 +38,7 @@ def main(output_dir: str, repo: str, push: str) -> None:
         use_cpu=True,
         per_device_train_batch_size=4,
         num_microbatches=2,
-        partitioner="seq-greedy",
+        partitioner=PARTITIONER,
         partition_repo=repo,
         push_partition_to_hub=push == "push",
         max_steps=2,
@@ -38,7 +51,11 @@ def main(output_dir: str, repo: str, push: str) -> None:
     trainer = PipeTrainer(model=tiny_model("gpt2"), args=args, train_dataset=dataset)
     trainer.train()
     if trainer.engine.rank == 0:
-        result = {"source": trainer.partition_source, "partition": trainer.partition.to_dict()}
+        result = {
+            "source": trainer.partition_source,
+            "partition": trainer.partition.to_dict(),
+            "partitioner_calls": len(calls),
+        }
         (Path(output_dir) / "result.json").write_text(json.dumps(result))
 
 

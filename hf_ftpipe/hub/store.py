@@ -13,8 +13,9 @@ from the HEAD answer before downloading, and on disk after), validated field by 
 Settings come from the environment when the store is made, as huggingface_hub reads them:
 ``HF_ENDPOINT`` (server), ``HF_TOKEN`` (auth), ``HF_HOME``/``HF_HUB_CACHE`` (caches),
 ``HF_HUB_OFFLINE`` (no network: pulls read huggingface_hub's download cache, pushes fail) and
-``HF_HUB_ETAG_TIMEOUT`` (seconds before a silent server counts as unreachable). They are passed to
-huggingface_hub explicitly, so changing the environment after import takes effect.
+``HF_HUB_ETAG_TIMEOUT`` (seconds before a silent server counts as unreachable; a push or a listing,
+several requests, gets three times that in all). They are passed to huggingface_hub explicitly, so
+changing the environment after import takes effect.
 """
 
 from __future__ import annotations
@@ -23,8 +24,11 @@ import json
 import logging
 import os
 import re
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 from hf_ftpipe.errors import HubError, PartitionFormatError
 from hf_ftpipe.partition.plan import Partition, PartitionKey
@@ -34,6 +38,7 @@ __all__ = ["MAX_HUB_FILE_BYTES", "PartitionStore", "PlanEntry", "PulledPlan", "p
 MAX_HUB_FILE_BYTES = 8 * 2**20
 """Largest plan file taken from the Hub: a T5-3B plan is ~100 KiB."""
 REPO_TYPE = "dataset"
+T = TypeVar("T")
 logger = logging.getLogger(__name__)
 _PATH = re.compile(
     r"^plans/v(?P<format_version>\d+)/(?P<model_class>[^/]+)/(?P<model_fingerprint>[^/]+)/"
@@ -133,7 +138,8 @@ class PartitionStore:
     Args:
         repo_id (`str`, *optional*): ``"namespace/name"`` of a dataset repo.
         revision (`str`, *optional*): branch or commit id to pull and list at (default: ``main``).
-        token, endpoint, timeout_s: default to ``HF_TOKEN``, ``HF_ENDPOINT``, ``HF_HUB_ETAG_TIMEOUT`` (10 s).
+        token, endpoint, timeout_s: default to ``HF_TOKEN``, ``HF_ENDPOINT``, ``HF_HUB_ETAG_TIMEOUT`` (10 s);
+            a push or a listing may take three times ``timeout_s`` in all.
         offline (`bool`, *optional*): default ``HF_HUB_OFFLINE``.
         max_file_bytes (`int`): largest file taken from the Hub.
     """
@@ -224,7 +230,9 @@ class PartitionStore:
                         f"{where}: the file is {meta.size} bytes, more than the {self.max_file_bytes} a partition "
                         "file from the Hub may have; refused without downloading it"
                     )
-            local = self._download(path, revision, local_only=self.offline)
+            local = self._within_deadline(
+                f"downloading {where}", lambda: self._download(path, revision, local_only=self.offline)
+            )
         except (EntryNotFoundError, RepositoryNotFoundError):
             raise  # "nothing there": pull() turns these into None
         except RevisionNotFoundError as e:
@@ -278,9 +286,10 @@ class PartitionStore:
             )
         path = path_for(partition.key, partition.format_version)
         api = HfApi(endpoint=self.endpoint, token=self.token)
-        try:
+
+        def upload() -> Any:
             api.create_repo(repo, repo_type=REPO_TYPE, exist_ok=True)
-            info = api.upload_file(
+            return api.upload_file(
                 path_or_fileobj=data,
                 path_in_repo=path,
                 repo_id=repo,
@@ -289,6 +298,9 @@ class PartitionStore:
                 commit_message=commit_message or describe(partition),
                 commit_description=json.dumps(partition.key.to_dict(), indent=1),
             )
+
+        try:
+            info = self._within_deadline(f"pushing to {repo}", upload)
         except _network_errors() as e:
             raise HubError(f"cannot push to {repo} at {self.endpoint}: {type(e).__name__}: {e}") from e
         return path, info.oid
@@ -306,8 +318,11 @@ class PartitionStore:
 
         api = HfApi(endpoint=self.endpoint, token=self.token)
         try:
-            files = list(
-                api.list_repo_tree(self.repo_id, "plans", recursive=True, revision=revision, repo_type=REPO_TYPE)
+            files = self._within_deadline(
+                f"listing {self.repo_id}",
+                lambda: list(
+                    api.list_repo_tree(self.repo_id, "plans", recursive=True, revision=revision, repo_type=REPO_TYPE)
+                ),
             )
         except EntryNotFoundError:
             return []
@@ -317,6 +332,32 @@ class PartitionStore:
             raise HubError(f"cannot list {self.repo_id} at {self.endpoint}: {type(e).__name__}: {e}") from e
         parsed = (parse_path(f.path, getattr(f, "size", None)) for f in files)
         return [entry for entry in parsed if entry is not None]
+
+    def _within_deadline(self, what: str, call: Callable[[], T]) -> T:
+        """``call()``, given up after ``3 * timeout_s`` with a `HubError` (a `ConnectionError`, so
+        callers treat it as the network failure it is): huggingface_hub's HTTP client itself waits
+        for a silent server without limit, and a training run must not (rank 0 pulls or pushes while
+        the other ranks wait for its plan). The call runs in a daemon thread, left behind if it hangs."""
+        deadline_s = 3 * self.timeout_s
+        outcome: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                outcome["value"] = call()
+            except BaseException as error:  # re-raised in the caller's thread below
+                outcome["error"] = error
+
+        thread = threading.Thread(target=run, name=f"hf_ftpipe: {what}", daemon=True)
+        thread.start()
+        thread.join(deadline_s)
+        if thread.is_alive():
+            raise HubError(
+                f"{what} at {self.endpoint}: no answer within {deadline_s:g} s (3 × HF_HUB_ETAG_TIMEOUT); "
+                "is the server up? Raise HF_HUB_ETAG_TIMEOUT for a slow link"
+            )
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome["value"]
 
     def _list_cache(self, revision: str | None) -> list[PlanEntry]:
         folder = Path(self.hub_cache) / f"datasets--{self._repo().replace('/', '--')}"

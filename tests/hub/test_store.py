@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from dataclasses import replace
 
 import pytest
@@ -235,3 +236,21 @@ def test_a_stored_plan_that_does_not_fit_this_runs_budget_is_refused_and_recompu
     assert again.source == "computed" and computed == [1, 1]
     assert caplog.text.count("made for another memory budget") == 2  # the cached copy, then the Hub's
     assert resolve_partition(graph, plan.key, compute, repo_id=REPO, check_stored=lambda _: None).source == "cache"
+
+
+def test_a_silent_server_fails_push_pull_and_list_within_three_timeouts(hub, monkeypatch) -> None:
+    """huggingface_hub waits for an answer without limit; the store gives up after 3 × HF_HUB_ETAG_TIMEOUT
+    (a pull's first request, the HEAD, already has that timeout)."""
+    PartitionStore(REPO).push(_plan())
+    monkeypatch.setenv("HF_HUB_ETAG_TIMEOUT", "0.2")
+    hub.delay_s = 3.0
+    calls = {
+        r"no answer within 0.6 s \(3 × HF_HUB_ETAG_TIMEOUT\)": lambda store: store.push(_plan()),
+        r"listing ftpipe/plans at .*: no answer within 0.6 s": lambda store: store.list(),
+        r"cannot read it from .*Timeout": lambda store: store.pull(_plan().key),
+    }
+    for message, call in calls.items():
+        started = time.monotonic()
+        with pytest.raises(HubError, match=message):
+            call(PartitionStore(REPO))
+        assert time.monotonic() - started < 2.0

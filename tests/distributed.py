@@ -1,8 +1,11 @@
 """Run a function on N real processes (gloo on CPU) with a deadline, for multi-rank tests.
 
-Ranks are started with ``spawn`` and meet through a file rendezvous in a temporary folder. The
-outer deadline kills every rank that is still alive, so a hang fails the test instead of the CI.
-A rank's return value (anything picklable) or its traceback comes back to the test.
+Ranks are forked from a ``forkserver`` that imported torch, transformers and hf_ftpipe once (a
+fresh interpreter per rank spent seconds on those imports in every test; forking from a process
+with no threads and no process group is as clean as ``spawn``), and meet through a file
+rendezvous in a temporary folder. The outer deadline kills every rank that is still alive, so a
+hang fails the test instead of the CI. A rank's return value (anything picklable) or its
+traceback comes back to the test.
 """
 
 from __future__ import annotations
@@ -56,9 +59,19 @@ def _entry(fn: Callable, rank: int, world_size: int, rendezvous: str, queue: Any
             dist.destroy_process_group()
 
 
+def _context() -> Any:
+    context = mp.get_context("forkserver")
+    context.set_forkserver_preload(["torch", "torch.distributed", "transformers", "hf_ftpipe"])
+    return context
+
+
 def run_ranks(fn: Callable, world_size: int, *args: Any, deadline_s: float = 120.0) -> list[RankResult]:
-    """Run ``fn(rank, world_size, *args)`` on ``world_size`` processes; results sorted by rank."""
-    context = mp.get_context("spawn")
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` processes; results sorted by rank.
+
+    The ranks see the environment the fork server started with (the first call's), not variables
+    a test sets later: pass what a rank needs as an argument.
+    """
+    context = _context()
     queue = context.Queue()
     with tempfile.TemporaryDirectory() as folder:
         rendezvous = os.path.join(folder, "rendezvous")

@@ -172,6 +172,13 @@ class PipeTrainingArguments(TrainingArguments):
                 "over micro-batches itself; set it to 1 and raise `per_device_train_batch_size` (and "
                 "`num_microbatches`) instead"
             )
+        full_eval = "fp16_full_eval" if self.fp16_full_eval else "bf16_full_eval" if self.bf16_full_eval else None
+        if full_eval:
+            raise ValueError(
+                f"`{full_eval}=True` would cast the pipeline's stages to half precision in place, weights and "
+                "all, for evaluation; use `bf16=True` or `fp16=True` instead: evaluation runs under the same "
+                "autocast as training, and the weights stay float32"
+            )
         if self.fp16 and self.pipeline_schedule in ("async", "2bw"):
             raise ValueError(
                 f"`fp16=True` with pipeline_schedule={self.pipeline_schedule!r}: float16 loss scaling skips a step "

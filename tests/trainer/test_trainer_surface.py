@@ -129,3 +129,9 @@ def test_fp16_with_a_streaming_schedule_is_refused_with_the_alternatives(tmp_pat
         PipeTrainingArguments(
             output_dir=str(tmp_path), fp16=True, pipeline_schedule=schedule, use_cpu=True, report_to="none"
         )
+
+
+@pytest.mark.parametrize("flag", ["fp16_full_eval", "bf16_full_eval"])
+def test_half_precision_full_eval_is_refused_with_the_autocast_alternative(tmp_path: Path, flag: str) -> None:
+    with pytest.raises(ValueError, match=rf"`{flag}=True` would cast the pipeline's stages .* use `bf16=True` or"):
+        PipeTrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", **{flag: True})

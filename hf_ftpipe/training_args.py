@@ -179,6 +179,10 @@ class PipeTrainingArguments(TrainingArguments):
                 "all, for evaluation; use `bf16=True` or `fp16=True` instead: evaluation runs under the same "
                 "autocast as training, and the weights stay float32"
             )
+        unsupported = _unsupported_trainer_features(self)
+        if unsupported:
+            listed = "\n".join(f"  - {problem}" for problem in unsupported)
+            raise ValueError(f"PipeTrainer cannot honour these arguments:\n{listed}")
         if self.fp16 and self.pipeline_schedule in ("async", "2bw"):
             raise ValueError(
                 f"`fp16=True` with pipeline_schedule={self.pipeline_schedule!r}: float16 loss scaling skips a step "
@@ -207,6 +211,39 @@ class PipeTrainingArguments(TrainingArguments):
             )
         if self.pipeline_timeout_s <= 0:
             raise ValueError(f"`pipeline_timeout_s` must be positive, got {self.pipeline_timeout_s}")
+
+
+def _unsupported_trainer_features(args: PipeTrainingArguments) -> list[str]:
+    """`Trainer` features that would be silently lost or break the pipeline, each with what to do."""
+    problems = []
+    other_split = "splits the model another way than pipeline stages and cannot be combined with them; remove it"
+    if args.deepspeed:
+        problems.append(f"`deepspeed` {other_split}")
+    if args.fsdp:
+        problems.append(f"`fsdp={args.fsdp!r}` {other_split}")
+    if args.parallelism_config is not None:
+        problems.append(f"`parallelism_config` {other_split}")
+    if args.torch_compile:
+        problems.append(
+            "`torch_compile=True` would compile a model the pipeline never calls (each rank runs its traced "
+            "stages); remove it"
+        )
+    if args.neftune_noise_alpha is not None:
+        problems.append(
+            f"`neftune_noise_alpha={args.neftune_noise_alpha}` adds noise through a hook on the model's input "
+            "embeddings, which the traced stages do not run; remove it"
+        )
+    if args.use_liger_kernel:
+        problems.append(
+            "`use_liger_kernel=True` patches the model's modules after the pipeline traced them, so the stages "
+            "would not use the kernels; remove it"
+        )
+    if args.auto_find_batch_size:
+        problems.append(
+            "`auto_find_batch_size=True` retries with smaller batches, but the pipeline is traced for one "
+            "micro-batch shape; set `per_device_train_batch_size` (a multiple of `num_microbatches`) yourself"
+        )
+    return problems
 
 
 def _available_partitioners() -> list[str]:

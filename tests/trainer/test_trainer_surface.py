@@ -135,3 +135,18 @@ def test_fp16_with_a_streaming_schedule_is_refused_with_the_alternatives(tmp_pat
 def test_half_precision_full_eval_is_refused_with_the_autocast_alternative(tmp_path: Path, flag: str) -> None:
     with pytest.raises(ValueError, match=rf"`{flag}=True` would cast the pipeline's stages .* use `bf16=True` or"):
         PipeTrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", **{flag: True})
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"torch_compile": True}, "`torch_compile=True` would compile a model the pipeline never calls"),
+        ({"neftune_noise_alpha": 5.0}, "`neftune_noise_alpha=5.0` adds noise through a hook"),
+        ({"auto_find_batch_size": True}, "`auto_find_batch_size=True` retries with smaller batches"),
+        ({"fsdp": "full_shard"}, "splits the model another way than pipeline stages"),
+    ],
+    ids=["torch_compile", "neftune", "auto_find_batch_size", "fsdp"],
+)
+def test_trainer_features_the_pipeline_would_lose_are_refused(tmp_path: Path, overrides: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=rf"PipeTrainer cannot honour these arguments:\n  - .*{message}"):
+        PipeTrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", **overrides)

@@ -167,6 +167,10 @@ class _Handler(BaseHTTPRequestHandler):
     def _route(self, method: str, parts: list[str], query: dict[str, str], body: bytes) -> None:
         if method == "POST" and parts == ["api", "repos", "create"]:
             return self._create_repo(json.loads(body or b"{}"))
+        if method == "POST" and parts == ["api", "validate-yaml"]:
+            # A card's metadata is checked before it is pushed (Trainer's model card, the partitions
+            # card); the Hub answers 200 when the YAML is acceptable. Any YAML is, here.
+            return self._json({"errors": [], "warnings": []})
         if len(parts) >= 6 and parts[0] == "api" and parts[1].rstrip("s") in REPO_TYPES:
             repo_type, repo_id, action, rest = parts[1][:-1], f"{parts[2]}/{parts[3]}", parts[4], parts[5:]
             repo = self.hub.repos.get((repo_type, repo_id))

@@ -250,27 +250,42 @@ def publish(
     commit_message: str = "Update hf_ftpipe partitions",
 ) -> str:
     """Upload ``folder`` (plans, index, card, model configs) to the Hub dataset ``repo_id``,
-    creating it (and the branch ``revision``) when missing; returns the commit's URL.
+    creating it (and the branch ``revision``) when missing, in one commit; returns its URL.
 
+    Each plan goes up twice: where it is in the folder (``t5-3b/rtx2080ti-x8-boolq.json``, for
+    people and the card's table), and at the keyed path `hf_ftpipe.hub.PartitionStore` looks up
+    (``plans/v1/...``), so that ``partition_repo=repo_id`` and ``hf-ftpipe pull`` find it.
     Files are added or replaced, never deleted: a plan dropped from the folder stays in the
     repository until removed by hand, since the repository may hold plans shared by others
     (``index.json`` and the card list only the current ones)."""
-    from huggingface_hub import HfApi
+    from huggingface_hub import CommitOperationAdd, HfApi
+
+    from hf_ftpipe.hub.store import path_for
+    from hf_ftpipe.partition.plan import Partition
 
     folder = Path(folder)
-    read_index(folder)  # refuse to publish a folder that was never generated
-    api = HfApi(token=token)
+    entries = read_index(folder)  # refuse to publish a folder that was never generated
+    files = [
+        path
+        for path in sorted(folder.rglob("*"))
+        if path.is_file()
+        and ".tmp" not in path.name
+        and (path.name.endswith(".json") or path.name == CARD_FILE)
+        and (path.name != CARD_FILE or path.parent == folder)
+    ]
+    sources = {path.relative_to(folder).as_posix(): path for path in files}
+    for entry in entries:
+        if entry["file"]:  # setups with equal keys (BoolQ and MultiRC shapes) share one keyed file
+            plan = Partition.from_json(folder / entry["file"])
+            sources[path_for(plan.key, plan.format_version)] = folder / entry["file"]
+    operations = [CommitOperationAdd(in_repo, str(path)) for in_repo, path in sources.items()]
+    # The environment as it is now (huggingface_hub reads HF_ENDPOINT once, at import).
+    api = HfApi(endpoint=os.environ.get("HF_ENDPOINT") or None, token=token or os.environ.get("HF_TOKEN") or None)
     api.create_repo(repo_id, repo_type="dataset", private=private, exist_ok=True)
     if revision is not None:
         api.create_branch(repo_id, branch=revision, repo_type="dataset", exist_ok=True)
-    commit = api.upload_folder(
-        repo_id=repo_id,
-        repo_type="dataset",
-        folder_path=folder,
-        revision=revision,
-        commit_message=commit_message,
-        allow_patterns=["README.md", "*.json", "**/*.json"],
-        ignore_patterns=["*.tmp*"],
+    commit = api.create_commit(
+        repo_id, operations, repo_type="dataset", revision=revision, commit_message=commit_message
     )
     return str(commit)
 
@@ -362,6 +377,10 @@ def render_card(entries: Sequence[dict[str, Any]]) -> str:
         "",
         "A plan is valid for its `key`: the model's traced graph (fingerprint), the input shapes of one micro-batch, "
         "dtype, schedule, micro-batches and GPU profile. hf_ftpipe refuses a plan whose key differs from the run's.",
+        "",
+        "Published, each plan is also stored under `plans/v1/...` by its key, where hf_ftpipe looks: a run with "
+        '`PipeTrainingArguments(partition_repo="USER/hf-ftpipe-partitions")` whose setup matches one of these pulls '
+        "it instead of partitioning, and `hf-ftpipe pull --repo USER/hf-ftpipe-partitions ...` fetches it.",
         "",
     ]
     return "\n".join(lines)

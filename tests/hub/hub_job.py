@@ -31,9 +31,12 @@ def counted_seq_greedy(*args, **kwargs) -> Partition:
     return replace(partition_seq_greedy(*args, **kwargs), partitioner=PARTITIONER)
 
 
-def main(output_dir: str, repo: str, push: str) -> None:
+def main(output_dir: str, repo: str, push: str, model_repo: str = "") -> None:
+    """``model_repo``: also Trainer's own ``push_to_hub`` of the trained model to that model repo."""
     logging.basicConfig(level=logging.INFO)
     args = PipeTrainingArguments(
+        push_to_hub=bool(model_repo),
+        hub_model_id=model_repo or None,
         output_dir=output_dir,
         use_cpu=True,
         per_device_train_batch_size=4,
@@ -50,6 +53,8 @@ def main(output_dir: str, repo: str, push: str) -> None:
     dataset = Dataset.from_dict({k: v.tolist() for k, v in data.items()})
     trainer = PipeTrainer(model=tiny_model("gpt2"), args=args, train_dataset=dataset)
     trainer.train()
+    if model_repo:
+        trainer.push_to_hub()  # every rank: it saves the gathered model, rank 0 uploads it
     if trainer.engine.rank == 0:
         result = {
             "source": trainer.partition_source,

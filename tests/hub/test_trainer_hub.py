@@ -9,8 +9,13 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
 
 from hf_ftpipe.hub import PartitionStore
+
+from models import tiny_model
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LAUNCH = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"]
@@ -18,10 +23,11 @@ LAUNCH += ["--main_process_port", "0"]
 PLANS = "ftpipe/plans"
 
 
-def launch(output: Path, hf_home: Path, push: bool) -> dict:
+def launch(output: Path, hf_home: Path, push: bool, model_repo: str = "") -> dict:
     output.mkdir(parents=True)
     env = {**os.environ, "HF_HOME": str(hf_home)}  # HF_ENDPOINT and HF_TOKEN from the hub fixture
     command = [*LAUNCH, str(Path(__file__).with_name("hub_job.py")), str(output), PLANS, "push" if push else "pull"]
+    command += [model_repo] if model_repo else []
     result = subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=REPO_ROOT, env=env)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-8000:]
     return {**json.loads((output / "result.json").read_text()), "log": result.stderr}
@@ -42,3 +48,27 @@ def test_a_second_job_pulls_the_pushed_plan_instead_of_partitioning(hub, tmp_pat
     assert second["partitioner_calls"] == 0
     assert "partition by" not in second["log"] and "partition from the Hub: hf://datasets/ftpipe/plans" in second["log"]
     assert second["partition"] == pushed.to_dict()
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_push_to_hub_uploads_the_whole_trained_model_that_plain_transformers_loads(hub, tmp_path: Path) -> None:
+    """Trainer's own ``push_to_hub``: rank 0 uploads one standard checkpoint holding every stage's
+    trained weights (gathered from both ranks), which ``from_pretrained`` loads."""
+    launch(tmp_path / "job", tmp_path / "home", push=False, model_repo="user/tiny-pipe")
+    files = hub.repo("user/tiny-pipe", repo_type="model").resolve("main").files
+    assert {"config.json", "model.safetensors", "README.md"} <= set(files)
+    assert files["model.safetensors"] == (tmp_path / "job" / "model.safetensors").read_bytes()
+
+    # This process's huggingface_hub read HF_ENDPOINT at import, so load the pushed files from disk.
+    pushed = tmp_path / "pushed"
+    pushed.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (pushed / name).write_bytes(files[name])
+    model = AutoModelForCausalLM.from_pretrained(pushed)
+    trained = load_file(tmp_path / "job" / "model.safetensors")
+    untrained = tiny_model("gpt2").state_dict()
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(value, trained.get(name, value), atol=0, rtol=0, msg=name)
+    changed = [name for name, value in trained.items() if not torch.equal(value, untrained[name])]
+    assert len(changed) > len(trained) // 2, "the pushed weights are not the trained ones"

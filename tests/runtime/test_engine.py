@@ -34,10 +34,12 @@ def batches(kind: str) -> list[dict[str, torch.Tensor]]:
     return [tiny_batch(kind, MICROBATCH * NUM_MICROBATCHES, seed=step) for step in range(STEPS)]
 
 
-def pipeline_run(rank: int, world_size: int, kind: str, stage_device: list[int], schedule: str):
-    model = tiny_model(kind)
-    data = batches(kind)
-    traced = capture_model(model, {name: value[:MICROBATCH] for name, value in data[0].items()})
+def train_pipeline(
+    kind: str, steps: list[tuple[dict[str, torch.Tensor], list[float] | None]], stage_device: list[int], schedule: str
+):
+    """SGD steps of this rank's stages on ``steps`` (a mini-batch and its micro-batch loss weights
+    each); returns the step losses and this rank's weights."""
+    traced = capture_model(tiny_model(kind), {name: value[:MICROBATCH] for name, value in steps[0][0].items()})
     engine = PipelineEngine(
         traced,
         contiguous_placement(traced.cost_graph, stage_device),
@@ -46,11 +48,15 @@ def pipeline_run(rank: int, world_size: int, kind: str, stage_device: list[int],
     )
     optimizer = torch.optim.SGD(engine.parameters(), lr=LR)
     losses = []
-    for batch in data:
+    for batch, weights in steps:
         optimizer.zero_grad()
-        losses.append(engine.train_step(batch).item())
+        losses.append(engine.train_step(batch, loss_weights=weights).item())
         optimizer.step()
     return losses, engine.state_dict()
+
+
+def pipeline_run(rank: int, world_size: int, kind: str, stage_device: list[int], schedule: str):
+    return train_pipeline(kind, [(batch, None) for batch in batches(kind)], stage_device, schedule)
 
 
 def reference_run(kind: str, autocast_dtype: torch.dtype | None = None, loss_scale: float = 1.0):
@@ -253,22 +259,7 @@ def weighted_batches() -> list[tuple[dict[str, torch.Tensor], list[float]]]:
 
 
 def weighted_run(rank: int, world_size: int, stage_device: list[int], schedule: str):
-    model = tiny_model("gpt2")
-    data = weighted_batches()
-    traced = capture_model(model, {name: value[:MICROBATCH] for name, value in data[0][0].items()})
-    engine = PipelineEngine(
-        traced,
-        contiguous_placement(traced.cost_graph, stage_device),
-        num_microbatches=NUM_MICROBATCHES,
-        schedule=schedule,
-    )
-    optimizer = torch.optim.SGD(engine.parameters(), lr=LR)
-    losses = []
-    for batch, weights in data:
-        optimizer.zero_grad()
-        losses.append(engine.train_step(batch, loss_weights=weights).item())
-        optimizer.step()
-    return losses, engine.state_dict()
+    return train_pipeline("gpt2", weighted_batches(), stage_device, schedule)
 
 
 @pytest.mark.parametrize(

@@ -22,8 +22,8 @@ from torch import nn
 from transformers import Trainer
 from transformers.trainer_utils import get_last_checkpoint
 
-from . import checkpoint
-from .errors import CheckpointError, PipelineError
+from .checkpointing import PipeCheckpointing
+from .errors import PipelineError
 from .evaluation import PipeEvaluation
 from .float16 import Float16Training
 from .graph.trace import TracedModel, capture_model
@@ -41,9 +41,6 @@ __all__ = ["PipeTrainer"]
 
 logger = logging.getLogger(__name__)
 
-_SCHEDULER = "scheduler.pt"  # Trainer's name
-_PARTITION = "partition.json"
-
 
 class _StagesModule(nn.Module):
     """What `Trainer` sees as the model being trained: this rank's stages, unwrapped."""
@@ -53,7 +50,7 @@ class _StagesModule(nn.Module):
         self.stages = engine.module
 
 
-class PipeTrainer(PipeEvaluation, Trainer):
+class PipeTrainer(PipeEvaluation, PipeCheckpointing, Trainer):
     """`Trainer` that trains and evaluates ``model`` as a pipeline (see `PipeTrainingArguments`).
 
     ``self.model`` stays the user's model object: `Trainer` reads its config and signature, and
@@ -416,76 +413,6 @@ class PipeTrainer(PipeEvaluation, Trainer):
         super().save_model(output_dir, _internal_call=_internal_call)
         if dist.is_initialized():
             dist.barrier()
-
-    def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
-        """Each rank writes its stages' optimizer state by parameter name (`hf_ftpipe.checkpoint`);
-        rank 0 the scheduler, as Trainer does, and the partition that wrote the checkpoint."""
-        engine = self._engine_for("saving a checkpoint")
-        engine.drain()  # save_model drained already; a checkpoint never holds micro-batches in flight
-        checkpoint.save_optimizer_state(engine, self.optimizer, output_dir)
-        if self.args.should_save:
-            torch.save(self.lr_scheduler.state_dict(), os.path.join(output_dir, _SCHEDULER))
-            if self.partition is not None:
-                self.partition.to_json(os.path.join(output_dir, _PARTITION))
-
-    def _save_scaler(self, output_dir: str) -> None:
-        if self.float16 is not None:
-            self.float16.save(output_dir, self.args.should_save)
-
-    def _load_scaler(self, checkpoint_dir: str | None) -> None:
-        if self.float16 is not None:
-            self.float16.load(checkpoint_dir)
-
-    def _save_rng_state(self, output_dir: str) -> None:
-        super()._save_rng_state(output_dir)
-        # Every rank's files are written before rank 0 writes trainer_state.json, the last file of
-        # a checkpoint: a folder with it is complete.
-        if dist.is_initialized():
-            dist.barrier()
-
-    def _load_from_checkpoint(self, resume_from_checkpoint: str, model: nn.Module | None = None) -> None:
-        """Each rank reads its own stages' weights from the checkpoint, by name (any partition wrote it)."""
-        engine = self._engine_for("resuming from a checkpoint")
-        if self._built_from == resume_from_checkpoint:
-            return  # the pipeline was built from this checkpoint's weights
-        count = checkpoint.load_engine_weights(engine, resume_from_checkpoint)
-        logger.info("rank %d read %d weights from %s", engine.rank, count, resume_from_checkpoint)
-
-    def _load_optimizer_and_scheduler(self, checkpoint_dir: str | None) -> None:
-        if checkpoint_dir is None:
-            return
-        engine = self._engine_for("resuming from a checkpoint")
-        if not os.path.isdir(os.path.join(checkpoint_dir, checkpoint.OPTIMIZER_FOLDER)):
-            # Trainer resumes a checkpoint without optimizer state (save_only_model=True) too.
-            logger.warning(
-                "%s holds no pipeline optimizer state (saved with save_only_model=True, or not by PipeTrainer): "
-                "resuming its weights, with a fresh optimizer and learning-rate schedule",
-                checkpoint_dir,
-            )
-            return
-        checkpoint.load_optimizer_state(engine, self.optimizer, checkpoint_dir)
-        path = os.path.join(checkpoint_dir, _SCHEDULER)
-        if not os.path.isfile(path):
-            raise CheckpointError(f"{checkpoint_dir} has no {_SCHEDULER}; is it a complete PipeTrainer checkpoint?")
-        state = torch.load(path, weights_only=True)  # our own file, written by _save_optimizer_and_scheduler
-        groups = len(self.optimizer.param_groups)
-        if len(state.get("base_lrs", [])) != groups:
-            raise CheckpointError(
-                f"{path} schedules {len(state.get('base_lrs', []))} parameter groups but this rank's optimizer "
-                f"has {groups}; resume with the optimizer settings of the run that wrote the checkpoint"
-            )
-        self.lr_scheduler.load_state_dict(state)
-
-    def _load_best_model(self) -> None:
-        """`load_best_model_at_end`: every rank reloads its own stages from the best checkpoint."""
-        best = self.state.best_model_checkpoint
-        logger.info("loading the best model from %s (score: %s)", best, self.state.best_metric)
-        checkpoint.load_engine_weights(self._engine_for("loading the best model"), best)
-
-    def _engine_for(self, doing: str) -> PipelineEngine:
-        if self.engine is None:
-            raise PipelineError(f"internal: {doing} before the pipeline is built")
-        return self.engine
 
     # -- helpers ------------------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ import os
 import torch
 import torch.distributed as dist
 from torch import nn
+from transformers.trainer import SCHEDULER_NAME
 
 from . import checkpoint
 from .errors import CheckpointError, PipelineError
@@ -23,7 +24,6 @@ __all__ = ["PipeCheckpointing"]
 
 logger = logging.getLogger(__name__)
 
-_SCHEDULER = "scheduler.pt"  # Trainer's name
 _PARTITION = "partition.json"
 
 
@@ -38,7 +38,7 @@ class PipeCheckpointing:
         engine.drain()  # save_model drained already; a checkpoint never holds micro-batches in flight
         checkpoint.save_optimizer_state(engine, self.optimizer, output_dir)
         if self.args.should_save:
-            torch.save(self.lr_scheduler.state_dict(), os.path.join(output_dir, _SCHEDULER))
+            torch.save(self.lr_scheduler.state_dict(), os.path.join(output_dir, SCHEDULER_NAME))
             if self.partition is not None:
                 self.partition.to_json(os.path.join(output_dir, _PARTITION))
 
@@ -78,9 +78,9 @@ class PipeCheckpointing:
             )
             return
         checkpoint.load_optimizer_state(engine, self.optimizer, checkpoint_dir)
-        path = os.path.join(checkpoint_dir, _SCHEDULER)
+        path = os.path.join(checkpoint_dir, SCHEDULER_NAME)
         if not os.path.isfile(path):
-            raise CheckpointError(f"{checkpoint_dir} has no {_SCHEDULER}; is it a complete PipeTrainer checkpoint?")
+            raise CheckpointError(f"{checkpoint_dir} has no {SCHEDULER_NAME}; is it a complete PipeTrainer checkpoint?")
         state = torch.load(path, weights_only=True)  # our own file, written by _save_optimizer_and_scheduler
         groups = len(self.optimizer.param_groups)
         if len(state.get("base_lrs", [])) != groups:

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from transformers.trainer import SCALER_NAME
 
 from .runtime import PipelineEngine
 from .runtime.loss_scale import AgreedLossScaler
@@ -24,8 +25,6 @@ from .runtime.loss_scale import AgreedLossScaler
 __all__ = ["Float16Training"]
 
 logger = logging.getLogger(__name__)
-
-SCALER_NAME = "scaler.pt"  # Trainer's name
 
 
 class Float16Training:

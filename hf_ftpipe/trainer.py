@@ -367,20 +367,18 @@ class PipeTrainer(PipeEvaluation, PipeCheckpointing, Trainer):
         return self._model_loss_shifts_value
 
     def _clip_grad_norm(self, model: nn.Module) -> torch.Tensor:
+        return self._pipeline_grad_norm(self.args.max_grad_norm)
+
+    def _get_grad_norm(self, model: nn.Module, grad_norm: Any = None) -> Any:
+        return grad_norm if grad_norm is not None else self._pipeline_grad_norm(float("inf"))
+
+    def _pipeline_grad_norm(self, max_norm: float) -> torch.Tensor:
+        """The step's global gradient norm, clipped to ``max_norm`` (fp16: unscaled first)."""
         if self.engine.streaming:  # clipped per stage update inside the step
             return self.engine.step_grad_norm()
         if self.float16 is not None:
             self.float16.unscale(self.engine, self.optimizer)
-        return self.engine.clip_grad_norm_(self.args.max_grad_norm)
-
-    def _get_grad_norm(self, model: nn.Module, grad_norm: Any = None) -> Any:
-        if grad_norm is not None:
-            return grad_norm
-        if self.engine.streaming:
-            return self.engine.step_grad_norm()
-        if self.float16 is not None:
-            self.float16.unscale(self.engine, self.optimizer)
-        return self.engine.clip_grad_norm_(float("inf"))
+        return self.engine.clip_grad_norm_(max_norm)
 
     def _track_num_input_tokens(self, inputs: dict[str, Any]) -> None:
         # Trainer sums the count over ranks; every rank here reads the same batch, so count it once.

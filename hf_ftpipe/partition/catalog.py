@@ -265,15 +265,11 @@ def publish(
 
     folder = Path(folder)
     entries = read_index(folder)  # refuse to publish a folder that was never generated
-    files = [
-        path
-        for path in sorted(folder.rglob("*"))
-        if path.is_file()
-        and ".tmp" not in path.name
-        and (path.name.endswith(".json") or path.name == CARD_FILE)
-        and (path.name != CARD_FILE or path.parent == folder)
-    ]
-    sources = {path.relative_to(folder).as_posix(): path for path in files}
+    sources = {}  # path in the repo -> file: the card, the index, the plans, the model configs
+    for path in sorted(folder.rglob("*")):
+        in_repo = path.relative_to(folder).as_posix()
+        if path.is_file() and ".tmp" not in path.name and (in_repo == CARD_FILE or path.suffix == ".json"):
+            sources[in_repo] = path
     for entry in entries:
         if entry["file"]:  # setups with equal keys (BoolQ and MultiRC shapes) share one keyed file
             plan = Partition.from_json(folder / entry["file"])

@@ -236,8 +236,8 @@ class HfFtpipeRunner:
         if self.schedule not in SYNCHRONOUS:
             self.engine.drain()
 
-    def weight_bytes(self) -> int:
-        return unique_bytes(self.engine.parameters())
+    def parameters(self) -> Iterator[nn.Parameter]:
+        return self.engine.parameters()
 
     def stage_time_s(self, batch: dict[str, torch.Tensor]) -> float:
         """This rank's stage, built from the same traced graph, run on real inputs without communication."""
@@ -313,8 +313,8 @@ class TorchRunner:
     def finish(self) -> None:
         pass
 
-    def weight_bytes(self) -> int:
-        return unique_bytes(self.module.parameters())
+    def parameters(self) -> Iterator[nn.Parameter]:
+        return self.module.parameters()
 
     def stage_time_s(self, batch: dict[str, torch.Tensor]) -> float:
         microbatch = first_microbatch(self.setup, batch)
@@ -344,10 +344,13 @@ class PeakMemory:
 
     CUDA: ``torch.cuda.max_memory_allocated`` since ``__enter__`` (read at `peak_bytes`, so the
     timed steps count too). CPU has no such counter, so torch's profiler records every CPU
-    allocation and free while the block runs (``profile_memory=True``) and its running total
-    gives the highest growth over the start; the peak is that growth plus the rank's weights,
-    which existed before. Only tensors count (no interpreter, libraries, allocator caching), and
-    only those the profiled thread allocates.
+    allocation and free while the block runs (``profile_memory=True``) and its running total is
+    the peak. The profiler drops the free of a block allocated before it started, and weight
+    stashing frees the rank's original weight storage when it copies a parameter on write, so
+    `own` first moves the rank's weights into storage allocated under the profiler: without
+    that, a stashed version that is gone was still counted (+14 MB, the whole stage's weights, on
+    the first rank under ``async``). Only tensors count (no interpreter, libraries, allocator
+    caching), and only those the profiled thread allocates.
     """
 
     def __init__(self, device: torch.device) -> None:
@@ -383,10 +386,18 @@ class PeakMemory:
             self.growth_bytes = max([0, *totals])
         del self.profiler
 
-    def peak_bytes(self, weight_bytes: int) -> int:
+    def own(self, parameters: Iterator[nn.Parameter]) -> None:
+        """Give ``parameters`` fresh storage allocated under the profiler (CPU; on CUDA nothing to do)."""
+        if self.device.type == "cuda":
+            return
+        with torch.no_grad():
+            for param in {id(p): p for p in parameters}.values():
+                param.data = param.data.clone()
+
+    def peak_bytes(self) -> int:
         if self.device.type == "cuda":
             return torch.cuda.max_memory_allocated(self.device)
-        return weight_bytes + self.growth_bytes
+        return self.growth_bytes
 
 
 # -- one rank of one runner -----------------------------------------------------------------
@@ -409,6 +420,7 @@ def run_rank(rank: int, setup: Setup, runner: str) -> dict[str, Any]:
     losses: list[float | None] = []
     with memory:  # construction and warm-up: what the CPU profiler sees
         pipe.build()
+        memory.own(pipe.parameters())
         for step in range(setup.warmup):
             losses.append(_value(pipe.step(batches[step % 2])))
         # Streaming schedules carry micro-batches into the next step; with micro-batches still in
@@ -423,8 +435,8 @@ def run_rank(rank: int, setup: Setup, runner: str) -> dict[str, Any]:
         step_times_s.append(time.perf_counter() - start)
     dist.barrier()
     losses.append(_value(loss))
-    weight_bytes = pipe.weight_bytes()
-    peak_bytes = memory.peak_bytes(weight_bytes)
+    weight_bytes = unique_bytes(pipe.parameters())
+    peak_bytes = memory.peak_bytes()
     pipe.finish()
     dist.barrier()  # stages are timed alone, but at the same moment on every rank, as in the pipeline
     stage_time_s = pipe.stage_time_s(batches[0])

@@ -347,14 +347,16 @@ def print_notes(setup: Setup, split: dict[str, Any], rows: list[dict[str, Any]],
         notes.append("peak MB: torch.cuda.max_memory_allocated per rank over construction, warm-up and timed steps.")
     else:
         notes += [
-            "peak MB: this rank's weights + the highest growth of its live CPU tensor bytes from construction to the",
-            "  end of the warm-up steps (streaming schedules drained), from torch.profiler's allocation events",
-            "  (profile_memory=True). Tensors only (no interpreter, libraries, allocator caching or fragmentation),",
-            "  and only those the main thread allocates.",
+            "peak MB: the highest total of this rank's live CPU tensor bytes (its weights, moved into fresh storage",
+            "  first, included) from construction to the end of the warm-up steps (streaming schedules drained), from",
+            "  torch.profiler's allocation events (profile_memory=True). Tensors only (no interpreter, libraries,",
+            "  allocator caching or fragmentation), and only those the main thread allocates.",
         ]
     notes += [
         "predicted MB: hf_ftpipe.partition.estimate_memory on the same node_stage / stage_device, optimizer 'sgd',",
-        "  the runner's schedule: weights × versions + gradients + saved activations × micro-batches in flight.",
+        "  the runner's schedule (hf_ftpipe.partition.memory_rules): weights × versions + gradients that outlive a",
+        "  backward + (saved activations + values sent) × micro-batches in flight + the largest backward's working",
+        "  set.",
         "loss: first warm-up step -> last timed step (every runner starts from the same weights and data).",
     ]
     if any(row["error"] is None and row["efficiency"] > 1.0 for row in rows):

@@ -9,11 +9,9 @@ from hf_ftpipe.partition.estimate import (
     estimate,
     estimate_memory,
     gpu_cost_s,
-    in_flight,
-    optimizer_state_bytes,
     usable_capacity,
-    weight_versions,
 )
+from hf_ftpipe.partition.memory_rules import gradients_persist, in_flight, optimizer_state_bytes, weight_versions
 from hf_ftpipe.partition.mixed import partition_mixed
 from hf_ftpipe.partition.plan import (
     FORMAT_NAME,
@@ -50,6 +48,7 @@ __all__ = [
     "find_blocks",
     "get_partitioner",
     "gpu_cost_s",
+    "gradients_persist",
     "greedy_cuts",
     "in_flight",
     "optimizer_state_bytes",

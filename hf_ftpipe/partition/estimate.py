@@ -12,25 +12,25 @@ The ideal is Σ compute / number of GPUs. Only traffic between GPUs counts: stag
 hand tensors over in memory. A producer's output is sent once to each stage on another GPU that
 reads it, and stages exchange one message per direction per micro-batch.
 
-Memory of a GPU: weights (distinct parameters and buffers, a tied weight once) × the versions the
-schedule keeps + gradients + optimizer state + activations × micro-batches in flight. The
-activations of one micro-batch are the ``saved_bytes`` of the GPU's ops: what autograd keeps from
-forward to backward (``output_bytes`` for a hand-built graph without it). ``gpipe`` holds every
+Memory of a GPU follows ``memory_rules``: weights (distinct parameters and buffers, a tied weight
+once) × the versions the schedule keeps (``weight_versions``) + optimizer state + the gradients
+that persist (``gradients_persist``) + what each stage keeps per micro-batch × its micro-batches in
+flight + what the largest of its backwards adds while it runs. Kept per micro-batch: the
+``saved_bytes`` of the stage's ops (what autograd keeps from forward to backward; ``output_bytes``
+for a hand-built graph without it) and the values that leave the stage. ``gpipe`` holds every
 micro-batch; the 1F1B-style schedules hold, at stage s of S, one micro-batch per stage from s to
 the end of the pipeline, stages that share a GPU counted separately (``in_flight``: the rule the
-runtime's schedules in ``hf_ftpipe.runtime.schedule`` follow); ``weight_versions`` counts the
-copies of the weights.
+runtime's schedules in ``hf_ftpipe.runtime.schedule`` follow).
 
 With recomputation (``MemoryOptions.recompute``, activation checkpointing per stage) a stage keeps,
-per micro-batch in flight, only the values it received from other stages, and pays for that with
-its forward run a second time, counted in its ``backward_s`` (and in the ideal). A GPU runs one
-action at a time, so it recomputes one micro-batch of one of its stages at a time: on top of the
-kept inputs it needs the full activations of one micro-batch of its largest stage, not one per
-stage::
+per micro-batch in flight, only the values it received from other stages (and those it sends), and
+pays for that with its forward run a second time, counted in its ``backward_s`` (and in the ideal).
+A GPU runs one action at a time, so it recomputes one micro-batch of one of its stages at a time:
+the full activations of one micro-batch of its largest stage, in the backward term, not one per
+stage. Inputs read straight from the batch (ids, masks, labels) are small and left out.
 
-    activations of a GPU = Σ over its stages (kept inputs × in flight) + max over its stages (saved)
-
-Inputs read straight from the batch (ids, masks, labels) are small and left out.
+``GPUCost``: ``gradient_bytes`` holds the gradients that persist; ``activation_bytes`` what the
+stages keep plus the largest backward's addition, gradients that do not persist included.
 
 Capacity: ``GPUCost.capacity_bytes`` is the device's raw memory; a plan is feasible when every GPU
 needs at most ``usable_capacity(profile, memory)``, the raw memory less the ``headroom`` fraction.
@@ -46,6 +46,16 @@ from typing import Literal, get_args
 
 from hf_ftpipe.errors import PartitionError
 from hf_ftpipe.graph.cost_graph import CostGraph
+from hf_ftpipe.partition.memory_rules import (
+    backward_bytes,
+    gradients_persist,
+    in_flight,
+    kept_output_bytes,
+    operand_bytes,
+    optimizer_state_bytes,
+    saved_bytes,
+    weight_versions,
+)
 from hf_ftpipe.partition.plan import GPUCost, Prediction, StageCost
 from hf_ftpipe.profile.cost import NodeCost, comm_time_s, node_costs
 from hf_ftpipe.profile.gpu import GPUProfile
@@ -57,10 +67,7 @@ __all__ = [
     "estimate",
     "estimate_memory",
     "gpu_cost_s",
-    "in_flight",
-    "optimizer_state_bytes",
     "usable_capacity",
-    "weight_versions",
 ]
 
 Optimizer = Literal["sgd", "sgd-momentum", "adam", "adamw", "adafactor"]
@@ -197,104 +204,9 @@ def gpu_cost_s(compute_s: float, comm_fwd_out_s: float, comm_bwd_in_s: float) ->
     return compute_s + max(0.0, comm_fwd_out_s - compute_s) + max(0.0, comm_bwd_in_s - compute_s)
 
 
-def in_flight(schedule: str, stage_index: int, stage_device: Sequence[int], num_microbatches: int) -> int:
-    """Micro-batches whose activations a stage holds at once.
-
-    GPipe runs every forward before any backward: all M = ``num_microbatches``. The 1F1B-style
-    schedules (``1f1b``, ``async``, ``2bw``) run a backward as soon as one is ready and hold
-    min(M, S − ``stage_index``) at a stage, S = ``len(stage_device)``: one micro-batch per stage
-    from this one to the end of the pipeline, its depth in stages, whichever GPUs run them.
-
-    Stages, not GPUs: a GPU that runs several stages runs one action at a time, so a micro-batch's
-    round trip from a stage to the end and back waits in the queue of every stage it passes, the
-    stages that share a GPU included. To keep every GPU busy a stage needs one micro-batch in
-    flight per stage downstream. ``hf_ftpipe.runtime.schedule`` follows this rule: each rank runs
-    its deepest ready stage's action, a backward before a forward, a forward only while the stage
-    holds fewer than ``in_flight`` micro-batches. Simulated in that schedule (forward 1, backward
-    2, a chain of stages), limits counting each GPU once (the distinct GPUs from the stage on)
-    keep the ranks of Mixed placements only 67–80% busy — GPUs [0, 1, 1, 0]: 67%, [0, 1, 2, 2, 1,
-    0]: 71%, [0, 1, 2, 3, 3, 2, 1, 0]: 72% — where the depth in stages keeps them 88–97% busy
-    (97%, 89%, 88%); a chain of one stage per GPU is 99% busy either way. Stages 0-3 on GPUs
-    [0, 1, 1, 0], M ≥ 4::
-
-        stage           0   1   2   3
-        GPU             0   1   1   0
-        in flight       4   3   2   1
-
-    Args:
-        stage_device (`Sequence[int]`): stage index → GPU index, for every stage of the plan.
-    """
-    if not 0 <= stage_index < len(stage_device):
-        raise PartitionError(
-            f"`stage_index` {stage_index} is outside the plan's stages 0..{len(stage_device) - 1} "
-            f"(`stage_device` has {len(stage_device)} entries)"
-        )
-    if schedule == "gpipe":
-        return num_microbatches
-    return min(num_microbatches, len(stage_device) - stage_index)
-
-
-def weight_versions(
-    schedule: str,
-    stage_index: int,
-    stage_device: Sequence[int],
-    *,
-    num_microbatches: int | None = None,
-    gradient_accumulation_steps: int = 1,
-) -> int:
-    """Copies of its weights a stage keeps: flushing schedules (``gpipe``, ``1f1b``) one, 2BW two,
-    ``async`` (PipeDream's weight stashing) one per weight version still in flight.
-
-    Under ``async`` the forward and backward of a micro-batch use the same version. A stage has
-    k = ``in_flight(...)`` micro-batches between their forward and backward (S − ``stage_index``
-    in the steady state, S = ``len(stage_device)``, stages sharing a GPU counted separately;
-    ``num_microbatches`` caps it when given). They are k consecutive micro-batches, and the
-    weights change once every G = ``gradient_accumulation_steps`` of them, so they span at most
-    ⌈(k − 1) / G⌉ + 1 versions; the newest of those is the current weights. G = 1 gives k:
-    PipeDream's "depth d from the end keeps d + 1 versions"::
-
-        k = 4, G = 1: micro-batches 5 6 7 8 → versions 5 6 7 8    (4 copies)
-        k = 4, G = 2: micro-batches 5 6 7 8 → versions 2 3 3 4    (⌈3/2⌉ + 1 = 3 copies)
-
-    Args:
-        stage_device (`Sequence[int]`): stage index → GPU index, for every stage of the plan.
-        num_microbatches (`int`, *optional*): caps k; the steady state's k when not given.
-    """
-    if schedule == "2bw":
-        return 2
-    if schedule != "async":
-        return 1
-    # No cap given: S − stage_index, which never exceeds len(stage_device).
-    cap = len(stage_device) if num_microbatches is None else num_microbatches
-    k = in_flight(schedule, stage_index, stage_device, cap)
-    return -(-(k - 1) // gradient_accumulation_steps) + 1
-
-
-def optimizer_state_bytes(optimizer: str, shape: tuple[int, ...], num_bytes: int) -> int:
-    """Optimizer state of one trainable tensor of ``shape`` taking ``num_bytes``.
-
-    SGD keeps none, momentum one buffer, Adam(W) two (first and second moments). Adafactor (as in
-    transformers, without first moment) keeps a row and a column vector per matrix — factored
-    second moments, ``(rows + cols) / (rows × cols)`` of the tensor — and a full vector for 1-D
-    tensors.
-    """
-    if optimizer == "sgd":
-        return 0
-    if optimizer == "sgd-momentum":
-        return num_bytes
-    if optimizer in ("adam", "adamw"):
-        return 2 * num_bytes
-    numel = 1
-    for size in shape:
-        numel *= size
-    if len(shape) < 2 or numel == 0:
-        return num_bytes
-    rows, cols = shape[-2], shape[-1]
-    return num_bytes * (rows + cols) // (rows * cols)
-
-
 class _Memory:
-    """Memory of each stage and each GPU, from the params and outputs of their nodes."""
+    """Memory of each stage and each GPU, from the params and outputs of their nodes
+    (the terms of ``memory_rules``)."""
 
     def __init__(
         self,
@@ -309,61 +221,69 @@ class _Memory:
     ) -> None:
         self.graph, self.stage_device = graph, stage_device
         self.optimizer = optimizer
-        num_stages = len(stage_nodes)
         self.stage_params = [graph.params_of(nodes) for nodes in stage_nodes]
-        self.versions = [
-            weight_versions(
-                schedule,
-                s,
-                stage_device,
-                num_microbatches=num_microbatches,
-                gradient_accumulation_steps=options.gradient_accumulation_steps,
-            )
-            for s in range(num_stages)
-        ]
-        # Per stage: the activations held for its micro-batches in flight, and, under
-        # recomputation, the full activations of the one being recomputed (0 without), which a GPU
-        # needs for one of its stages at a time: of_gpu takes the largest.
+        self.versions: list[int] = []
+        self.persist: list[bool] = []
         self.held_bytes: list[int] = []
-        self.recomputed: list[int] = []
+        """Per stage: what it keeps for all its micro-batches in flight."""
+        self.backward: list[int] = []
+        """Per stage: what its backward adds while it runs (a GPU counts its largest)."""
+        counts = {
+            "num_microbatches": num_microbatches,
+            "gradient_accumulation_steps": options.gradient_accumulation_steps,
+        }
         for s, nodes in enumerate(stage_nodes):
+            self.versions.append(weight_versions(schedule, s, stage_device, **counts))
+            self.persist.append(gradients_persist(schedule, s, stage_device, **counts))
             saved = sum(saved_bytes(graph, n) for n in nodes)
-            held = in_flight(schedule, s, stage_device, num_microbatches)
+            kept = kept_output_bytes(graph, nodes, node_stage)
             if options.recompute:
                 inputs = {u for v in nodes for u in graph.graph.predecessors(v) if node_stage[u] != s}
-                self.held_bytes.append(sum(graph.node(u)["output_bytes"] for u in inputs) * held)
-                self.recomputed.append(saved)
+                kept += sum(graph.node(u)["output_bytes"] for u in inputs)
             else:
-                self.held_bytes.append(saved * held)
-                self.recomputed.append(0)
+                kept += saved
+            self.held_bytes.append(kept * in_flight(schedule, s, stage_device, num_microbatches))
+            self.backward.append(
+                backward_bytes(
+                    persist=self.persist[s],
+                    largest_operand=max((operand_bytes(graph, n) for n in nodes), default=0),
+                    gradients=sum(graph.params[p].bytes for p in self.stage_params[s] if graph.params[p].requires_grad),
+                    saved=saved,
+                    recomputed=saved if options.recompute else 0,
+                )
+            )
 
-    def _params(self, versions_of: dict[str, int]) -> dict[str, int]:
+    def _params(self, versions_of: dict[str, int], persist_of: dict[str, bool]) -> dict[str, int]:
         weights = gradients = optimizer = 0
         for name, versions in versions_of.items():
             info = self.graph.params[name]
             weights += info.bytes * versions
             if info.requires_grad:
-                gradients += info.bytes
+                gradients += info.bytes if persist_of[name] else 0
                 optimizer += optimizer_state_bytes(self.optimizer, info.shape, info.bytes)
         return {"weights_bytes": weights, "gradient_bytes": gradients, "optimizer_bytes": optimizer}
 
     def of_stage(self, s: int) -> int:
-        parts = self._params(dict.fromkeys(self.stage_params[s], self.versions[s]))
-        return sum(parts.values()) + self.held_bytes[s] + self.recomputed[s]
+        names = self.stage_params[s]
+        parts = self._params(dict.fromkeys(names, self.versions[s]), dict.fromkeys(names, self.persist[s]))
+        return sum(parts.values()) + self.held_bytes[s] + self.backward[s]
 
     def of_gpu(self, g: int) -> dict[str, int]:
-        # A weight read by several stages of this GPU (tied, or Mixed-Pipe) is stored once,
-        # with as many versions as the most demanding of those stages keeps.
+        # A weight read by several stages of this GPU (tied, or Mixed-Pipe) is stored once, with as
+        # many versions as the most demanding of those stages keeps, and its gradient persists if
+        # it does for any of them.
         versions_of: dict[str, int] = {}
-        held = recomputed = 0
+        persist_of: dict[str, bool] = {}
+        held = backward = 0
         for s, device in enumerate(self.stage_device):
             if device == g:
                 for name in self.stage_params[s]:
                     versions_of[name] = max(versions_of.get(name, 0), self.versions[s])
+                    persist_of[name] = persist_of.get(name, False) or self.persist[s]
                 held += self.held_bytes[s]
-                recomputed = max(recomputed, self.recomputed[s])  # one stage recomputed at a time
-        parts = self._params(versions_of)
-        parts["activation_bytes"] = held + recomputed
+                backward = max(backward, self.backward[s])  # one backward at a time
+        parts = self._params(versions_of, persist_of)
+        parts["activation_bytes"] = held + backward
         parts["memory_bytes"] = sum(parts.values())
         return parts
 
@@ -388,14 +308,6 @@ def estimate_memory(
     )
     num_devices = max(stage_device, default=-1) + 1
     return [model.of_gpu(g)["memory_bytes"] for g in range(num_devices)]
-
-
-def saved_bytes(graph: CostGraph, node: str) -> int:
-    """Activation bytes ``node`` keeps per micro-batch: ``saved_bytes``, else ``output_bytes``
-    (hand-built graphs)."""
-    attrs = graph.node(node)
-    value = attrs.get("saved_bytes")
-    return attrs["output_bytes"] if value is None else value
 
 
 def _stage_nodes(graph: CostGraph, node_stage: Mapping[str, int], stage_device: Sequence[int]) -> list[list[str]]:

@@ -32,14 +32,13 @@ import numpy as np
 from hf_ftpipe.errors import PartitionError
 from hf_ftpipe.graph.cost_graph import CostGraph
 from hf_ftpipe.partition._contiguous import Setup, format_bytes
-from hf_ftpipe.partition.estimate import (
-    MemoryOptions,
-    Optimizer,
-    Schedule,
+from hf_ftpipe.partition.estimate import MemoryOptions, Optimizer, Schedule, usable_capacity
+from hf_ftpipe.partition.memory_rules import (
+    gradients_persist,
     in_flight,
+    operand_bytes,
     optimizer_state_bytes,
     saved_bytes,
-    usable_capacity,
     weight_versions,
 )
 from hf_ftpipe.partition.plan import Partition, PartitionKey
@@ -126,12 +125,18 @@ class _Tables:
     cost_s: np.ndarray
     weights: np.ndarray
     """Distinct parameter and buffer bytes (one weight version)."""
-    grads_and_state: np.ndarray
-    """Gradients and optimizer state of the distinct trainable parameters."""
+    grads: np.ndarray
+    """Gradient bytes of the distinct trainable parameters."""
+    state: np.ndarray
+    """Optimizer state of the distinct trainable parameters."""
     saved: np.ndarray
     """Activation bytes of one micro-batch."""
     inputs: np.ndarray
     """Bytes of the values the stage reads from earlier stages (kept under recomputation)."""
+    kept: np.ndarray
+    """Bytes of the values that leave the stage (read later, or outputs of the model)."""
+    largest_operand: np.ndarray
+    """The largest ``operand_bytes`` of the stage's ops."""
 
 
 class _Chain:
@@ -163,18 +168,29 @@ class _Chain:
 
         compute_prefix = np.concatenate([[0.0], np.cumsum(np.bincount(block_of_item, compute, num_blocks))])
         saved = np.zeros(num_blocks)
+        operand = np.zeros(num_blocks)
         for n in cut_order.order:
             saved[block[n]] += saved_bytes(graph, n)
+            operand[block[n]] = max(operand[block[n]], operand_bytes(graph, n))
         saved_prefix = np.concatenate([[0.0], np.cumsum(saved)])
+        largest_operand = np.zeros((num_blocks + 1, num_blocks + 1))
+        for a in range(num_blocks):
+            largest_operand[a, a + 1 :] = np.maximum.accumulate(operand[a:])
 
         out_bytes, grad_bytes, in_bytes = _Rectangles(num_blocks), _Rectangles(num_blocks), _Rectangles(num_blocks)
+        kept = _Rectangles(num_blocks)
+        model_outputs = set(graph.outputs)
         for u in cut_order.order:
             p = block[u]
             readers = sorted({block[v] for v in graph.graph.successors(u)} - {p})
             readers = [c for c in readers if c > p]
+            size = graph.node(u)["output_bytes"]
+            if u in model_outputs:  # kept by every stage that holds it
+                kept.add(0, p, p + 1, num_blocks, size)
+            elif readers:
+                kept.add(0, p, p + 1, readers[-1], size)
             if not readers:
                 continue
-            size = graph.node(u)["output_bytes"]
             out_bytes.add(0, p, p + 1, readers[-1], size)  # leaves every [a, b) with a ≤ p < b ≤ q
             if graph.node(u)["requires_grad"]:
                 grad_bytes.add(0, p, p + 1, readers[-1], size)
@@ -187,14 +203,15 @@ class _Chain:
         for n in cut_order.order:
             for name in graph.node(n)["params"]:
                 uses.setdefault(name, set()).add(block[n])
-        weights_t, state_t = _Rectangles(num_blocks), _Rectangles(num_blocks)
+        weights_t, grads_t, state_t = _Rectangles(num_blocks), _Rectangles(num_blocks), _Rectangles(num_blocks)
         for name, blocks in uses.items():
             info = graph.params[name]
-            state = info.bytes + optimizer_state_bytes(setup.optimizer, info.shape, info.bytes)
+            state = optimizer_state_bytes(setup.optimizer, info.shape, info.bytes)
             previous = -1
             for x in sorted(blocks):  # [a, b) holds it when its first use ≥ a is < b
                 weights_t.add(previous + 1, x, x + 1, num_blocks, info.bytes)
                 if info.requires_grad:
+                    grads_t.add(previous + 1, x, x + 1, num_blocks, info.bytes)
                     state_t.add(previous + 1, x, x + 1, num_blocks, state)
                 previous = x
 
@@ -205,28 +222,33 @@ class _Chain:
         self.tables = _Tables(
             cost_s=cost_s,
             weights=weights_t.table(),
-            grads_and_state=state_t.table(),
+            grads=grads_t.table(),
+            state=state_t.table(),
             saved=saved_prefix[None, :] - saved_prefix[:, None],
             inputs=in_bytes.table(),
+            kept=kept.table(),
+            largest_operand=largest_operand,
         )
 
     def memory(self, stage_index: int, num_stages: int, b: int) -> np.ndarray:
         """Bytes of the stages [a, b) for every a < b as stage ``stage_index`` of ``num_stages``."""
         setup, t = self.setup, self.tables
         stage_device = range(num_stages)  # contiguous: stage s runs on GPU s
+        counts = {
+            "num_microbatches": setup.num_microbatches,
+            "gradient_accumulation_steps": setup.memory.gradient_accumulation_steps,
+        }
         held = in_flight(setup.schedule, stage_index, stage_device, setup.num_microbatches)
-        versions = weight_versions(
-            setup.schedule,
-            stage_index,
-            stage_device,
-            num_microbatches=setup.num_microbatches,
-            gradient_accumulation_steps=setup.memory.gradient_accumulation_steps,
-        )
-        if setup.memory.recompute:  # the GPU's one stage is the one it recomputes
-            activations = t.inputs[:b, b] * held + t.saved[:b, b]
-        else:
-            activations = t.saved[:b, b] * held
-        return t.weights[:b, b] * versions + t.grads_and_state[:b, b] + activations
+        versions = weight_versions(setup.schedule, stage_index, stage_device, **counts)
+        persist = gradients_persist(setup.schedule, stage_index, stage_device, **counts)
+        grads, saved = t.grads[:b, b], t.saved[:b, b]
+        recompute = setup.memory.recompute
+        per_microbatch = t.kept[:b, b] + (t.inputs[:b, b] if recompute else saved)
+        # memory_rules.backward_bytes, for every candidate at once
+        created = 0.0 if persist else np.maximum(0.0, grads - saved)
+        backward = (saved if recompute else 0.0) + np.maximum(2 * t.largest_operand[:b, b], created)
+        params = t.weights[:b, b] * versions + t.state[:b, b] + (grads if persist else 0.0)
+        return params + per_microbatch * held + backward
 
     def solve(self, num_stages: int, capacity: float, *, by_memory: bool = False) -> list[int] | None:
         """Block boundaries ``[0, ..., B]`` of the best split, or None when nothing fits.

@@ -41,7 +41,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from ..partition.estimate import in_flight
+from ..partition.memory_rules import in_flight
 
 __all__ = [
     "Action",

@@ -12,6 +12,7 @@ from hf_ftpipe.partition import (
     estimate,
     estimate_memory,
     gpu_cost_s,
+    gradients_persist,
     in_flight,
     optimizer_state_bytes,
     usable_capacity,
@@ -85,18 +86,23 @@ def test_memory_gpipe_with_tied_weight_and_adamw():
         [("e", "m"), ("m", "head")],
         params=params,
     )
-    # tied weight on two stages of GPU 0: stored once; GPU 1 has no weights
+    # tied weight on two stages of GPU 0: stored once; GPU 1 has no weights. Every op saves its
+    # 16 B output and every output leaves its stage (head's is the model's), so each stage keeps
+    # 32 B per micro-batch, all 3 in flight; a backward works with 2 × 16 B.
     node_stage = {"e": 0, "m": 1, "head": 2}
     plan = estimate(graph, node_stage, [0, 1, 0], UNIT, num_microbatches=3, microbatch_size=1)
     gpu0 = plan.gpus[0]
+    # GPU 0 runs two stages: under gpipe their backwards interleave, so the gradients persist
     assert (gpu0.weights_bytes, gpu0.gradient_bytes, gpu0.optimizer_bytes) == (420, 400, 800)
-    assert gpu0.activation_bytes == 2 * 16 * 3  # two ops × 16 B × all 3 micro-batches in flight
-    assert gpu0.memory_bytes == 420 + 400 + 800 + 96 and gpu0.capacity_bytes == UNIT.memory_bytes
-    assert plan.gpus[1].memory_bytes == 16 * 3
-    # on two GPUs, each keeps its copy
+    assert gpu0.activation_bytes == 2 * 32 * 3 + 2 * 16
+    assert gpu0.memory_bytes == 420 + 400 + 800 + 224 and gpu0.capacity_bytes == UNIT.memory_bytes
+    assert plan.gpus[1].memory_bytes == 32 * 3 + 2 * 16
+    # On two GPUs each keeps its copy. A stage alone under gpipe runs every forward before its
+    # first backward: its gradients replace the activations the backward frees, and only what
+    # they exceed those by counts (400 B of gradients against 32 B and 16 B saved).
     node_stage = {"e": 0, "m": 0, "head": 1}
     split = estimate_memory(graph, node_stage, [0, 1], num_microbatches=3, optimizer="sgd")
-    assert split == [420 + 400 + 2 * 16 * 3, 400 + 400 + 16 * 3]
+    assert split == [420 + (16 + 16 + 16) * 3 + (400 - 32), 400 + (16 + 16) * 3 + (400 - 16)]
 
 
 def test_1f1b_holds_fewer_microbatches():
@@ -104,7 +110,8 @@ def test_1f1b_holds_fewer_microbatches():
     plan = estimate(
         graph, {"n0": 0, "n1": 1, "n2": 2}, [0, 1, 2], UNIT, num_microbatches=8, microbatch_size=1, schedule="1f1b"
     )
-    assert [g.activation_bytes for g in plan.gpus] == [16 * 3, 16 * 2, 16 * 1]
+    # per micro-batch: 16 B saved and the 16 B output kept; plus 2 × 16 B for the backward
+    assert [g.activation_bytes for g in plan.gpus] == [32 * 3 + 32, 32 * 2 + 32, 32 * 1 + 32]
     assert in_flight("1f1b", 0, [0, 1, 2], 2) == 2 and in_flight("gpipe", 2, [0, 1, 2], 8) == 8
 
 
@@ -144,7 +151,8 @@ def test_in_flight_names_a_stage_outside_the_plan():
 
 
 def test_stages_sharing_a_gpu_hold_what_they_hold_on_their_own_gpus():
-    # Four stages of one op each, one 16 B weight and 16 B of activations per op; async, SGD.
+    # Four stages of one op each, one 16 B weight, 16 B saved and its 16 B output kept per op;
+    # async, SGD: gradients applied right after each backward (no more than what it frees).
     params = {f"w{i}": param(f"w{i}", (2, 2)) for i in range(4)}
     nodes = {f"n{i}": {"flops": 1.0, "params": (f"w{i}",)} for i in range(4)}
     graph = make_graph(nodes, [("n0", "n1"), ("n1", "n2"), ("n2", "n3")], params=params)
@@ -152,10 +160,11 @@ def test_stages_sharing_a_gpu_hold_what_they_hold_on_their_own_gpus():
     args = {"num_microbatches": 8, "schedule": "async", "optimizer": "sgd"}
     # One stage per GPU: 4 3 2 1 micro-batches in flight and as many weight versions.
     alone = estimate_memory(graph, node_stage, [0, 1, 2, 3], **args)
-    assert alone == [16 * 4 + 16 + 16 * 4, 16 * 3 + 16 + 16 * 3, 16 * 2 + 16 + 16 * 2, 16 + 16 + 16]
-    # GPUs [0, 1, 1, 0]: still 4 3 2 1 (the depth is in stages); GPU 0 = stages 0 and 3.
+    assert alone == [16 * k + 32 * k + 2 * 16 for k in (4, 3, 2, 1)]
+    # GPUs [0, 1, 1, 0]: still 4 3 2 1 (the depth is in stages); GPU 0 = stages 0 and 3, which
+    # run one backward at a time.
     mixed = estimate_memory(graph, node_stage, [0, 1, 1, 0], **args)
-    assert mixed == [alone[0] + alone[3], alone[1] + alone[2]]
+    assert mixed == [alone[0] + alone[3] - 32, alone[1] + alone[2] - 32]
 
 
 def test_recompute_charges_a_gpu_one_stage_recomputed_at_a_time():
@@ -172,16 +181,21 @@ def test_recompute_charges_a_gpu_one_stage_recomputed_at_a_time():
     node_stage = {"a": 0, "b": 1, "c": 2, "d": 3}
     sizes = {"num_microbatches": 8, "microbatch_size": 1, "schedule": "1f1b"}
     plan = estimate(graph, node_stage, [0, 1, 1, 0], UNIT, **sizes, memory=MemoryOptions(recompute=True))
-    # Each stage keeps its inputs per micro-batch in flight (stage 0 reads only the batch); the
-    # GPU recomputes one micro-batch of one stage at a time: the largest saved_bytes, not the sum.
-    gpu0 = (0 * 4 + 30 * 1) + max(500, 100)
-    gpu1 = (10 * 3 + 20 * 2) + max(300, 700)
+    # Each stage keeps its inputs and its output per micro-batch in flight (stage 0 reads only the
+    # batch); the GPU runs one backward at a time, which recomputes one micro-batch of its stage
+    # and works with twice its largest tensor: the largest of those, not the sum.
+    kept = [(0 + 10) * 4, (10 + 20) * 3, (20 + 30) * 2, (30 + 40) * 1]
+    backward = [500 + 2 * 10, 300 + 2 * 20, 700 + 2 * 30, 100 + 2 * 40]
+    gpu0 = kept[0] + kept[3] + max(backward[0], backward[3])
+    gpu1 = kept[1] + kept[2] + max(backward[1], backward[2])
     assert [g.activation_bytes for g in plan.gpus] == [gpu0, gpu1]
     # A stage alone still needs its own full micro-batch.
-    assert [s.memory_bytes for s in plan.stages] == [0 + 500, 10 * 3 + 300, 20 * 2 + 700, 30 * 1 + 100]
+    assert [s.memory_bytes for s in plan.stages] == [k + b for k, b in zip(kept, backward)]
     # Without recomputation every stage keeps all it saves, per micro-batch in flight.
     plain = estimate(graph, node_stage, [0, 1, 1, 0], UNIT, **sizes)
-    assert [g.activation_bytes for g in plain.gpus] == [500 * 4 + 100 * 1, 300 * 3 + 700 * 2]
+    gpu0 = (500 + 10) * 4 + (100 + 40) * 1 + 2 * 40
+    gpu1 = (300 + 20) * 3 + (700 + 30) * 2 + 2 * 30
+    assert [g.activation_bytes for g in plain.gpus] == [gpu0, gpu1]
 
 
 def test_async_stashes_weight_versions():
@@ -220,7 +234,9 @@ def test_activations_are_saved_bytes_and_output_bytes_only_without_them():
         [("a", "b")],
     )
     plan = estimate(graph, {"a": 0, "b": 0}, [0], UNIT, num_microbatches=2, microbatch_size=1)
-    assert plan.gpus[0].activation_bytes == (7 + 5) * 2  # b has no saved_bytes: its output
+    # b has no saved_bytes: its output; b's output is the model's, kept too; a backward through b
+    # works with twice a's 100 B output
+    assert plan.gpus[0].activation_bytes == (7 + 5) * 2 + 5 * 2 + 2 * 100
 
 
 def test_recompute_keeps_stage_inputs_per_microbatch_and_runs_forward_twice():
@@ -236,10 +252,11 @@ def test_recompute_keeps_stage_inputs_per_microbatch_and_runs_forward_twice():
     )
     sizes = {"num_microbatches": 4, "microbatch_size": 1, "schedule": "1f1b"}
     plain = estimate(graph, {"a": 0, "b": 1, "c": 1}, [0, 1], UNIT, **sizes)
-    assert [g.activation_bytes for g in plain.gpus] == [50 * 2, (60 + 70) * 1]
+    # each stage also keeps the output that leaves it; backward working tensors 2 × 10, 2 × 30
+    assert [g.activation_bytes for g in plain.gpus] == [(50 + 10) * 2 + 20, (60 + 70 + 30) * 1 + 60]
     again = estimate(graph, {"a": 0, "b": 1, "c": 1}, [0, 1], UNIT, **sizes, memory=MemoryOptions(recompute=True))
     # stage 0 reads only the batch; stage 1 keeps a's output (once, though two ops read it)
-    assert [g.activation_bytes for g in again.gpus] == [0 * 2 + 50, 10 * 1 + (60 + 70)]
+    assert [g.activation_bytes for g in again.gpus] == [(0 + 10) * 2 + 50 + 20, (10 + 30) * 1 + (60 + 70) + 60]
     assert [s.backward_s for s in again.stages] == [3.0 + 3.0, 3.0 + 3.0]  # backward + forward again
     assert [g.compute_s for g in again.gpus] == [9.0, 9.0]
     assert again.ideal_step_time_s == 18.0 / UNIT.count
@@ -295,7 +312,7 @@ def test_headroom_capacity_and_memory_fraction():
     graph = chain([1, 1])
     plan = estimate(graph, {"n0": 0, "n1": 1}, [0, 1], UNIT, num_microbatches=10, microbatch_size=1)
     assert [g.capacity_bytes for g in plan.gpus] == [10_000, 10_000]  # raw
-    assert plan.max_memory_fraction == 160 / 10_000
+    assert plan.max_memory_fraction == ((16 + 16) * 10 + 32) / 10_000
     assert plan.worst_over_ideal == plan.imbalance
     assert usable_capacity(UNIT) == 9_000  # 10% headroom by default
     assert usable_capacity(UNIT, MemoryOptions(headroom=0.25)) == 7_500
@@ -313,4 +330,60 @@ def test_estimate_memory_takes_memory_options():
     graph = make_graph({"a": {"flops": 1.0, "saved_bytes": 40}, "b": {"flops": 1.0, "saved_bytes": 40}}, [("a", "b")])
     plain = estimate_memory(graph, {"a": 0, "b": 1}, [0, 1], num_microbatches=3)
     again = estimate_memory(graph, {"a": 0, "b": 1}, [0, 1], num_microbatches=3, memory=MemoryOptions(recompute=True))
-    assert plain == [120, 120] and again == [40, 16 * 3 + 40]
+    # per micro-batch 40 B saved (recomputed: the stage's input) and the 16 B output; 2 × 16 B
+    assert plain == [(40 + 16) * 3 + 32] * 2 and again == [16 * 3 + 40 + 32, (16 + 16) * 3 + 40 + 32]
+
+
+@pytest.mark.parametrize(
+    ("schedule", "stage_device", "num_microbatches", "accumulation", "expected"),
+    [
+        ("async", [0, 1], 4, 1, [False, False]),  # applied right after each backward
+        ("async", [0, 1], 4, 2, [True, True]),  # kept across the forwards between two backwards
+        ("2bw", [0, 1], 4, 1, [True, True]),
+        ("gpipe", [0, 1], 4, 1, [False, False]),  # every forward of the step before any backward
+        ("gpipe", [0, 1, 0], 4, 1, [True, False, True]),  # GPU 0's two stages interleave backwards
+        ("1f1b", [0, 1], 4, 1, [True, True]),
+        ("1f1b", [0, 1, 2], 2, 1, [False, False, True]),  # stages 0, 1 hold both micro-batches
+    ],
+)
+def test_gradients_persist(schedule, stage_device, num_microbatches, accumulation, expected):
+    got = [
+        gradients_persist(
+            schedule, s, stage_device, num_microbatches=num_microbatches, gradient_accumulation_steps=accumulation
+        )
+        for s in range(len(stage_device))
+    ]
+    assert got == expected
+
+
+def test_gradients_that_do_not_persist_count_beyond_the_activations_a_backward_frees():
+    # a (a 400 B weight, 16 B saved) → b; async updates right after each backward, 1f1b keeps the
+    # gradients for the whole step. Stage 0 holds 2 micro-batches (saved + kept output: 32 B each).
+    params = {"w": param("w", (10, 10))}
+    graph = make_graph({"a": {"flops": 1.0, "params": ("w",)}, "b": 1.0}, [("a", "b")], params=params)
+    args = {"num_microbatches": 4, "microbatch_size": 1, "optimizer": "sgd"}
+    streamed = estimate(graph, {"a": 0, "b": 1}, [0, 1], UNIT, schedule="async", **args).gpus[0]
+    assert (streamed.weights_bytes, streamed.gradient_bytes) == (2 * 400, 0)  # two versions in flight
+    assert streamed.activation_bytes == 32 * 2 + (400 - 16)  # the gradient beyond the 16 B it frees
+    flushed = estimate(graph, {"a": 0, "b": 1}, [0, 1], UNIT, schedule="1f1b", **args).gpus[0]
+    assert (flushed.weights_bytes, flushed.gradient_bytes) == (400, 400)
+    assert flushed.activation_bytes == 32 * 2 + 2 * 16  # backward working tensors only
+
+
+def test_a_loss_stage_keeps_the_logits_and_works_with_two_of_their_size():
+    # logits (800 B, saved by nobody) → loss (scalar, saves 800 B of log-probabilities); the
+    # model returns both. Its backward holds the gradients of the log-probabilities and of the
+    # logits at once: on top of 800 saved + 800 kept logits + 4 B loss, 2 × 800.
+    graph = make_graph(
+        {
+            "h": {"flops": 1.0, "output_bytes": 100},
+            "logits": {"flops": 1.0, "output_bytes": 800, "saved_bytes": 100},
+            "loss": {"flops": 1.0, "output_bytes": 4, "saved_bytes": 800},
+        },
+        [("h", "logits"), ("logits", "loss")],
+        outputs=("loss", "logits"),
+    )
+    args = {"num_microbatches": 2, "optimizer": "sgd", "schedule": "async"}
+    assert estimate_memory(graph, {"h": 0, "logits": 1, "loss": 1}, [0, 1], **args)[1] == (
+        (100 + 800) + (800 + 4) + 2 * 800
+    )

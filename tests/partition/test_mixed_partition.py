@@ -177,8 +177,11 @@ def test_block_memory_of_blocks_placed_as_stages_matches_estimate(stage_device, 
 
 def test_block_memory_recomputes_blocks_of_one_stage_together() -> None:
     # Three independent blocks read the batch only (no inputs kept): with recomputation a GPU needs
-    # the saved activations of its largest stage, blocks placed in one stage adding up.
-    nodes = {name: {"flops": 1.0, "saved_bytes": size} for name, size in [("a", 40), ("b", 30), ("c", 50)]}
+    # the saved activations of its largest stage, blocks placed in one stage adding up. Outputs of
+    # no bytes: nothing kept beside them, no backward working tensors.
+    nodes = {
+        name: {"flops": 1.0, "saved_bytes": size, "output_bytes": 0} for name, size in [("a", 40), ("b", 30), ("c", 50)]
+    }
     graph = make_graph(nodes, [])
     args = {"schedule": "1f1b", "optimizer": "sgd", "num_microbatches": 4}
     block_memory = BlockMemory(graph, [["a"], ["b"], ["c"]], memory=MemoryOptions(recompute=True), **args)

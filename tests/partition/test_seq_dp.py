@@ -93,13 +93,14 @@ def test_memory_limit_moves_the_cut():
 
 
 def test_infeasible_names_the_gpu_count_that_fits():
-    graph = chain([1] * 8)  # 16 B per op and micro-batch in flight
+    # A stage of n ops holds 16 n B saved, its 16 B output and 2 × 16 B of backward working tensors.
+    graph = chain([1] * 8)
     sizes = {"num_microbatches": 1, "microbatch_size": 1}
-    small = replace(UNIT, count=2, memory_bytes=40)  # 2 ops per GPU at most
+    small = replace(UNIT, count=2, memory_bytes=80)  # 2 ops per GPU at most
     with pytest.raises(PartitionError) as info:
         partition_seq_dp(graph, small, 2, **sizes, memory=MemoryOptions(headroom=0))
-    assert "needs 64 bytes" in str(info.value) and "4 GPUs of this kind would fit" in str(info.value)
-    with pytest.raises(PartitionError, match=r"GPUs of at least 80 bytes with this headroom"):
+    assert "needs 112 bytes" in str(info.value) and "4 GPUs of this kind would fit" in str(info.value)
+    with pytest.raises(PartitionError, match=r"GPUs of at least 140 bytes with this headroom"):
         partition_seq_dp(graph, small, 2, **sizes, memory=MemoryOptions(headroom=0.2))
 
 

@@ -3,12 +3,12 @@
 `estimate` needs finished stages; assignment has only blocks. Each block is charged as if it were
 the stage it fell in in the last plan, with that plan's stage → GPU map; before any plan, as
 stage g of a contiguous plan with one stage per GPU, g from its share of the compute before it.
-The charge: weights × the versions the schedule keeps there, gradients, optimizer state, and
-activations — every micro-batch in flight (`estimate.in_flight`: one per stage from the block's
-stage to the end), or with recomputation the inputs of each in-flight micro-batch, plus once per
-GPU the saved tensors of one micro-batch of its largest stage (blocks charged as the same stage
-add up). A weight read by several blocks of a GPU is counted once, with the most versions any of
-them keeps. When every block is a whole stage this is `estimate`'s figure exactly.
+The charge follows `memory_rules`: weights × the versions the schedule keeps there, optimizer
+state, gradients where they persist, what the block keeps per micro-batch (saved activations, or
+with recomputation its inputs, and the values that leave it) × the micro-batches in flight, and
+once per GPU what its largest backward adds (blocks charged as the same stage add up there). A
+weight read by several blocks of a GPU is counted once, with the most versions any of them keeps.
+When every block is a whole stage this is `estimate`'s figure exactly.
 """
 
 from __future__ import annotations
@@ -16,7 +16,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from hf_ftpipe.graph.cost_graph import CostGraph
-from hf_ftpipe.partition.estimate import MemoryOptions, in_flight, optimizer_state_bytes, saved_bytes, weight_versions
+from hf_ftpipe.partition.estimate import MemoryOptions
+from hf_ftpipe.partition.memory_rules import (
+    backward_bytes,
+    gradients_persist,
+    in_flight,
+    kept_output_bytes,
+    operand_bytes,
+    optimizer_state_bytes,
+    saved_bytes,
+    weight_versions,
+)
 
 __all__ = ["BlockMemory"]
 
@@ -40,50 +50,65 @@ class BlockMemory:
         g = graph.graph
         self.params = [graph.params_of(nodes) for nodes in blocks]
         self.saved = [sum(saved_bytes(graph, n) for n in nodes) for nodes in blocks]
-        self.inputs = [
+        inputs = [
             sum(g.nodes[u]["output_bytes"] for u in {u for n in nodes for u in g.predecessors(n) if block_of[u] != b})
             for b, nodes in enumerate(blocks)
         ]
-        self.fixed = {}  # gradient + optimizer state, once per parameter
+        kept = [kept_output_bytes(graph, nodes, block_of) for nodes in blocks]
+        self.per_microbatch = [k + (i if memory.recompute else s) for k, i, s in zip(kept, inputs, self.saved)]
+        """What a block keeps per micro-batch in flight."""
+        self.operand = [max((operand_bytes(graph, n) for n in nodes), default=0) for nodes in blocks]
+        self.state = {}  # optimizer state, once per parameter
         for name, info in graph.params.items():
-            self.fixed[name] = (
-                info.bytes + optimizer_state_bytes(optimizer, info.shape, info.bytes) if info.requires_grad else 0
-            )
-        # Until `place`: every block its own stage, one micro-batch, one weight version.
-        self.recompute = memory.recompute
+            self.state[name] = optimizer_state_bytes(optimizer, info.shape, info.bytes) if info.requires_grad else 0
+        # Until `place`: every block its own stage, one micro-batch, one weight version, gradients kept.
         self.stage = list(range(len(blocks)))
         self.versions = [1] * len(blocks)
-        self.held = list(self.inputs if memory.recompute else self.saved)
+        self.persist = [True] * len(blocks)
+        self.held = list(self.per_microbatch)
 
     def place(self, stage_of_block: Sequence[int], stage_device: Sequence[int]) -> None:
         """Charge each block as stage ``stage_of_block[b]`` of a plan with ``stage_device``
         (stage index → GPU index)."""
-        m, options = self.num_microbatches, self.memory
+        counts = {
+            "num_microbatches": self.num_microbatches,
+            "gradient_accumulation_steps": self.memory.gradient_accumulation_steps,
+        }
         for b, s in enumerate(stage_of_block):
             s = min(max(s, 0), len(stage_device) - 1)
             self.stage[b] = s
-            held = in_flight(self.schedule, s, stage_device, m)
-            self.versions[b] = weight_versions(
-                self.schedule,
-                s,
-                stage_device,
-                num_microbatches=m,
-                gradient_accumulation_steps=options.gradient_accumulation_steps,
-            )
-            self.held[b] = (self.inputs[b] if options.recompute else self.saved[b]) * held
+            self.versions[b] = weight_versions(self.schedule, s, stage_device, **counts)
+            self.persist[b] = gradients_persist(self.schedule, s, stage_device, **counts)
+            self.held[b] = self.per_microbatch[b] * in_flight(self.schedule, s, stage_device, self.num_microbatches)
 
     def __call__(self, gpu: int, blocks: Sequence[int]) -> float:
+        params = self.graph.params
         versions: dict[str, int] = {}
+        persist: dict[str, bool] = {}
+        stages: dict[int, tuple[int, int, set[str]]] = {}  # stage → saved, largest operand, params
         for b in blocks:
             for name in self.params[b]:
                 if versions.get(name, 0) < self.versions[b]:
                     versions[name] = self.versions[b]
-        params = self.graph.params
-        weights = sum(params[p].bytes * v + self.fixed[p] for p, v in versions.items())
-        activations = sum(self.held[b] for b in blocks)
-        if self.recompute and blocks:  # the GPU recomputes one stage at a time: the largest counts
-            per_stage: dict[int, int] = {}
-            for b in blocks:
-                per_stage[self.stage[b]] = per_stage.get(self.stage[b], 0) + self.saved[b]
-            activations += max(per_stage.values())
-        return weights + activations
+                persist[name] = persist.get(name, False) or self.persist[b]
+            saved, operand, names = stages.get(self.stage[b], (0, 0, set()))
+            stages[self.stage[b]] = (saved + self.saved[b], max(operand, self.operand[b]), names | self.params[b])
+        weights = sum(
+            params[p].bytes * v + self.state[p] + (params[p].bytes if persist[p] and params[p].requires_grad else 0)
+            for p, v in versions.items()
+        )
+        persist_of_stage = {self.stage[b]: self.persist[b] for b in blocks}
+        backward = max(
+            (
+                backward_bytes(
+                    persist=persist_of_stage[s],
+                    largest_operand=operand,
+                    gradients=sum(params[p].bytes for p in names if params[p].requires_grad),
+                    saved=saved,
+                    recomputed=saved if self.memory.recompute else 0,
+                )
+                for s, (saved, operand, names) in stages.items()
+            ),
+            default=0,
+        )
+        return weights + sum(self.held[b] for b in blocks) + backward

@@ -6,12 +6,14 @@ per stage pair holding each producer's output once, so ``cost_g = C_g + max(0, F
 max(0, B_g − C_g)``. Moving one atom only touches the messages of its ops and of their
 producers, which are subtracted, moved and added back.
 
-Memory follows `estimate` too, for the stage numbering refinement keeps: each weight once per GPU
-with the most versions any of the GPU's stages that read it keeps, plus its gradient and
-optimizer state; each stage's saved activations times its micro-batches in flight (one per stage
-from it to the end, as `estimate.in_flight`), or with recomputation each stage's inputs times its
-micro-batches in flight plus, once per GPU, the saved activations of one micro-batch of its
-largest stage (a GPU recomputes one stage at a time).
+Memory follows `estimate` too (the terms of `memory_rules`), for the stage numbering refinement
+keeps: each weight once per GPU with the most versions any of the GPU's stages that read it keeps,
+plus its optimizer state and, where it persists for one of them, its gradient; each stage's saved
+activations (with recomputation its inputs) and the values that leave it, times its micro-batches
+in flight (one per stage from it to the end, as `in_flight`); and, once per GPU, what its largest
+backward adds: the working tensors, the saved activations it recomputes, the gradients that do not
+persist. Per stage the values that leave it, its gradient bytes and its largest operand are kept
+up to date move by move like the rest.
 """
 
 from __future__ import annotations
@@ -20,10 +22,12 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 
 from hf_ftpipe.graph.cost_graph import CostGraph
-from hf_ftpipe.partition.estimate import (
-    MemoryOptions,
-    gpu_cost_s,
+from hf_ftpipe.partition.estimate import MemoryOptions, gpu_cost_s
+from hf_ftpipe.partition.memory_rules import (
+    backward_bytes,
+    gradients_persist,
     in_flight,
+    operand_bytes,
     optimizer_state_bytes,
     saved_bytes,
     weight_versions,
@@ -57,34 +61,36 @@ class IncrementalCost:
         self.limit = list(limit)
         num_gpus, num_stages = max(self.stage_device) + 1, len(self.stage_device)
         self.stages_of = [[s for s, d in enumerate(self.stage_device) if d == g] for g in range(num_gpus)]
-        self.versions = [
-            weight_versions(
-                schedule,
-                s,
-                self.stage_device,
-                num_microbatches=num_microbatches,
-                gradient_accumulation_steps=memory.gradient_accumulation_steps,
-            )
-            for s in range(num_stages)
-        ]
+        counts = {
+            "num_microbatches": num_microbatches,
+            "gradient_accumulation_steps": memory.gradient_accumulation_steps,
+        }
+        self.versions = [weight_versions(schedule, s, self.stage_device, **counts) for s in range(num_stages)]
+        self.persist = [gradients_persist(schedule, s, self.stage_device, **counts) for s in range(num_stages)]
         # Counted once, over all stages: a stage that refinement empties still adds to the depth
         # of the stages before it until the plan is rebuilt without it, which can only lower the
         # estimate's figure.
         self.held = [in_flight(schedule, s, self.stage_device, num_microbatches) for s in range(num_stages)]
         self.recompute = memory.recompute
-        self.fixed = {
-            name: info.bytes + optimizer_state_bytes(optimizer, info.shape, info.bytes) if info.requires_grad else 0
+        self.state = {
+            name: optimizer_state_bytes(optimizer, info.shape, info.bytes) if info.requires_grad else 0
             for name, info in graph.params.items()
         }
+        self.outputs = set(graph.outputs)
         self.compute = [0.0] * num_gpus
         self.fwd = [0.0] * num_gpus
         self.bwd = [0.0] * num_gpus
-        self.weights = [0] * num_gpus  # weights × versions + gradients + optimizer state
+        self.weights = [0] * num_gpus  # weights × versions + optimizer state + persisting gradients
         self.saved = [0] * num_stages
         self.inputs = [0] * num_stages
+        self.kept = [0] * num_stages  # bytes of values that leave the stage, per micro-batch
+        self.grads = [0] * num_stages  # gradient bytes of the stage's distinct trainable parameters
+        self.operands: list[dict[int, int]] = [defaultdict(int) for _ in range(num_stages)]  # size → atoms
+        self._largest: list[int | None] = [None] * num_stages
         self.atom_weight = [sum(weight[n] for n in nodes) for nodes in atoms]
         self.atom_saved = [sum(saved_bytes(graph, n) for n in nodes) for nodes in atoms]
         self.atom_params = [graph.params_of(nodes) for nodes in atoms]
+        self.atom_operand = [max((operand_bytes(graph, n) for n in nodes), default=0) for nodes in atoms]
         self.atoms_of_gpu: list[set[int]] = [set() for _ in range(num_gpus)]
         self.param_count: list[dict[str, int]] = [defaultdict(int) for _ in range(num_stages)]
         self.pair_fwd: dict[tuple[int, int], int] = defaultdict(int)
@@ -110,13 +116,27 @@ class IncrementalCost:
 
     def memory(self, g: int) -> float:
         stages = self.stages_of[g]
-        if self.recompute:  # one stage recomputed at a time: the largest one's activations count
-            activations = sum(self.inputs[s] * self.held[s] for s in stages) + max(
-                (self.saved[s] for s in stages), default=0
-            )
-        else:
-            activations = sum(self.saved[s] * self.held[s] for s in stages)
-        return self.weights[g] + activations
+        per_microbatch = self.inputs if self.recompute else self.saved
+        held = sum((self.kept[s] + per_microbatch[s]) * self.held[s] for s in stages)
+        backward = max(  # one backward at a time
+            (
+                backward_bytes(
+                    persist=self.persist[s],
+                    largest_operand=self._largest_operand(s),
+                    gradients=self.grads[s],
+                    saved=self.saved[s],
+                    recomputed=self.saved[s] if self.recompute else 0,
+                )
+                for s in stages
+            ),
+            default=0,
+        )
+        return self.weights[g] + held + backward
+
+    def _largest_operand(self, s: int) -> int:
+        if self._largest[s] is None:
+            self._largest[s] = max(self.operands[s], default=0)
+        return self._largest[s]
 
     def overflow(self) -> float:
         """Bytes by which GPUs exceed their ``limit``, summed (0 for a plan that fits)."""
@@ -161,15 +181,28 @@ class IncrementalCost:
             self.atoms_of_gpu[d].add(a)
         else:
             self.atoms_of_gpu[d].discard(a)
+        operands = self.operands[s]
+        operands[self.atom_operand[a]] += sign
+        if not operands[self.atom_operand[a]]:
+            del operands[self.atom_operand[a]]
+        self._largest[s] = None
         counts = self.param_count[s]
         for p in self.atom_params[a]:
             before = self._param_bytes(d, p)
             counts[p] += sign
             self.weights[d] += self._param_bytes(d, p) - before
+            info = self.graph.params[p]
+            # the stage's first reader of p came, or its last one left
+            if info.requires_grad and counts[p] == (1 if sign > 0 else 0):
+                self.grads[s] += sign * info.bytes
 
     def _param_bytes(self, g: int, p: str) -> int:
-        versions = max((self.versions[s] for s in self.stages_of[g] if self.param_count[s][p] > 0), default=0)
-        return self.graph.params[p].bytes * versions + (self.fixed[p] if versions else 0)
+        readers = [s for s in self.stages_of[g] if self.param_count[s][p] > 0]
+        if not readers:
+            return 0
+        info = self.graph.params[p]
+        gradient = info.bytes if info.requires_grad and any(self.persist[s] for s in readers) else 0
+        return info.bytes * max(self.versions[s] for s in readers) + self.state[p] + gradient
 
     def _producer(self, u: str, sign: int) -> None:
         attrs = self.graph.graph.nodes[u]
@@ -179,6 +212,8 @@ class IncrementalCost:
         s = self.atom_stage[self.atom_of[u]]
         d = self.stage_device[s]
         targets = {self.atom_stage[self.atom_of[v]] for v in self.graph.graph.successors(u)} - {s}
+        if targets or u in self.outputs:
+            self.kept[s] += sign * size
         for t in targets:
             self.inputs[t] += sign * size
             if self.stage_device[t] != d:

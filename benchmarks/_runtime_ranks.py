@@ -8,11 +8,8 @@ measures its peak memory and times each stage's forward + backward alone.
 from __future__ import annotations
 
 import gc
-import json
-import os
 import re
 import statistics
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -336,70 +333,6 @@ class TorchRunner:
         return fastest_time_s(forward_backward, self.device, self.setup.stage_repeats)
 
 
-# -- peak memory ----------------------------------------------------------------------------
-
-
-class PeakMemory:
-    """Peak tensor memory of this rank while a runner is built and stepped.
-
-    CUDA: ``torch.cuda.max_memory_allocated`` since ``__enter__`` (read at `peak_bytes`, so the
-    timed steps count too). CPU has no such counter, so torch's profiler records every CPU
-    allocation and free while the block runs (``profile_memory=True``) and its running total is
-    the peak. The profiler drops the free of a block allocated before it started, and weight
-    stashing frees the rank's original weight storage when it copies a parameter on write, so
-    `own` first moves the rank's weights into storage allocated under the profiler: without
-    that, a stashed version that is gone was still counted (+14 MB, the whole stage's weights, on
-    the first rank under ``async``). Only tensors count (no interpreter, libraries, allocator
-    caching), and only those the profiled thread allocates.
-    """
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.growth_bytes = 0
-
-    def __enter__(self) -> PeakMemory:
-        if self.device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(self.device)
-        else:
-            from torch.profiler import ProfilerActivity, profile
-
-            self.profiler = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
-            self.profiler.__enter__()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.device.type == "cuda":
-            return
-        self.profiler.__exit__(*exc)
-        if exc[0] is None:
-            # The exported trace, not the profiler's event tree: walking that tree crashed ranks.
-            with tempfile.TemporaryDirectory() as folder:
-                path = os.path.join(folder, "trace.json")
-                self.profiler.export_chrome_trace(path)
-                with open(path) as file:
-                    trace = json.load(file)
-            totals = [
-                event["args"]["Total Allocated"]
-                for event in trace["traceEvents"]
-                if event.get("name") == "[memory]" and event["args"].get("Device Type") == 0  # 0: CPU
-            ]
-            self.growth_bytes = max([0, *totals])
-        del self.profiler
-
-    def own(self, parameters: Iterator[nn.Parameter]) -> None:
-        """Give ``parameters`` fresh storage allocated under the profiler (CPU; on CUDA nothing to do)."""
-        if self.device.type == "cuda":
-            return
-        with torch.no_grad():
-            for param in {id(p): p for p in parameters}.values():
-                param.data = param.data.clone()
-
-    def peak_bytes(self) -> int:
-        if self.device.type == "cuda":
-            return torch.cuda.max_memory_allocated(self.device)
-        return self.growth_bytes
-
-
 # -- one rank of one runner -----------------------------------------------------------------
 
 
@@ -409,6 +342,8 @@ def _device(setup: Setup, rank: int) -> torch.device:
 
 def run_rank(rank: int, setup: Setup, runner: str) -> dict[str, Any]:
     """Build ``runner`` ("hf_ftpipe/async", "torch/gpipe"...), step it, and return this rank's figures."""
+    from hf_ftpipe.runtime.peak_memory import PeakMemory
+
     kind, schedule = runner.split("/")
     model = build_model(setup)
     runner_class = HfFtpipeRunner if kind == "hf_ftpipe" else TorchRunner

@@ -2,12 +2,14 @@
 
 from .comm import Messenger
 from .engine import PipelineEngine, StagePlacement
+from .peak_memory import PeakMemory
 from .schedule import Action, ScheduleGPipe, format_actions
 from .stage import StageSpec, build_stage_module, plan_stages
 
 __all__ = [
     "Action",
     "Messenger",
+    "PeakMemory",
     "PipelineEngine",
     "ScheduleGPipe",
     "StagePlacement",

@@ -1,0 +1,82 @@
+"""The partitioner's memory prediction against the peak a real pipeline rank holds.
+
+Two gloo ranks train a small GPT-2 (the runtime benchmark's shape, smaller) under each schedule;
+each rank measures its peak tensor bytes with `PeakMemory` over build, two steps and the drain,
+and predicts its own GPU's bytes with `estimate_memory` for the same plan. The issue's target is
+``async`` within 10%; every schedule is held to it, since the rules (`memory_rules`) are shared.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+from hf_ftpipe.graph import capture_model
+from hf_ftpipe.partition import estimate_memory
+from hf_ftpipe.runtime import PeakMemory, PipelineEngine
+
+from distributed import run_ranks, values_or_raise
+from test_engine import contiguous_placement
+
+NUM_MICROBATCHES, MICROBATCH, SEQ, VOCAB = 4, 2, 64, 1024
+TOLERANCE = 0.10
+
+
+def small_gpt2() -> transformers.GPT2LMHeadModel:
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(
+        vocab_size=VOCAB,
+        n_positions=SEQ,
+        n_embd=128,
+        n_layer=4,
+        n_head=4,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        tie_word_embeddings=False,
+    )
+    return transformers.GPT2LMHeadModel(config).eval()
+
+
+def batch(seed: int) -> dict[str, torch.Tensor]:
+    ids = torch.randint(0, VOCAB, (NUM_MICROBATCHES * MICROBATCH, SEQ), generator=torch.Generator().manual_seed(seed))
+    return {"input_ids": ids, "labels": ids.clone()}
+
+
+def measure(rank: int, world_size: int, schedule: str) -> tuple[int, int]:
+    """(measured peak, predicted) bytes of this rank."""
+    model = small_gpt2()
+    batches = [batch(seed) for seed in range(2)]
+    traced = capture_model(model, {k: v[:MICROBATCH] for k, v in batches[0].items()})
+    plan = contiguous_placement(traced.cost_graph, list(range(world_size)))
+    streaming = schedule in ("async", "2bw")
+    with PeakMemory(torch.device("cpu")) as memory:
+        engine = PipelineEngine(traced, plan, num_microbatches=NUM_MICROBATCHES, schedule=schedule)
+        memory.own(engine.parameters())
+        optimizer = torch.optim.SGD(engine.parameters(), lr=1e-3)
+        if streaming:
+            engine.attach_optimizer(optimizer)
+        for step_batch in batches:
+            engine.train_step(step_batch)
+            if not streaming:
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+        if streaming:
+            engine.drain()
+    predicted = estimate_memory(
+        traced.cost_graph,
+        plan.node_stage,
+        plan.stage_device,
+        num_microbatches=NUM_MICROBATCHES,
+        optimizer="sgd",
+        schedule=schedule,
+    )
+    return memory.peak_bytes(), predicted[rank]
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "async", "2bw"])
+def test_each_ranks_peak_is_within_10_percent_of_the_prediction(schedule: str) -> None:
+    figures = values_or_raise(run_ranks(measure, 2, schedule))
+    errors = [measured / predicted - 1 for measured, predicted in figures]
+    assert all(abs(e) <= TOLERANCE for e in errors), f"{schedule}: measured/predicted − 1 per rank {errors}, {figures}"

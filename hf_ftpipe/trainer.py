@@ -11,7 +11,6 @@ a local gradient norm and save rank 0's slice only. Each override below undoes o
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from typing import Any
@@ -26,13 +25,10 @@ from .checkpointing import PipeCheckpointing
 from .errors import PipelineError
 from .evaluation import PipeEvaluation
 from .float16 import Float16Training
-from .graph.trace import TracedModel, capture_model
+from .graph.trace import capture_model
 from .loss_weighting import label_counts, model_loss_shifts_labels
-from .partition import Partition, check_fits_run, validate_partition
-from .partition.auto import PartitionerResult, reason_line
-from .partition.estimate import MemoryOptions, Optimizer
-from .partition.registry import get_partitioner
-from .profile import GPUProfile, get_profile
+from .partition import Partition
+from .planning import share_partition
 from .runtime import PipelineEngine
 from .runtime.weights import release_foreign_weights
 from .training_args import PipeTrainingArguments
@@ -123,7 +119,8 @@ class PipeTrainer(PipeEvaluation, PipeCheckpointing, Trainer):
             # accelerate.init_empty_weights registers a new tensor per name, untying shared weights.
             self.model.tie_weights()
         traced = capture_model(self.model, microbatch)
-        self.partition = self._share_partition(traced, microbatch)
+        shared = share_partition(self.args, traced, microbatch)
+        self.partition, self.partition_source = shared.partition, shared.source
         self._built_from = self._weights_path()
         self.engine = PipelineEngine(
             traced,
@@ -163,96 +160,6 @@ class PipeTrainer(PipeEvaluation, PipeCheckpointing, Trainer):
             "the model has empty (meta) weights and no checkpoint to read them from; pass "
             "`weights_path` (a folder written by save_pretrained) in PipeTrainingArguments, or "
             "`resume_from_checkpoint` to train()"
-        )
-
-    def _share_partition(self, traced: TracedModel, microbatch: dict[str, Any]) -> Partition:
-        """Rank 0 makes or loads the plan; every rank gets it as JSON text and checks it against its own trace."""
-        world_size = dist.get_world_size()
-        profile = get_profile(self.args.gpu_profile, count=world_size)
-        payload: list[str | None] = [None]
-        if dist.get_rank() == 0:
-            try:
-                payload[0] = json.dumps(self._make_partition(traced, profile, microbatch).to_dict())
-            except Exception as error:  # the other ranks must not wait for a plan that never comes
-                payload[0] = json.dumps({"error": f"{type(error).__name__}: {error}"})
-                dist.broadcast_object_list(payload, src=0)
-                raise
-        dist.broadcast_object_list(payload, src=0)
-        data = json.loads(payload[0] or "{}")
-        if "error" in data:
-            raise PipelineError(f"[rank {dist.get_rank()}] rank 0 could not make the partition: {data['error']}")
-        partition = Partition.from_dict(data, source="the partition from rank 0")
-        partition.check_matches(traced.cost_graph, source="the partition from rank 0")
-        return partition
-
-    def _make_partition(self, traced: TracedModel, profile: GPUProfile, microbatch: dict[str, Any]) -> Partition:
-        """``partition_file``, else the local cache, else ``partition_repo``, else the partitioner (hub/resolve.py)."""
-        from .hub.resolve import resolve_partition
-        from .partition._keys import resolve_key
-
-        graph = traced.cost_graph
-        schedule, num_microbatches = self.args.pipeline_schedule, self.args.num_microbatches
-        key = resolve_key(graph, profile, None, schedule=schedule, num_microbatches=num_microbatches, dtype=None)
-        resolved = resolve_partition(
-            graph,
-            key,
-            lambda: self._compute_partition(traced, profile, microbatch),
-            partition_file=self.args.partition_file,
-            repo_id=self.args.partition_repo,
-            revision=self.args.partition_revision,
-            push=self.args.push_partition_to_hub,
-            use_cache=self.args.partition_cache,
-            check=lambda plan: validate_partition(plan, graph, memory_capacity_bytes=profile.memory_bytes),
-            check_stored=lambda plan: check_fits_run(
-                plan, graph, profile.memory_bytes, optimizer=self._planned_optimizer(), memory=self._memory_options()
-            ),
-            partitioner=self.args.partitioner,
-        )
-        self.partition_source = resolved.source
-        logger.info("partition: %s %s", resolved.source, resolved.location)
-        return resolved.partition
-
-    def _compute_partition(self, traced: TracedModel, profile: GPUProfile, microbatch: dict[str, Any]) -> Partition:
-        graph = traced.cost_graph
-        microbatch_size = next(v.shape[0] for v in microbatch.values() if isinstance(v, torch.Tensor))
-        options: dict[str, Any] = {}
-        report: list[PartitionerResult] = []
-        if self.args.partitioner == "auto":
-            options["report"] = report
-        partition = get_partitioner(self.args.partitioner)(
-            graph,
-            profile,
-            num_microbatches=self.args.num_microbatches,
-            microbatch_size=microbatch_size,
-            schedule=self.args.pipeline_schedule,
-            optimizer=self._planned_optimizer(),
-            memory=self._memory_options(),
-            **options,
-        )
-        for result in report:
-            logger.info("partitioner %s: %s", result.partitioner, _summary(result))
-        predicted = partition.predicted
-        if predicted is not None:
-            logger.info(
-                "partition by %s: %d stages on %d GPUs, %.3g samples/s predicted, worst GPU / ideal %.3f",
-                partition.partitioner,
-                partition.num_stages,
-                partition.num_devices,
-                predicted.throughput_samples_per_s,
-                predicted.imbalance,
-            )
-        return partition
-
-    def _planned_optimizer(self) -> Optimizer:
-        """The optimizer whose state the memory model counts: Adafactor's factored state, else
-        Adam's two moments (an upper bound for SGD)."""
-        return "adafactor" if "adafactor" in str(self.args.optim) else "adamw"
-
-    def _memory_options(self) -> MemoryOptions:
-        return MemoryOptions(
-            headroom=self.args.partition_memory_headroom,
-            recompute=bool(self.args.activation_checkpointing),
-            gradient_accumulation_steps=self.args.async_update_interval,
         )
 
     # -- data: the same batches on every rank -------------------------------------------------
@@ -420,16 +327,6 @@ class PipeTrainer(PipeEvaluation, PipeCheckpointing, Trainer):
 
 class _Placeholder(nn.Module):
     """Stands in for the model before the pipeline exists (Trainer wraps early, then re-wraps)."""
-
-
-def _summary(result: PartitionerResult) -> str:
-    if result.step_time_s is None:
-        return f"no plan ({reason_line(result)})"
-    verdict = "fits" if result.feasible else f"does not fit ({reason_line(result)})"
-    return (
-        f"{result.throughput_samples_per_s:.3g} samples/s, worst GPU / ideal {result.worst_over_ideal:.3f}, "
-        f"peak memory {result.max_memory_fraction:.0%}, {result.time_s:.2f} s, {verdict}"
-    )
 
 
 def _unshard(dataloader: Any) -> None:

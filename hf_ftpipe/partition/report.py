@@ -142,6 +142,11 @@ def format_plan(plan: Partition, *, source: str | None = None) -> str:
         "  * the slowest GPU. cost = compute + the part of sending activations or receiving gradients that "
         "outlasts the compute it overlaps; memory in GiB."
     )
+    lines.append(
+        "  grads: gradients kept from one backward to the next; where the schedule applies or frees them right "
+        "after a backward (async updating every micro-batch, gpipe with one stage per GPU) they count under "
+        "activ, by what they exceed the activations that backward frees."
+    )
     lines.append("")
     rows = [["stage", "GPU", "ops", "fwd ms", "bwd ms", "recv MiB", "send MiB", "memory GiB", "feeds"]]
     feeds: dict[int, list[int]] = {}

@@ -234,7 +234,7 @@ class _Memory:
         }
         for s, nodes in enumerate(stage_nodes):
             self.versions.append(weight_versions(schedule, s, stage_device, **counts))
-            self.persist.append(gradients_persist(schedule, s, stage_device, **counts))
+            self.persist.append(gradients_persist(schedule, s, stage_device, **counts, recompute=options.recompute))
             saved = sum(saved_bytes(graph, n) for n in nodes)
             kept = kept_output_bytes(graph, nodes, node_stage)
             if options.recompute:

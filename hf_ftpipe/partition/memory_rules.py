@@ -156,18 +156,21 @@ def gradients_persist(
     num_microbatches: int,
     *,
     gradient_accumulation_steps: int = 1,
+    recompute: bool = False,
 ) -> bool:
-    """Whether a stage's weight gradients stay in memory while it holds micro-batches in flight.
+    """Whether a stage's weight gradients stay in memory beside a full micro-batch of activations.
 
     Gradients appear in a backward and go at the update that applies them (``Trainer`` frees them
-    between steps). They sit beside a full set of in-flight activations when a forward can run
-    between the first backward that adds to them and that update:
+    between steps). They sit beside the activations of every micro-batch in flight when a forward
+    can run between the first backward that adds to them and that update, and, under
+    recomputation, beside the activations each later backward of the step rebuilds:
 
     - ``async`` with an update every micro-batch (G = ``gradient_accumulation_steps`` = 1): no,
       the update follows the backward at once. With G > 1: yes.
     - ``2bw``: yes; it updates once per mini-batch and never flushes.
     - ``gpipe``: no for a stage alone on its GPU, which runs every forward of the step before its
-      first backward; yes where the GPU runs other stages too, whose backwards interleave.
+      first backward; yes where the GPU runs other stages too, whose backwards interleave; yes
+      under recomputation with several micro-batches.
     - ``1f1b``: like ``gpipe`` when the stage holds every micro-batch of the step
       (``in_flight`` = M); otherwise yes.
 
@@ -176,7 +179,7 @@ def gradients_persist(
     """
     if schedule == "async":
         return gradient_accumulation_steps > 1
-    if schedule == "2bw":
+    if schedule == "2bw" or (recompute and num_microbatches > 1):
         return True
     alone = sum(1 for device in stage_device if device == stage_device[stage_index]) == 1
     if schedule == "gpipe":
@@ -211,8 +214,9 @@ def backward_bytes(*, persist: bool, largest_operand: int, gradients: int, saved
 
     Its working tensors, the gradient arriving at an op and the one it passes on: twice the
     largest ``operand_bytes`` of the stage (a loss over logits: the gradients of the
-    log-probabilities and of the logits). Where gradients do not persist, the gradients it creates
-    beyond the activations it frees, if that is more.
+    log-probabilities and of the logits). Where gradients do not persist, also the gradients it
+    creates beyond the activations it frees: once the first backward of a step is done they stay
+    for the next one, which starts with all its activations and needs its working tensors.
 
     Args:
         persist: ``gradients_persist`` for the stage (then its gradients are charged with the
@@ -223,4 +227,4 @@ def backward_bytes(*, persist: bool, largest_operand: int, gradients: int, saved
         recomputed: under recomputation the saved activations it rebuilds first, else 0.
     """
     created = 0 if persist else max(0, gradients - saved)
-    return recomputed + max(2 * largest_operand, created)
+    return recomputed + 2 * largest_operand + created

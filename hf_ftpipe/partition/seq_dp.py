@@ -240,13 +240,13 @@ class _Chain:
         }
         held = in_flight(setup.schedule, stage_index, stage_device, setup.num_microbatches)
         versions = weight_versions(setup.schedule, stage_index, stage_device, **counts)
-        persist = gradients_persist(setup.schedule, stage_index, stage_device, **counts)
-        grads, saved = t.grads[:b, b], t.saved[:b, b]
         recompute = setup.memory.recompute
+        persist = gradients_persist(setup.schedule, stage_index, stage_device, **counts, recompute=recompute)
+        grads, saved = t.grads[:b, b], t.saved[:b, b]
         per_microbatch = t.kept[:b, b] + (t.inputs[:b, b] if recompute else saved)
         # memory_rules.backward_bytes, for every candidate at once
         created = 0.0 if persist else np.maximum(0.0, grads - saved)
-        backward = (saved if recompute else 0.0) + np.maximum(2 * t.largest_operand[:b, b], created)
+        backward = (saved if recompute else 0.0) + 2 * t.largest_operand[:b, b] + created
         params = t.weights[:b, b] * versions + t.state[:b, b] + (grads if persist else 0.0)
         return params + per_microbatch * held + backward
 

@@ -15,6 +15,7 @@ import os
 import sys
 import threading
 import time
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -25,6 +26,17 @@ __all__ = ["Messenger"]
 
 _FAILURE_KEY = "hf_ftpipe/failure"
 _STORE_POLL_S = 0.2
+
+
+@dataclass
+class _Send:
+    work: dist.Work
+    what: str
+    tensor: torch.Tensor
+    """Kept alive until the transport is done with it."""
+    generation: int
+    dst: int
+    tag: int
 
 
 class Messenger:
@@ -49,7 +61,7 @@ class Messenger:
         self.generation = 0
         """Sends are stamped with it; `flush` can wait for the older ones only."""
         self._store = _default_store()
-        self._pending_sends: list[tuple[dist.Work, str, torch.Tensor, int]] = []
+        self._pending_sends: list[_Send] = []
         self._waiting: tuple[float, str] | None = None
         self._closed = threading.Event()
         self._watchdog = threading.Thread(target=self._watch, name=f"hf_ftpipe-watchdog-{rank}", daemon=True)
@@ -58,10 +70,27 @@ class Messenger:
     # -- transfers --------------------------------------------------------------------------
 
     def send(self, tensor: torch.Tensor, dst: int, tag: int, what: str) -> None:
-        """Start sending ``tensor``; it is kept alive until `flush` confirms delivery."""
+        """Start sending ``tensor``; it is kept alive until the send is known to be complete.
+
+        A step's sends would otherwise keep every micro-batch's activations alive until `flush` at
+        the end of the step, where the micro-batches in flight are all a stage needs
+        (``memory_rules``). So each new send lets go of those the transport reports complete
+        (NCCL does; gloo reports a send complete only once waited on, hence `delivered`).
+        """
+        self._pending_sends = [entry for entry in self._pending_sends if not entry.work.is_completed()]
         tensor = tensor.detach().contiguous()
         work = dist.isend(tensor, dst, group=self.p2p_group, tag=tag)
-        self._pending_sends.append((work, what, tensor, self.generation))
+        self._pending_sends.append(_Send(work, what, tensor, self.generation, dst, tag))
+
+    def delivered(self, dst: int, tag: int) -> None:
+        """The peer ``dst`` has received the oldest pending message with ``tag`` (the caller
+        knows: e.g. the gradient of that activation came back): finish that send and let go of
+        its tensor. Waiting on it returns at once."""
+        for index, entry in enumerate(self._pending_sends):
+            if entry.dst == dst and entry.tag == tag:
+                del self._pending_sends[index]
+                self.wait(entry.work, f"sending {entry.what}")
+                return
 
     def post_recv(
         self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, src: int, tag: int
@@ -84,11 +113,11 @@ class Messenger:
         next step: they wait for the previous step's sends only, which are then certain to complete.
         """
         keep = []
-        for work, what, tensor, generation in self._pending_sends:
-            if older_than is None or generation < older_than:
-                self.wait(work, f"sending {what}")
+        for entry in self._pending_sends:
+            if older_than is None or entry.generation < older_than:
+                self.wait(entry.work, f"sending {entry.what}")
             else:
-                keep.append((work, what, tensor, generation))
+                keep.append(entry)
         self._pending_sends = keep
 
     def broadcast(self, tensor: torch.Tensor, src: int, what: str) -> torch.Tensor:

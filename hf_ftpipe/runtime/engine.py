@@ -653,6 +653,8 @@ class PipelineEngine:
                 message = Message(src, self.rank, value, m, backward=True)
                 remote = self._take(message, f"gradient of {value} for micro-batch {m}")
                 grad = remote if grad is None else grad + remote
+                # its gradient came back, so src has the activation: the send can let it go
+                self.messenger.delivered(src, self._tag(transfer, m, backward=False))
         return grad
 
     def _deliver_grad(self, value: str, m: int, grad: torch.Tensor) -> None:

@@ -23,8 +23,8 @@ class PeakMemory:
     CUDA: ``torch.cuda.max_memory_allocated`` since ``__enter__`` (read at `peak_bytes`, so what
     runs after the block counts too). The CPU has no such counter, so torch's profiler records
     every CPU allocation and free while the block runs (``profile_memory=True``) and the peak is
-    the highest running total: only tensors allocated inside the block, by this thread, count
-    (no interpreter, libraries or allocator caching). The profiler also drops the free of a tensor
+    the highest running total of their sizes: only tensors allocated inside the block count (no
+    interpreter, libraries or allocator caching). The profiler also drops the free of a tensor
     allocated before it started, so call `own` on the weights first: weight stashing frees a
     parameter's original storage when it copies it on write, and that storage would otherwise be
     counted for the rest of the block. Drain an ``async`` or ``2bw`` engine inside the block: with
@@ -64,12 +64,18 @@ class PeakMemory:
                 self.profiler.export_chrome_trace(path)
                 with open(path) as file:
                     trace = json.load(file)
-            totals = [
-                event["args"]["Total Allocated"]
+            events = sorted(
+                (event["ts"], event["args"].get("Ev Idx", 0), event["args"]["Bytes"])
                 for event in trace["traceEvents"]
                 if event.get("name") == "[memory]" and event["args"].get("Device Type") == 0  # 0: CPU
-            ]
-            self._cpu_peak_bytes = max([0, *totals])
+            )
+            # A running sum of the events themselves: their "Total Allocated" field misses frees
+            # made under activation checkpointing (measured +3.5 MiB of 4 MiB freed, torch 2.13).
+            total = peak = 0
+            for _, _, num_bytes in events:
+                total += num_bytes
+                peak = max(peak, total)
+            self._cpu_peak_bytes = peak
         del self.profiler
 
     def own(self, parameters: Iterable[nn.Parameter]) -> None:

@@ -99,10 +99,11 @@ def test_memory_gpipe_with_tied_weight_and_adamw():
     assert plan.gpus[1].memory_bytes == 32 * 3 + 2 * 16
     # On two GPUs each keeps its copy. A stage alone under gpipe runs every forward before its
     # first backward: its gradients replace the activations the backward frees, and only what
-    # they exceed those by counts (400 B of gradients against 32 B and 16 B saved).
+    # they exceed those by counts (400 B of gradients against 32 B and 16 B saved), beside the
+    # backward's working tensors.
     node_stage = {"e": 0, "m": 0, "head": 1}
     split = estimate_memory(graph, node_stage, [0, 1], num_microbatches=3, optimizer="sgd")
-    assert split == [420 + (16 + 16 + 16) * 3 + (400 - 32), 400 + (16 + 16) * 3 + (400 - 16)]
+    assert split == [420 + (16 + 16 + 16) * 3 + 32 + (400 - 32), 400 + (16 + 16) * 3 + 32 + (400 - 16)]
 
 
 def test_1f1b_holds_fewer_microbatches():
@@ -335,21 +336,29 @@ def test_estimate_memory_takes_memory_options():
 
 
 @pytest.mark.parametrize(
-    ("schedule", "stage_device", "num_microbatches", "accumulation", "expected"),
+    ("schedule", "stage_device", "num_microbatches", "accumulation", "recompute", "expected"),
     [
-        ("async", [0, 1], 4, 1, [False, False]),  # applied right after each backward
-        ("async", [0, 1], 4, 2, [True, True]),  # kept across the forwards between two backwards
-        ("2bw", [0, 1], 4, 1, [True, True]),
-        ("gpipe", [0, 1], 4, 1, [False, False]),  # every forward of the step before any backward
-        ("gpipe", [0, 1, 0], 4, 1, [True, False, True]),  # GPU 0's two stages interleave backwards
-        ("1f1b", [0, 1], 4, 1, [True, True]),
-        ("1f1b", [0, 1, 2], 2, 1, [False, False, True]),  # stages 0, 1 hold both micro-batches
+        ("async", [0, 1], 4, 1, False, [False, False]),  # applied right after each backward
+        ("async", [0, 1], 4, 1, True, [False, False]),
+        ("async", [0, 1], 4, 2, False, [True, True]),  # kept across the forwards between two backwards
+        ("2bw", [0, 1], 4, 1, False, [True, True]),
+        ("gpipe", [0, 1], 4, 1, False, [False, False]),  # every forward of the step before any backward
+        ("gpipe", [0, 1], 4, 1, True, [True, True]),  # beside what the second backward recomputes
+        ("gpipe", [0, 1], 1, 1, True, [False, False]),  # one backward per step
+        ("gpipe", [0, 1, 0], 4, 1, False, [True, False, True]),  # GPU 0's two stages interleave backwards
+        ("1f1b", [0, 1], 4, 1, False, [True, True]),
+        ("1f1b", [0, 1, 2], 2, 1, False, [False, False, True]),  # stages 0, 1 hold both micro-batches
     ],
 )
-def test_gradients_persist(schedule, stage_device, num_microbatches, accumulation, expected):
+def test_gradients_persist(schedule, stage_device, num_microbatches, accumulation, recompute, expected):
     got = [
         gradients_persist(
-            schedule, s, stage_device, num_microbatches=num_microbatches, gradient_accumulation_steps=accumulation
+            schedule,
+            s,
+            stage_device,
+            num_microbatches=num_microbatches,
+            gradient_accumulation_steps=accumulation,
+            recompute=recompute,
         )
         for s in range(len(stage_device))
     ]
@@ -364,7 +373,7 @@ def test_gradients_that_do_not_persist_count_beyond_the_activations_a_backward_f
     args = {"num_microbatches": 4, "microbatch_size": 1, "optimizer": "sgd"}
     streamed = estimate(graph, {"a": 0, "b": 1}, [0, 1], UNIT, schedule="async", **args).gpus[0]
     assert (streamed.weights_bytes, streamed.gradient_bytes) == (2 * 400, 0)  # two versions in flight
-    assert streamed.activation_bytes == 32 * 2 + (400 - 16)  # the gradient beyond the 16 B it frees
+    assert streamed.activation_bytes == 32 * 2 + 2 * 16 + (400 - 16)  # the gradient beyond the 16 B it frees
     flushed = estimate(graph, {"a": 0, "b": 1}, [0, 1], UNIT, schedule="1f1b", **args).gpus[0]
     assert (flushed.weights_bytes, flushed.gradient_bytes) == (400, 400)
     assert flushed.activation_bytes == 32 * 2 + 2 * 16  # backward working tensors only

@@ -75,20 +75,23 @@ def test_chain_optimum_by_hand():
 
 
 def test_memory_limit_moves_the_cut():
-    # w (AdamW: 400 B weights + 400 grad + 800 state) on n0; 16 B of activations per op.
+    # w (AdamW: 400 B weights + 400 grad + 800 state) on n0; 16 B saved per op. 1F1B keeps the
+    # gradient for the step; stage 0 of 2 holds 2 of the 4 micro-batches, each its saved bytes
+    # and its 16 B output, and its backward works with 2 × 16 B.
     graph = chain([8, 1, 1, 1, 1, 1], params={"w": param("w", (10, 10))})
     graph.graph.nodes["n0"]["params"] = ("w",)
-    sizes = {"num_microbatches": 1, "microbatch_size": 1}
+    sizes = {"num_microbatches": 4, "microbatch_size": 1, "schedule": "1f1b"}
     free = partition_seq_dp(graph, UNIT, 2, **sizes)
     assert free.nodes_of(0) == ["n0"]  # 16 s | 10 s
-    tight = replace(UNIT, memory_bytes=1600 + 16)  # n0 alone fits, n0 + n1 does not
+    alone = 1600 + (16 + 16) * 2 + 32
+    tight = replace(UNIT, memory_bytes=alone)  # n0 alone fits, n0 + n1 ((32 + 16) × 2 + 32) does not
     assert partition_seq_dp(graph, tight, 2, **sizes, memory=MemoryOptions(headroom=0)).nodes_of(0) == ["n0"]
-    # n0 alone needs 1616 B: no number of GPUs helps
+    # n0 alone needs 1696 B: no number of GPUs helps
     with pytest.raises(PartitionError) as info:
         partition_seq_dp(graph, replace(UNIT, memory_bytes=1600), 2, **sizes, memory=MemoryOptions(headroom=0))
     message = str(info.value)
     assert "no contiguous split into 2 stages fits the 1600 bytes usable per GPU" in message
-    assert "the best split needs 1616 bytes on its fullest GPU" in message
+    assert f"the best split needs {alone} bytes on its fullest GPU" in message
     assert "even 6 GPUs of this kind would not fit" in message  # tried up to 4 · 2, capped by the 6 ops
 
 

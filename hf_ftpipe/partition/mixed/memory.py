@@ -78,7 +78,9 @@ class BlockMemory:
             s = min(max(s, 0), len(stage_device) - 1)
             self.stage[b] = s
             self.versions[b] = weight_versions(self.schedule, s, stage_device, **counts)
-            self.persist[b] = gradients_persist(self.schedule, s, stage_device, **counts)
+            self.persist[b] = gradients_persist(
+                self.schedule, s, stage_device, **counts, recompute=self.memory.recompute
+            )
             self.held[b] = self.per_microbatch[b] * in_flight(self.schedule, s, stage_device, self.num_microbatches)
 
     def __call__(self, gpu: int, blocks: Sequence[int]) -> float:

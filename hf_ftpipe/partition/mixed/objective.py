@@ -66,7 +66,10 @@ class IncrementalCost:
             "gradient_accumulation_steps": memory.gradient_accumulation_steps,
         }
         self.versions = [weight_versions(schedule, s, self.stage_device, **counts) for s in range(num_stages)]
-        self.persist = [gradients_persist(schedule, s, self.stage_device, **counts) for s in range(num_stages)]
+        self.persist = [
+            gradients_persist(schedule, s, self.stage_device, **counts, recompute=memory.recompute)
+            for s in range(num_stages)
+        ]
         # Counted once, over all stages: a stage that refinement empties still adds to the depth
         # of the stages before it until the plan is rebuilt without it, which can only lower the
         # estimate's figure.

@@ -35,8 +35,7 @@ class _Send:
     tensor: torch.Tensor
     """Kept alive until the transport is done with it."""
     generation: int
-    dst: int
-    tag: int
+    send_id: int
 
 
 class Messenger:
@@ -62,6 +61,7 @@ class Messenger:
         """Sends are stamped with it; `flush` can wait for the older ones only."""
         self._store = _default_store()
         self._pending_sends: list[_Send] = []
+        self._next_send_id = 0
         self._waiting: tuple[float, str] | None = None
         self._closed = threading.Event()
         self._watchdog = threading.Thread(target=self._watch, name=f"hf_ftpipe-watchdog-{rank}", daemon=True)
@@ -69,28 +69,35 @@ class Messenger:
 
     # -- transfers --------------------------------------------------------------------------
 
-    def send(self, tensor: torch.Tensor, dst: int, tag: int, what: str) -> None:
+    def send(self, tensor: torch.Tensor, dst: int, tag: int, what: str) -> int:
         """Start sending ``tensor``; it is kept alive until the send is known to be complete.
+        Returns the send's id, for `delivered`.
 
-        A step's sends would otherwise keep every micro-batch's activations alive until `flush` at
-        the end of the step, where the micro-batches in flight are all a stage needs
-        (``memory_rules``). So each new send lets go of those the transport reports complete
-        (NCCL does; gloo reports a send complete only once waited on, hence `delivered`).
+        A step's sends would otherwise keep every micro-batch's activations and gradients alive
+        until `flush` at the end of the step, where the micro-batches in flight are all a stage
+        needs (``memory_rules``). So each new send lets go of those the transport reports
+        complete (NCCL does), and `delivered` of those the caller knows were received (gloo
+        reports a send complete only once it was waited on).
         """
         self._pending_sends = [entry for entry in self._pending_sends if not entry.work.is_completed()]
         tensor = tensor.detach().contiguous()
         work = dist.isend(tensor, dst, group=self.p2p_group, tag=tag)
-        self._pending_sends.append(_Send(work, what, tensor, self.generation, dst, tag))
+        self._next_send_id += 1
+        self._pending_sends.append(_Send(work, what, tensor, self.generation, self._next_send_id))
+        return self._next_send_id
 
-    def delivered(self, dst: int, tag: int) -> None:
-        """The peer ``dst`` has received the oldest pending message with ``tag`` (the caller
-        knows: e.g. the gradient of that activation came back): finish that send and let go of
-        its tensor. Waiting on it returns at once."""
+    def delivered(self, send_id: int) -> None:
+        """The peer has received send ``send_id`` (the caller knows, e.g. from what the peer sent
+        back since): finish it and let go of its tensor. Waiting on it returns at once. Nothing
+        to do if it is no longer pending."""
         for index, entry in enumerate(self._pending_sends):
-            if entry.dst == dst and entry.tag == tag:
+            if entry.send_id == send_id:
                 del self._pending_sends[index]
                 self.wait(entry.work, f"sending {entry.what}")
                 return
+
+    def pending(self, send_id: int) -> bool:
+        return any(entry.send_id == send_id for entry in self._pending_sends)
 
     def post_recv(
         self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, src: int, tag: int

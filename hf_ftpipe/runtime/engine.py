@@ -32,6 +32,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..errors import PartitionError, PipelineError
 from ..graph.trace import TracedModel
+from ..partition.memory_rules import in_flight
 from .autocast import autocast_dtypes
 from .comm import Messenger
 from .messages import Message, Transfer, plan_messages
@@ -132,6 +133,8 @@ class PipelineEngine:
         except ValueError as error:
             raise PipelineError(str(error)) from error
         self.streaming = isinstance(self.schedule, StreamingSchedule)
+        self._limits = [in_flight(schedule, s, self.stage_rank, num_microbatches) for s in range(len(self.stage_rank))]
+        """Micro-batches each stage holds at most between forward and backward (the schedules' rule)."""
         self.gradient_accumulation_steps = gradient_accumulation_steps
         self.recompute = recompute
         if weight_prediction and schedule != "async":
@@ -196,6 +199,10 @@ class PipelineEngine:
         """Micro-batch → its weight in its mini-batch's loss, until every rank has read its loss."""
         self._loss_seed: dict[int, float] = {}
         """Micro-batch → the gradient its loss stage seeds the backward with, until that backward."""
+        self._sent_activations: dict[tuple[str, int, int], int] = {}
+        """(value, micro-batch, reader rank) → id of the send, until its gradient comes back."""
+        self._sent_gradients: list[tuple[int, int, int]] = []
+        """(producer stage, micro-batch, send id) of gradients sent, until known to be received."""
 
     def _build_modules(self, traced: TracedModel, weights_path: str | os.PathLike | None) -> dict[int, fx.GraphModule]:
         modules = {
@@ -314,10 +321,10 @@ class PipelineEngine:
         self.module.train(True)
         losses = self._run(order, training=True)
         if not self.streaming:
-            self.messenger.flush()
+            self._flush()
             self.weight_sync.sum_tied_gradients(dict(self.named_parameters()))
         else:  # this step's sends may be received in the next step; the previous step's are done
-            self.messenger.flush(older_than=self.messenger.generation)
+            self._flush(older_than=self.messenger.generation)
             self.messenger.generation += 1
         return self._mean_loss(losses)
 
@@ -330,7 +337,7 @@ class PipelineEngine:
         order = self.schedule.drain()
         self.module.train(True)
         self._run(order, training=True)
-        self.messenger.flush()
+        self._flush()
         for versions in self.versions.values():
             versions.settle()
         self.weight_sync.reconcile_tied(dict(self.named_parameters()))
@@ -349,7 +356,7 @@ class PipelineEngine:
             self._data[offset] = microbatch
         self.module.train(False)
         losses = [loss for _, loss in self._run(self._order(training=False), training=False)]
-        self.messenger.flush()
+        self._flush()
         outputs: dict[str, torch.Tensor] = {}
         for name in output_names:
             owner = next((s for s in self.specs if name in s.model_outputs), None)
@@ -539,12 +546,14 @@ class PipelineEngine:
             transfer = self.transfers.get(value)
             if transfer is not None:
                 for dst in transfer.target_ranks:
-                    self.messenger.send(
+                    send_id = self.messenger.send(
                         tensor.to(transfer.dtype),
                         dst,
                         self._tag(transfer, m, backward=False),
                         f"{value} of micro-batch {m}",
                     )
+                    if training and transfer.carries_gradient and dst in transfer.reader_ranks:
+                        self._sent_activations[(value, m, dst)] = send_id
         if "loss" in spec.model_outputs:
             if training:
                 self._loss_seed[m] = self._seed(m)
@@ -642,7 +651,27 @@ class PipelineEngine:
             transfer = self.transfers[value]
             message = Message(transfer.source_rank, self.rank, value, m, backward=False)
             self._received[(value, m)] = self._take(message, f"{value} of micro-batch {m}")
+            self._gradients_received(transfer.producer_stage, m - self._limits[transfer.producer_stage])
         return self._received[(value, m)]
+
+    def _gradients_received(self, stage: int, up_to: int) -> None:
+        """Stage ``stage`` ran its forward of a micro-batch, so (schedules hold at most
+        ``_limits[stage]`` micro-batches there) it finished the backwards of micro-batches up to
+        ``up_to``, which took the gradients this rank sent it for them: let those sends go."""
+        keep = []
+        for entry in self._sent_gradients:
+            if entry[0] == stage and entry[1] <= up_to:
+                self.messenger.delivered(entry[2])
+            else:
+                keep.append(entry)
+        self._sent_gradients = keep
+
+    def _flush(self, older_than: int | None = None) -> None:
+        """`Messenger.flush`, and forget the sends it finished."""
+        self.messenger.flush(older_than)
+        pending = self.messenger.pending
+        self._sent_activations = {key: i for key, i in self._sent_activations.items() if pending(i)}
+        self._sent_gradients = [entry for entry in self._sent_gradients if pending(entry[2])]
 
     def _output_grad(self, value: str, m: int) -> torch.Tensor | None:
         """The gradient of a sent value: local consumers' share plus one message per remote rank."""
@@ -654,7 +683,9 @@ class PipelineEngine:
                 remote = self._take(message, f"gradient of {value} for micro-batch {m}")
                 grad = remote if grad is None else grad + remote
                 # its gradient came back, so src has the activation: the send can let it go
-                self.messenger.delivered(src, self._tag(transfer, m, backward=False))
+                send_id = self._sent_activations.pop((value, m, src), None)
+                if send_id is not None:
+                    self.messenger.delivered(send_id)
         return grad
 
     def _deliver_grad(self, value: str, m: int, grad: torch.Tensor) -> None:
@@ -669,12 +700,13 @@ class PipelineEngine:
             self._grad_parts_left[key] = sum(1 for s in consumers if self.stage_rank[s] == self.rank)
         self._grad_parts_left[key] -= 1
         if self._grad_parts_left[key] == 0:
-            self.messenger.send(
+            send_id = self.messenger.send(
                 self._grads.pop(key).to(transfer.dtype),
                 transfer.source_rank,
                 self._tag(transfer, m, backward=True),
                 f"gradient of {value} for micro-batch {m}",
             )
+            self._sent_gradients.append((transfer.producer_stage, m, send_id))
             del self._grad_parts_left[key]
 
     def _tag(self, transfer: Transfer, m: int, backward: bool) -> int:

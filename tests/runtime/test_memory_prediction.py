@@ -4,7 +4,10 @@ Two gloo ranks train a small GPT-2 (the runtime benchmark's shape, smaller) unde
 with and without activation recomputation; each rank measures its peak tensor bytes with
 `PeakMemory` over build, two steps and the drain, and predicts its own GPU's bytes with
 `estimate_memory` for the same plan. The issue's target is ``async`` within 10%; every schedule
-is held to it, since the rules (`memory_rules`) are shared.
+is held to it, since the rules (`memory_rules`) are shared. On a Mixed-Pipe placement (each rank
+two stages) the rules are an upper bound where a GPU's stages interleave (``gpipe`` charges their
+gradients beside all their activations): there the prediction may exceed the peak by up to 15%,
+and must still not fall short of it by more than 10%.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from test_engine import contiguous_placement
 
 NUM_MICROBATCHES, MICROBATCH, SEQ, VOCAB = 4, 2, 64, 1024
 TOLERANCE = 0.10
+MIXED_OVERESTIMATE = 0.15
 
 
 def small_gpt2() -> transformers.GPT2LMHeadModel:
@@ -45,12 +49,12 @@ def batch(seed: int) -> dict[str, torch.Tensor]:
     return {"input_ids": ids, "labels": ids.clone()}
 
 
-def measure(rank: int, world_size: int, schedule: str, recompute: bool) -> tuple[int, int]:
+def measure(rank: int, world_size: int, schedule: str, recompute: bool, stage_device: list[int]) -> tuple[int, int]:
     """(measured peak, predicted) bytes of this rank."""
     model = small_gpt2()
     batches = [batch(seed) for seed in range(2)]
     traced = capture_model(model, {k: v[:MICROBATCH] for k, v in batches[0].items()})
-    plan = contiguous_placement(traced.cost_graph, list(range(world_size)))
+    plan = contiguous_placement(traced.cost_graph, stage_device)
     streaming = schedule in ("async", "2bw")
     with PeakMemory(torch.device("cpu")) as memory:
         engine = PipelineEngine(traced, plan, num_microbatches=NUM_MICROBATCHES, schedule=schedule, recompute=recompute)
@@ -80,6 +84,16 @@ def measure(rank: int, world_size: int, schedule: str, recompute: bool) -> tuple
 @pytest.mark.parametrize("recompute", [False, True])
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "async", "2bw"])
 def test_each_ranks_peak_is_within_10_percent_of_the_prediction(schedule: str, recompute: bool) -> None:
-    figures = values_or_raise(run_ranks(measure, 2, schedule, recompute))
+    figures = values_or_raise(run_ranks(measure, 2, schedule, recompute, [0, 1]))
     errors = [measured / predicted - 1 for measured, predicted in figures]
     assert all(abs(e) <= TOLERANCE for e in errors), f"{schedule}: measured/predicted − 1 per rank {errors}, {figures}"
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "async", "2bw"])
+def test_a_mixed_placement_is_never_underpredicted_by_more_than_10_percent(schedule: str, recompute: bool) -> None:
+    figures = values_or_raise(run_ranks(measure, 2, schedule, recompute, [0, 1, 1, 0]))
+    errors = [measured / predicted - 1 for measured, predicted in figures]
+    assert all(-MIXED_OVERESTIMATE <= e <= TOLERANCE for e in errors), (
+        f"{schedule}: measured/predicted − 1 per rank {errors}, {figures}"
+    )

@@ -35,7 +35,8 @@ from ..graph.trace import TracedModel
 from ..partition.memory_rules import in_flight
 from .autocast import autocast_dtypes
 from .comm import Messenger
-from .messages import Message, Transfer, plan_messages
+from .deliveries import Deliveries
+from .messages import Message, Transfer, plan_messages, plan_transfers, value_shape
 from .prediction import check_predictable, predicted_weights, updates_ahead
 from .schedule import Action, Schedule, ScheduleGPipe, StreamingSchedule, make_schedule
 from .stage import build_stage_module, plan_stages
@@ -151,7 +152,9 @@ class PipelineEngine:
         )
         self.loss_stage = next((s.stage_index for s in self.specs if "loss" in s.model_outputs), None)
         self.loss_value = None if self.loss_stage is None else self.specs[self.loss_stage].model_outputs["loss"]
-        self.transfers = self._plan_transfers()
+        self.transfers = plan_transfers(
+            self.graph, self.specs, self.stage_rank, self.world_size, self.loss_value, self._autocast_dtypes
+        )
         p2p_group = dist.new_group(list(range(self.world_size)))
         self.messenger = Messenger(self.rank, timeout_s, run_id=str(next(_run_counter)), p2p_group=p2p_group)
         # Collective set-up first: a rank that fails below must not leave the others in new_group.
@@ -199,10 +202,7 @@ class PipelineEngine:
         """Micro-batch → its weight in its mini-batch's loss, until every rank has read its loss."""
         self._loss_seed: dict[int, float] = {}
         """Micro-batch → the gradient its loss stage seeds the backward with, until that backward."""
-        self._sent_activations: dict[tuple[str, int, int], int] = {}
-        """(value, micro-batch, reader rank) → id of the send, until its gradient comes back."""
-        self._sent_gradients: list[tuple[int, int, int]] = []
-        """(producer stage, micro-batch, send id) of gradients sent, until known to be received."""
+        self._deliveries = Deliveries(self.messenger, self._limits)
 
     def _build_modules(self, traced: TracedModel, weights_path: str | os.PathLike | None) -> dict[int, fx.GraphModule]:
         modules = {
@@ -366,7 +366,7 @@ class PipelineEngine:
             if value == self.loss_value and len(losses) == self.num_microbatches:  # already on every rank
                 outputs[name] = torch.stack(losses)
                 continue
-            shape, dtype = self._value_shape(value)
+            shape, dtype = value_shape(self.graph, value, self._autocast_dtypes)
             pieces = []
             for m in range(self.num_microbatches):
                 local = self._outputs.get((value, m)) if self.stage_rank[owner.stage_index] == self.rank else None
@@ -553,7 +553,7 @@ class PipelineEngine:
                         f"{value} of micro-batch {m}",
                     )
                     if training and transfer.carries_gradient and dst in transfer.reader_ranks:
-                        self._sent_activations[(value, m, dst)] = send_id
+                        self._deliveries.activation_sent(value, m, dst, send_id)
         if "loss" in spec.model_outputs:
             if training:
                 self._loss_seed[m] = self._seed(m)
@@ -651,27 +651,12 @@ class PipelineEngine:
             transfer = self.transfers[value]
             message = Message(transfer.source_rank, self.rank, value, m, backward=False)
             self._received[(value, m)] = self._take(message, f"{value} of micro-batch {m}")
-            self._gradients_received(transfer.producer_stage, m - self._limits[transfer.producer_stage])
+            self._deliveries.forward_ran(transfer.producer_stage, m)
         return self._received[(value, m)]
 
-    def _gradients_received(self, stage: int, up_to: int) -> None:
-        """Stage ``stage`` ran its forward of a micro-batch, so (schedules hold at most
-        ``_limits[stage]`` micro-batches there) it finished the backwards of micro-batches up to
-        ``up_to``, which took the gradients this rank sent it for them: let those sends go."""
-        keep = []
-        for entry in self._sent_gradients:
-            if entry[0] == stage and entry[1] <= up_to:
-                self.messenger.delivered(entry[2])
-            else:
-                keep.append(entry)
-        self._sent_gradients = keep
-
     def _flush(self, older_than: int | None = None) -> None:
-        """`Messenger.flush`, and forget the sends it finished."""
         self.messenger.flush(older_than)
-        pending = self.messenger.pending
-        self._sent_activations = {key: i for key, i in self._sent_activations.items() if pending(i)}
-        self._sent_gradients = [entry for entry in self._sent_gradients if pending(entry[2])]
+        self._deliveries.forget_finished()
 
     def _output_grad(self, value: str, m: int) -> torch.Tensor | None:
         """The gradient of a sent value: local consumers' share plus one message per remote rank."""
@@ -682,10 +667,7 @@ class PipelineEngine:
                 message = Message(src, self.rank, value, m, backward=True)
                 remote = self._take(message, f"gradient of {value} for micro-batch {m}")
                 grad = remote if grad is None else grad + remote
-                # its gradient came back, so src has the activation: the send can let it go
-                send_id = self._sent_activations.pop((value, m, src), None)
-                if send_id is not None:
-                    self.messenger.delivered(send_id)
+                self._deliveries.gradient_came_back(value, m, src)
         return grad
 
     def _deliver_grad(self, value: str, m: int, grad: torch.Tensor) -> None:
@@ -706,44 +688,12 @@ class PipelineEngine:
                 self._tag(transfer, m, backward=True),
                 f"gradient of {value} for micro-batch {m}",
             )
-            self._sent_gradients.append((transfer.producer_stage, m, send_id))
+            self._deliveries.gradient_sent(transfer.producer_stage, m, send_id)
             del self._grad_parts_left[key]
 
     def _tag(self, transfer: Transfer, m: int, backward: bool) -> int:
         # Messages with one tag between two ranks arrive in the order sent, so indices may wrap.
         return (transfer.value_id * 2 + int(backward)) * self.num_microbatches + m % self.num_microbatches
-
-    def _plan_transfers(self) -> dict[str, Transfer]:
-        transfers: dict[str, Transfer] = {}
-        for spec in self.specs:
-            source = self.stage_rank[spec.stage_index]
-            for value in spec.sent:
-                readers = sorted({self.stage_rank[c] for c in spec.consumers[value]} - {source})
-                targets = sorted(set(range(self.world_size)) - {source}) if value == self.loss_value else readers
-                if not targets:
-                    continue
-                shape, dtype = self._value_shape(value)
-                transfers[value] = Transfer(
-                    value_id=len(transfers),
-                    name=value,
-                    producer_stage=spec.stage_index,
-                    source_rank=source,
-                    target_ranks=targets,
-                    reader_ranks=readers,
-                    shape=shape,
-                    dtype=dtype,
-                    carries_gradient=bool(readers)
-                    and bool(self.graph.node(value)["requires_grad"])
-                    and dtype.is_floating_point,
-                )
-        return transfers
-
-    def _value_shape(self, value: str) -> tuple[tuple[int, ...], torch.dtype]:
-        attrs = self.graph.node(value)
-        dtype = getattr(torch, attrs["output_dtypes"][0])
-        if dtype.is_floating_point:  # under autocast: the dtype autocast gives it
-            dtype = self._autocast_dtypes.get(value, dtype)
-        return tuple(attrs["output_shapes"][0]), dtype
 
     # -- after the micro-batches ------------------------------------------------------------
 

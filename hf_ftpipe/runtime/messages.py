@@ -19,10 +19,11 @@ from dataclasses import dataclass
 
 import torch
 
+from ..graph.cost_graph import CostGraph
 from .schedule import Action
 from .stage import StageSpec
 
-__all__ = ["Message", "Transfer", "plan_messages"]
+__all__ = ["Message", "Transfer", "plan_messages", "plan_transfers", "value_shape"]
 
 
 @dataclass
@@ -94,3 +95,46 @@ def plan_messages(
                     del remaining[key]
                     messages.append((position, Message(rank, transfer.source_rank, value, m, backward=True)))
     return messages
+
+
+def plan_transfers(
+    graph: CostGraph,
+    specs: Sequence[StageSpec],
+    stage_rank: Sequence[int],
+    world_size: int,
+    loss_value: str | None,
+    autocast_dtypes: Mapping[str, torch.dtype],
+) -> dict[str, Transfer]:
+    """Every value that crosses ranks, numbered in `StageSpec.sent` order of the stages."""
+    transfers: dict[str, Transfer] = {}
+    for spec in specs:
+        source = stage_rank[spec.stage_index]
+        for value in spec.sent:
+            readers = sorted({stage_rank[c] for c in spec.consumers[value]} - {source})
+            targets = sorted(set(range(world_size)) - {source}) if value == loss_value else readers
+            if not targets:
+                continue
+            shape, dtype = value_shape(graph, value, autocast_dtypes)
+            transfers[value] = Transfer(
+                value_id=len(transfers),
+                name=value,
+                producer_stage=spec.stage_index,
+                source_rank=source,
+                target_ranks=targets,
+                reader_ranks=readers,
+                shape=shape,
+                dtype=dtype,
+                carries_gradient=bool(readers) and bool(graph.node(value)["requires_grad"]) and dtype.is_floating_point,
+            )
+    return transfers
+
+
+def value_shape(
+    graph: CostGraph, value: str, autocast_dtypes: Mapping[str, torch.dtype]
+) -> tuple[tuple[int, ...], torch.dtype]:
+    """Shape and dtype of ``value`` as it travels: under autocast, the dtype autocast gives it."""
+    attrs = graph.node(value)
+    dtype = getattr(torch, attrs["output_dtypes"][0])
+    if dtype.is_floating_point:
+        dtype = autocast_dtypes.get(value, dtype)
+    return tuple(attrs["output_shapes"][0]), dtype

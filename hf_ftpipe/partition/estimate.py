@@ -48,13 +48,11 @@ from hf_ftpipe.errors import PartitionError
 from hf_ftpipe.graph.cost_graph import CostGraph
 from hf_ftpipe.partition.memory_rules import (
     backward_bytes,
-    gradients_persist,
-    in_flight,
     kept_output_bytes,
-    operand_bytes,
+    largest_operand_bytes,
     optimizer_state_bytes,
     saved_bytes,
-    weight_versions,
+    stage_rules,
 )
 from hf_ftpipe.partition.plan import GPUCost, Prediction, StageCost
 from hf_ftpipe.profile.cost import NodeCost, comm_time_s, node_costs
@@ -228,13 +226,17 @@ class _Memory:
         """Per stage: what it keeps for all its micro-batches in flight."""
         self.backward: list[int] = []
         """Per stage: what its backward adds while it runs (a GPU counts its largest)."""
-        counts = {
-            "num_microbatches": num_microbatches,
-            "gradient_accumulation_steps": options.gradient_accumulation_steps,
-        }
         for s, nodes in enumerate(stage_nodes):
-            self.versions.append(weight_versions(schedule, s, stage_device, **counts))
-            self.persist.append(gradients_persist(schedule, s, stage_device, **counts, recompute=options.recompute))
+            rules = stage_rules(
+                schedule,
+                s,
+                stage_device,
+                num_microbatches,
+                gradient_accumulation_steps=options.gradient_accumulation_steps,
+                recompute=options.recompute,
+            )
+            self.versions.append(rules.versions)
+            self.persist.append(rules.persist)
             saved = sum(saved_bytes(graph, n) for n in nodes)
             kept = kept_output_bytes(graph, nodes, node_stage)
             if options.recompute:
@@ -242,12 +244,12 @@ class _Memory:
                 kept += sum(graph.node(u)["output_bytes"] for u in inputs)
             else:
                 kept += saved
-            self.held_bytes.append(kept * in_flight(schedule, s, stage_device, num_microbatches))
+            self.held_bytes.append(kept * rules.in_flight)
             self.backward.append(
                 backward_bytes(
-                    persist=self.persist[s],
-                    largest_operand=max((operand_bytes(graph, n) for n in nodes), default=0),
-                    gradients=sum(graph.params[p].bytes for p in self.stage_params[s] if graph.params[p].requires_grad),
+                    persist=rules.persist,
+                    largest_operand=largest_operand_bytes(graph, nodes),
+                    gradients=graph.param_bytes(nodes, trainable_only=True),
                     saved=saved,
                     recomputed=saved if options.recompute else 0,
                 )

@@ -29,18 +29,22 @@ activation, while its gradients, applied at once under ``async``, never all coex
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 from hf_ftpipe.errors import PartitionError
 from hf_ftpipe.graph.cost_graph import CostGraph
 
 __all__ = [
+    "StageRules",
     "backward_bytes",
     "gradients_persist",
     "in_flight",
     "kept_output_bytes",
+    "largest_operand_bytes",
     "operand_bytes",
     "optimizer_state_bytes",
     "saved_bytes",
+    "stage_rules",
     "weight_versions",
 ]
 
@@ -207,6 +211,50 @@ def operand_bytes(graph: CostGraph, node: str) -> int:
     sizes = [graph.node(node)["output_bytes"]] if graph.node(node)["requires_grad"] else []
     sizes += [graph.node(u)["output_bytes"] for u in graph.graph.predecessors(node) if graph.node(u)["requires_grad"]]
     return max(sizes, default=0)
+
+
+def largest_operand_bytes(graph: CostGraph, nodes: Iterable[str]) -> int:
+    """The largest ``operand_bytes`` of ``nodes`` (0 for none)."""
+    return max((operand_bytes(graph, n) for n in nodes), default=0)
+
+
+@dataclass(frozen=True)
+class StageRules:
+    """What the schedule makes a stage keep: `in_flight`, `weight_versions`, `gradients_persist`."""
+
+    in_flight: int
+    versions: int
+    persist: bool
+
+
+def stage_rules(
+    schedule: str,
+    stage_index: int,
+    stage_device: Sequence[int],
+    num_microbatches: int,
+    *,
+    gradient_accumulation_steps: int = 1,
+    recompute: bool = False,
+) -> StageRules:
+    """The three schedule rules of one stage, for the memory models that each need all three."""
+    return StageRules(
+        in_flight=in_flight(schedule, stage_index, stage_device, num_microbatches),
+        versions=weight_versions(
+            schedule,
+            stage_index,
+            stage_device,
+            num_microbatches=num_microbatches,
+            gradient_accumulation_steps=gradient_accumulation_steps,
+        ),
+        persist=gradients_persist(
+            schedule,
+            stage_index,
+            stage_device,
+            num_microbatches,
+            gradient_accumulation_steps=gradient_accumulation_steps,
+            recompute=recompute,
+        ),
+    )
 
 
 def backward_bytes(*, persist: bool, largest_operand: int, gradients: int, saved: int, recomputed: int) -> int:

@@ -34,12 +34,10 @@ from hf_ftpipe.graph.cost_graph import CostGraph
 from hf_ftpipe.partition._contiguous import Setup, format_bytes
 from hf_ftpipe.partition.estimate import MemoryOptions, Optimizer, Schedule, usable_capacity
 from hf_ftpipe.partition.memory_rules import (
-    gradients_persist,
-    in_flight,
     operand_bytes,
     optimizer_state_bytes,
     saved_bytes,
-    weight_versions,
+    stage_rules,
 )
 from hf_ftpipe.partition.plan import Partition, PartitionKey
 from hf_ftpipe.partition.registry import register_partitioner
@@ -234,21 +232,22 @@ class _Chain:
         """Bytes of the stages [a, b) for every a < b as stage ``stage_index`` of ``num_stages``."""
         setup, t = self.setup, self.tables
         stage_device = range(num_stages)  # contiguous: stage s runs on GPU s
-        counts = {
-            "num_microbatches": setup.num_microbatches,
-            "gradient_accumulation_steps": setup.memory.gradient_accumulation_steps,
-        }
-        held = in_flight(setup.schedule, stage_index, stage_device, setup.num_microbatches)
-        versions = weight_versions(setup.schedule, stage_index, stage_device, **counts)
         recompute = setup.memory.recompute
-        persist = gradients_persist(setup.schedule, stage_index, stage_device, **counts, recompute=recompute)
+        rules = stage_rules(
+            setup.schedule,
+            stage_index,
+            stage_device,
+            setup.num_microbatches,
+            gradient_accumulation_steps=setup.memory.gradient_accumulation_steps,
+            recompute=recompute,
+        )
         grads, saved = t.grads[:b, b], t.saved[:b, b]
         per_microbatch = t.kept[:b, b] + (t.inputs[:b, b] if recompute else saved)
         # memory_rules.backward_bytes, for every candidate at once
-        created = 0.0 if persist else np.maximum(0.0, grads - saved)
+        created = 0.0 if rules.persist else np.maximum(0.0, grads - saved)
         backward = (saved if recompute else 0.0) + 2 * t.largest_operand[:b, b] + created
-        params = t.weights[:b, b] * versions + t.state[:b, b] + (grads if persist else 0.0)
-        return params + per_microbatch * held + backward
+        params = t.weights[:b, b] * rules.versions + t.state[:b, b] + (grads if rules.persist else 0.0)
+        return params + per_microbatch * rules.in_flight + backward
 
     def solve(self, num_stages: int, capacity: float, *, by_memory: bool = False) -> list[int] | None:
         """Block boundaries ``[0, ..., B]`` of the best split, or None when nothing fits.

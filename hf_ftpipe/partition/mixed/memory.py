@@ -19,13 +19,11 @@ from hf_ftpipe.graph.cost_graph import CostGraph
 from hf_ftpipe.partition.estimate import MemoryOptions
 from hf_ftpipe.partition.memory_rules import (
     backward_bytes,
-    gradients_persist,
-    in_flight,
     kept_output_bytes,
-    operand_bytes,
+    largest_operand_bytes,
     optimizer_state_bytes,
     saved_bytes,
-    weight_versions,
+    stage_rules,
 )
 
 __all__ = ["BlockMemory"]
@@ -57,7 +55,7 @@ class BlockMemory:
         kept = [kept_output_bytes(graph, nodes, block_of) for nodes in blocks]
         self.per_microbatch = [k + (i if memory.recompute else s) for k, i, s in zip(kept, inputs, self.saved)]
         """What a block keeps per micro-batch in flight."""
-        self.operand = [max((operand_bytes(graph, n) for n in nodes), default=0) for nodes in blocks]
+        self.operand = [largest_operand_bytes(graph, nodes) for nodes in blocks]
         self.state = {}  # optimizer state, once per parameter
         for name, info in graph.params.items():
             self.state[name] = optimizer_state_bytes(optimizer, info.shape, info.bytes) if info.requires_grad else 0
@@ -70,18 +68,19 @@ class BlockMemory:
     def place(self, stage_of_block: Sequence[int], stage_device: Sequence[int]) -> None:
         """Charge each block as stage ``stage_of_block[b]`` of a plan with ``stage_device``
         (stage index → GPU index)."""
-        counts = {
-            "num_microbatches": self.num_microbatches,
-            "gradient_accumulation_steps": self.memory.gradient_accumulation_steps,
-        }
         for b, s in enumerate(stage_of_block):
             s = min(max(s, 0), len(stage_device) - 1)
-            self.stage[b] = s
-            self.versions[b] = weight_versions(self.schedule, s, stage_device, **counts)
-            self.persist[b] = gradients_persist(
-                self.schedule, s, stage_device, **counts, recompute=self.memory.recompute
+            rules = stage_rules(
+                self.schedule,
+                s,
+                stage_device,
+                self.num_microbatches,
+                gradient_accumulation_steps=self.memory.gradient_accumulation_steps,
+                recompute=self.memory.recompute,
             )
-            self.held[b] = self.per_microbatch[b] * in_flight(self.schedule, s, stage_device, self.num_microbatches)
+            self.stage[b] = s
+            self.versions[b], self.persist[b] = rules.versions, rules.persist
+            self.held[b] = self.per_microbatch[b] * rules.in_flight
 
     def __call__(self, gpu: int, blocks: Sequence[int]) -> float:
         params = self.graph.params

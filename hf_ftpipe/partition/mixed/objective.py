@@ -25,12 +25,10 @@ from hf_ftpipe.graph.cost_graph import CostGraph
 from hf_ftpipe.partition.estimate import MemoryOptions, gpu_cost_s
 from hf_ftpipe.partition.memory_rules import (
     backward_bytes,
-    gradients_persist,
-    in_flight,
-    operand_bytes,
+    largest_operand_bytes,
     optimizer_state_bytes,
     saved_bytes,
-    weight_versions,
+    stage_rules,
 )
 from hf_ftpipe.profile.gpu import GPUProfile
 
@@ -61,19 +59,23 @@ class IncrementalCost:
         self.limit = list(limit)
         num_gpus, num_stages = max(self.stage_device) + 1, len(self.stage_device)
         self.stages_of = [[s for s, d in enumerate(self.stage_device) if d == g] for g in range(num_gpus)]
-        counts = {
-            "num_microbatches": num_microbatches,
-            "gradient_accumulation_steps": memory.gradient_accumulation_steps,
-        }
-        self.versions = [weight_versions(schedule, s, self.stage_device, **counts) for s in range(num_stages)]
-        self.persist = [
-            gradients_persist(schedule, s, self.stage_device, **counts, recompute=memory.recompute)
-            for s in range(num_stages)
-        ]
         # Counted once, over all stages: a stage that refinement empties still adds to the depth
         # of the stages before it until the plan is rebuilt without it, which can only lower the
         # estimate's figure.
-        self.held = [in_flight(schedule, s, self.stage_device, num_microbatches) for s in range(num_stages)]
+        rules = [
+            stage_rules(
+                schedule,
+                s,
+                self.stage_device,
+                num_microbatches,
+                gradient_accumulation_steps=memory.gradient_accumulation_steps,
+                recompute=memory.recompute,
+            )
+            for s in range(num_stages)
+        ]
+        self.versions = [r.versions for r in rules]
+        self.persist = [r.persist for r in rules]
+        self.held = [r.in_flight for r in rules]
         self.recompute = memory.recompute
         self.state = {
             name: optimizer_state_bytes(optimizer, info.shape, info.bytes) if info.requires_grad else 0
@@ -93,7 +95,7 @@ class IncrementalCost:
         self.atom_weight = [sum(weight[n] for n in nodes) for nodes in atoms]
         self.atom_saved = [sum(saved_bytes(graph, n) for n in nodes) for nodes in atoms]
         self.atom_params = [graph.params_of(nodes) for nodes in atoms]
-        self.atom_operand = [max((operand_bytes(graph, n) for n in nodes), default=0) for nodes in atoms]
+        self.atom_operand = [largest_operand_bytes(graph, nodes) for nodes in atoms]
         self.atoms_of_gpu: list[set[int]] = [set() for _ in range(num_gpus)]
         self.param_count: list[dict[str, int]] = [defaultdict(int) for _ in range(num_stages)]
         self.pair_fwd: dict[tuple[int, int], int] = defaultdict(int)

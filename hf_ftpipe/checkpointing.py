@@ -12,7 +12,6 @@ import logging
 import os
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from transformers.trainer import SCHEDULER_NAME
 
@@ -25,11 +24,13 @@ __all__ = ["PipeCheckpointing"]
 logger = logging.getLogger(__name__)
 
 _PARTITION = "partition.json"
+_DATA_RNG_STATE = "data_rng_state.pth"
+"""The data loader's random state (`hf_ftpipe.data_randomness`), the same on every rank."""
 
 
 class PipeCheckpointing:
     """`PipeTrainer`'s checkpoint hooks, as a mixin placed before `Trainer` (it needs `PipeTrainer`'s
-    ``engine``, ``partition``, ``float16`` and ``_built_from``)."""
+    ``engine``, ``partition``, ``float16``, ``data_randomness``, ``barrier`` and ``_built_from``)."""
 
     def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
         """Each rank writes its stages' optimizer state by parameter name (`hf_ftpipe.checkpoint`);
@@ -52,10 +53,17 @@ class PipeCheckpointing:
 
     def _save_rng_state(self, output_dir: str) -> None:
         super()._save_rng_state(output_dir)
+        if self.args.should_save:
+            torch.save(self.data_randomness.state_dict(), os.path.join(output_dir, _DATA_RNG_STATE))
         # Every rank's files are written before rank 0 writes trainer_state.json, the last file of
         # a checkpoint: a folder with it is complete.
-        if dist.is_initialized():
-            dist.barrier()
+        self.barrier(f"waiting for every rank to write its share of {os.path.basename(output_dir)}")
+
+    def _load_rng_state(self, checkpoint_dir: str | None) -> None:
+        super()._load_rng_state(checkpoint_dir)
+        path = os.path.join(checkpoint_dir or "", _DATA_RNG_STATE)
+        if checkpoint_dir is not None and os.path.isfile(path):
+            self.data_randomness.load_state_dict(torch.load(path, weights_only=True))
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: nn.Module | None = None) -> None:
         """Each rank reads its own stages' weights from the checkpoint, by name (any partition wrote it)."""

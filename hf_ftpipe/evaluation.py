@@ -32,9 +32,16 @@ class PipeEvaluation:
         self._ensure_engine(self._first_batch(dataloader))
         # Outputs are already whole and identical on every rank: gathering would duplicate them. Like
         # gather_for_metrics on one process, keep only the batch's real rows of what is "gathered":
-        # the loop repeats a short last batch's loss `eval_batch_size` times.
+        # the loop repeats a short last batch's loss `eval_batch_size` times. Padding across ranks
+        # has nothing to even out either, and it is a collective that a stopped rank would hang.
         self.gather_function = self._keep_batch_rows
-        return super().evaluation_loop(dataloader, *args, **kwargs)
+        self.accelerator.pad_across_processes = _unpadded
+        try:
+            # Batches (a random collator's masks too) come from the data's own random state, as in training.
+            with self.data_randomness.active():
+                return super().evaluation_loop(dataloader, *args, **kwargs)
+        finally:
+            del self.accelerator.pad_across_processes  # the Accelerator's own method again
 
     def prediction_step(
         self, model: nn.Module, inputs: dict[str, Any], prediction_loss_only: bool, ignore_keys: list[str] | None = None
@@ -142,7 +149,7 @@ class PipeEvaluation:
     def _pad_batch(self, inputs: dict[str, Any], size: int) -> tuple[int, dict[str, Any]]:
         """Pad a short batch to the traced mini-batch size; padded rows carry ignored labels."""
         real = next(v.shape[0] for v in inputs.values() if isinstance(v, torch.Tensor))
-        if real == size:
+        if real >= size:
             return real, inputs
         padded = {}
         for name, value in inputs.items():
@@ -164,6 +171,10 @@ class PipeEvaluation:
             rows = self.args.per_device_train_batch_size // num_microbatches
             counts = [min(rows, max(0, real - m * rows)) for m in range(num_microbatches)]
         return torch.tensor(counts, dtype=torch.float64)
+
+
+def _unpadded(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+    return tensor
 
 
 def _is_batched(value: Any, rows: int) -> bool:

@@ -23,6 +23,7 @@ from .partition.auto import PartitionerResult, reason_line
 from .partition.estimate import MemoryOptions, Optimizer
 from .partition.registry import get_partitioner
 from .profile import GPUProfile, get_profile
+from .runtime.watchdog import Watchdog
 from .training_args import PipeTrainingArguments
 
 __all__ = ["SharedPlan", "memory_options", "planned_optimizer", "share_partition"]
@@ -37,8 +38,12 @@ class SharedPlan:
     """Rank 0: where the plan came from ('file', 'cache', 'hub' or 'computed'); None elsewhere."""
 
 
-def share_partition(args: PipeTrainingArguments, traced: TracedModel, microbatch: dict[str, Any]) -> SharedPlan:
-    """Rank 0 makes or loads the plan; every rank gets it as JSON text and checks it against its own trace."""
+def share_partition(
+    args: PipeTrainingArguments, traced: TracedModel, microbatch: dict[str, Any], watchdog: Watchdog
+) -> SharedPlan:
+    """Rank 0 makes or loads the plan; every rank gets it as JSON text and checks it against its own trace.
+
+    The other ranks wait for it at most ``pipeline_timeout_s`` (``watchdog``), planning included."""
     profile = get_profile(args.gpu_profile, count=dist.get_world_size())
     payload: list[str | None] = [None]
     source = None
@@ -48,15 +53,20 @@ def share_partition(args: PipeTrainingArguments, traced: TracedModel, microbatch
             payload[0] = json.dumps(partition.to_dict())
         except Exception as error:  # the other ranks must not wait for a plan that never comes
             payload[0] = json.dumps({"error": f"{type(error).__name__}: {error}"})
-            dist.broadcast_object_list(payload, src=0)
+            _broadcast_plan(payload, watchdog)
             raise
-    dist.broadcast_object_list(payload, src=0)
+    _broadcast_plan(payload, watchdog)
     data = json.loads(payload[0] or "{}")
     if "error" in data:
         raise PipelineError(f"[rank {dist.get_rank()}] rank 0 could not make the partition: {data['error']}")
     partition = Partition.from_dict(data, source="the partition from rank 0")
     partition.check_matches(traced.cost_graph, source="the partition from rank 0")
     return SharedPlan(partition, source)
+
+
+def _broadcast_plan(payload: list[str | None], watchdog: Watchdog) -> None:
+    with watchdog.waiting("sharing the partition from rank 0", collective=True):
+        dist.broadcast_object_list(payload, src=0)
 
 
 def planned_optimizer(args: PipeTrainingArguments) -> Optimizer:

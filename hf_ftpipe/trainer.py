@@ -11,6 +11,7 @@ a local gradient norm and save rank 0's slice only. Each override below undoes o
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 from typing import Any
@@ -21,7 +22,9 @@ from torch import nn
 from transformers import Trainer
 from transformers.trainer_utils import get_last_checkpoint
 
+from .batch_check import check_same_batch
 from .checkpointing import PipeCheckpointing
+from .data_randomness import DataRandomness
 from .errors import PipelineError
 from .evaluation import PipeEvaluation
 from .float16 import Float16Training
@@ -29,13 +32,16 @@ from .graph.trace import capture_model
 from .loss_weighting import label_counts, model_loss_shifts_labels
 from .partition import Partition
 from .planning import share_partition
-from .runtime import PipelineEngine
+from .runtime import PipelineEngine, Watchdog
 from .runtime.weights import release_foreign_weights
 from .training_args import PipeTrainingArguments
 
 __all__ = ["PipeTrainer"]
 
 logger = logging.getLogger(__name__)
+
+_trainer_counter = itertools.count()
+"""Names each PipeTrainer's keys in the rendezvous store alike on every rank (made in the same order)."""
 
 
 class _StagesModule(nn.Module):
@@ -85,6 +91,11 @@ class PipeTrainer(PipeEvaluation, PipeCheckpointing, Trainer):
             self.accelerator.scaler = None  # accelerate's decides per process; see hf_ftpipe/float16.py
         self.partition_source: str | None = None
         """Rank 0: where the plan came from: 'file', 'cache', 'hub' or 'computed'."""
+        self.data_randomness = DataRandomness(self.args.seed)
+        """What data loading and collation draw from, on every rank alike (see `hf_ftpipe.data_randomness`)."""
+        self.batch_digest: str | None = None
+        """The digest of the last training batch, equal on every rank (see `hf_ftpipe.batch_check`)."""
+        self._watchdog: Watchdog | None = None
 
     # -- building the pipeline ----------------------------------------------------------------
 
@@ -105,21 +116,16 @@ class PipeTrainer(PipeEvaluation, PipeCheckpointing, Trainer):
                 "`torchrun --nproc_per_node N script.py`, with N >= 2"
             )
         size = self.args.per_device_train_batch_size // self.args.num_microbatches
-        rows = next(v.shape[0] for v in inputs.values() if isinstance(v, torch.Tensor))
-        if rows < size:
-            raise PipelineError(
-                f"the first batch has {rows} samples, fewer than one micro-batch of {size} "
-                f"(per_device_train_batch_size={self.args.per_device_train_batch_size} / "
-                f"num_microbatches={self.args.num_microbatches}); use a smaller batch size or more data"
-            )
+        # An evaluation batch may hold fewer rows than a micro-batch: only the shapes are traced.
+        _, padded = self._pad_batch(inputs, size)
         microbatch = {
-            name: value[:size] if isinstance(value, torch.Tensor) else value for name, value in inputs.items()
+            name: value[:size] if isinstance(value, torch.Tensor) else value for name, value in padded.items()
         }
         if any(p.is_meta for p in self.model.parameters()) and hasattr(self.model, "tie_weights"):
             # accelerate.init_empty_weights registers a new tensor per name, untying shared weights.
             self.model.tie_weights()
         traced = capture_model(self.model, microbatch)
-        shared = share_partition(self.args, traced, microbatch)
+        shared = share_partition(self.args, traced, microbatch, self.watchdog)
         self.partition, self.partition_source = shared.partition, shared.source
         self._built_from = self._weights_path()
         self.engine = PipelineEngine(
@@ -134,6 +140,7 @@ class PipeTrainer(PipeEvaluation, PipeCheckpointing, Trainer):
             timeout_s=self.args.pipeline_timeout_s,
             weights_path=self._built_from,
             autocast_dtype=torch.bfloat16 if self.args.bf16 else torch.float16 if self.args.fp16 else None,
+            watchdog=self.watchdog,
         )
         if self.args.release_unused_weights:
             freed = release_foreign_weights(self.model, self.engine.parameters())
@@ -144,6 +151,26 @@ class PipeTrainer(PipeEvaluation, PipeCheckpointing, Trainer):
             "rank %d runs stages %s (%d parameters) of %d", self.engine.rank, stages, params, self.partition.num_stages
         )
         return self.engine
+
+    @property
+    def watchdog(self) -> Watchdog:
+        """Bounds every wait of this rank by ``pipeline_timeout_s``: the pipeline's transfers and the
+        trainer's own collectives (partition, batch check, checkpoint barriers). Made on first use,
+        once the process group exists."""
+        if self._watchdog is None:
+            self._watchdog = Watchdog(
+                dist.get_rank(),
+                dist.get_world_size(),
+                self.args.pipeline_timeout_s,
+                run_id=f"trainer-{next(_trainer_counter)}",
+            )
+        return self._watchdog
+
+    def barrier(self, what: str) -> None:
+        """`dist.barrier`, bounded: a rank that never arrives stops every other one, named."""
+        if dist.is_initialized():
+            with self.watchdog.waiting(what, collective=True):
+                dist.barrier()
 
     def _weights_path(self) -> str | None:
         """Where a model built with empty weights reads them from (None: the model has its weights)."""
@@ -176,6 +203,12 @@ class PipeTrainer(PipeEvaluation, PipeCheckpointing, Trainer):
             self.args.dataloader_drop_last = drop_last
         _unshard(dataloader)
         return dataloader
+
+    def get_batch_samples(self, epoch_iterator: Any, num_batches: int, device: torch.device) -> tuple[list, Any]:
+        # The loader's first batch of an epoch also starts its iterator: accelerate broadcasts the
+        # sampler's generator there, so the wait is bounded like any other collective.
+        with self.data_randomness.active(), self.watchdog.waiting("loading the next training batch", collective=True):
+            return super().get_batch_samples(epoch_iterator, num_batches, device)
 
     def get_total_train_batch_size(self, args: Any) -> int:
         return self._train_batch_size * args.gradient_accumulation_steps  # ranks are stages, not replicas
@@ -211,6 +244,7 @@ class PipeTrainer(PipeEvaluation, PipeCheckpointing, Trainer):
             resume_from_checkpoint = get_last_checkpoint(self.args.output_dir) or True
         self._resume_from = resume_from_checkpoint if isinstance(resume_from_checkpoint, str) else None
         if self.engine is None:
+            self._check_enough_training_data()
             self._ensure_engine(self._first_batch(self.get_train_dataloader()))
         output = super().train(resume_from_checkpoint, *args, **kwargs)
         self.sync_model()
@@ -240,6 +274,7 @@ class PipeTrainer(PipeEvaluation, PipeCheckpointing, Trainer):
     def training_step(self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None) -> torch.Tensor:
         engine = self._ensure_engine(inputs)
         inputs = self._prepare_inputs(inputs)
+        self.batch_digest = check_same_batch(inputs, self.state.global_step + 1, self.watchdog, self.args.device)
         if self.float16 is not None:
             self.float16.start_step(engine)
         loss = engine.train_step(inputs, loss_weights=self._loss_weights(inputs))
@@ -304,11 +339,46 @@ class PipeTrainer(PipeEvaluation, PipeCheckpointing, Trainer):
         self.state.num_input_tokens_seen += tokens
 
     def floating_point_ops(self, inputs: dict[str, Any]) -> int:
-        # Trainer sums this over ranks as if they were replicas: rank 0 counts the whole model once,
-        # by Trainer's own formula, and the other ranks add nothing.
-        if dist.is_initialized() and dist.get_rank() != 0:
-            return 0
+        # Every rank counts the whole model once, by Trainer's own formula; `store_flos` adds no other rank's.
         return super().floating_point_ops(inputs)
+
+    def store_flos(self) -> None:
+        # Trainer sums the count over ranks as if they were replicas, in a collective of its own.
+        self.state.total_flos += self.current_flos
+        self.current_flos = 0
+
+    def _maybe_log_save_evaluate(
+        self,
+        tr_loss: torch.Tensor,
+        grad_norm: torch.Tensor | float | None,
+        model: nn.Module,
+        trial: Any,
+        epoch: float,
+        ignore_keys_for_eval: list[str] | None,
+        start_time: float,
+        learning_rate: float | None = None,
+    ) -> None:
+        if self.control.should_log and self.state.global_step > self._globalstep_last_logged:
+            self._log_training_loss(tr_loss, grad_norm, start_time, learning_rate)
+        super()._maybe_log_save_evaluate(
+            tr_loss, grad_norm, model, trial, epoch, ignore_keys_for_eval, start_time, learning_rate
+        )
+
+    def _log_training_loss(
+        self, tr_loss: torch.Tensor, grad_norm: torch.Tensor | float | None, start_time: float, learning_rate: Any
+    ) -> None:
+        """Trainer's logging step without its all-gather of the loss: every rank holds the pipeline's
+        whole loss already, and a gather that a stopped rank never joins would hang the others."""
+        tr_loss_scalar = tr_loss.item()
+        tr_loss -= tr_loss
+        logs: dict[str, float] = {"loss": tr_loss_scalar / (self.state.global_step - self._globalstep_last_logged)}
+        if grad_norm is not None:
+            logs["grad_norm"] = grad_norm.item() if isinstance(grad_norm, torch.Tensor) else grad_norm
+        logs["learning_rate"] = learning_rate if learning_rate is not None else self._get_learning_rate()
+        self._total_loss_scalar += tr_loss_scalar
+        self._globalstep_last_logged = self.state.global_step
+        self.store_flos()
+        self.log(logs, start_time)
 
     # -- saving -------------------------------------------------------------------------------
 
@@ -316,17 +386,52 @@ class PipeTrainer(PipeEvaluation, PipeCheckpointing, Trainer):
         """Write one standard checkpoint (rank 0) holding every stage's trained weights; all ranks must call it."""
         self.sync_model()
         super().save_model(output_dir, _internal_call=_internal_call)
-        if dist.is_initialized():
-            dist.barrier()
+        self.barrier("waiting for rank 0 to write the model")
 
     # -- helpers ------------------------------------------------------------------------------
 
     def _first_batch(self, dataloader: Any) -> dict[str, Any]:
-        return next(iter(dataloader)) if self.engine is None else {}
+        """The batch the pipeline is traced on (only its shapes matter): looked at, not consumed, so
+        the data's random state does not advance."""
+        if self.engine is not None:
+            return {}
+        with self.data_randomness.forked():
+            batch = next(iter(dataloader), None)
+        if batch is None:
+            raise PipelineError(f"{_samples_of(dataloader)}, so there is no batch to trace the pipeline on")
+        return batch
+
+    def _check_enough_training_data(self) -> None:
+        """The pipeline trains on whole mini-batches (it is traced for one shape): a training set
+        smaller than one gets a clear error instead of an empty epoch."""
+        dataset = self.train_dataset
+        if dataset is None or not hasattr(dataset, "__len__"):
+            return
+        samples, batch = len(dataset), self.args.per_device_train_batch_size
+        if samples >= batch:
+            return
+        microbatches = self.args.num_microbatches
+        if samples >= microbatches:
+            usable = samples - samples % microbatches
+            fits = f"per_device_train_batch_size={usable} (a multiple of num_microbatches={microbatches})"
+        else:
+            fits = f"per_device_train_batch_size={max(samples, 1)} with num_microbatches={max(samples, 1)}"
+        raise PipelineError(
+            f"the training set has {samples} samples, fewer than one mini-batch of per_device_train_batch_size="
+            f"{batch}; the pipeline trains on whole mini-batches only (it is traced for one batch shape, and "
+            f"an incomplete last batch is dropped). Use {fits}, or more data"
+        )
 
 
 class _Placeholder(nn.Module):
     """Stands in for the model before the pipeline exists (Trainer wraps early, then re-wraps)."""
+
+
+def _samples_of(dataloader: Any) -> str:
+    dataset = getattr(dataloader, "dataset", None)
+    size = len(dataset) if dataset is not None and hasattr(dataset, "__len__") else "unknown number of"
+    batch = getattr(dataloader, "total_batch_size", None) or getattr(dataloader, "batch_size", None)
+    return f"the data loader yields no batch from its {size} samples (batch size {batch})"
 
 
 def _unshard(dataloader: Any) -> None:

@@ -5,6 +5,7 @@ from .engine import PipelineEngine, StagePlacement
 from .peak_memory import PeakMemory
 from .schedule import Action, ScheduleGPipe, format_actions
 from .stage import StageSpec, build_stage_module, plan_stages
+from .watchdog import Watchdog
 
 __all__ = [
     "Action",
@@ -13,6 +14,7 @@ __all__ = [
     "PipelineEngine",
     "ScheduleGPipe",
     "StagePlacement",
+    "Watchdog",
     "StageSpec",
     "build_stage_module",
     "format_actions",

@@ -1,31 +1,25 @@
 """Point-to-point transfers and collectives that fail together instead of hanging.
 
-Every wait polls its request and, a few times a second, the rendezvous store: a rank that fails
-writes ``[rank r, stage s] ...`` there first, so its peers stop within a fraction of a second
-with that message instead of blocking until a transport timeout. A wait that outlives
-``timeout_s`` raises too, naming what it waited for. Messages carry tags (gloo matches on them);
-both ends issue them in one global order, which NCCL's in-order matching needs. Point-to-point
-messages go through their own process group, so a send still waiting for its receiver never holds
-up a collective queued behind it (NCCL runs one communicator's operations in order).
+Every wait goes through the rank's `Watchdog`: a peer that fails publishes ``[rank r, stage s]
+...`` first, so this rank stops within a fraction of a second with that message instead of
+blocking until a transport timeout, and a wait that outlives ``timeout_s`` stops the job, naming
+what it waited for. Messages carry tags (gloo matches on them); both ends issue them in one global
+order, which NCCL's in-order matching needs. Point-to-point messages go through their own process
+group, so a send still waiting for its receiver never holds up a collective queued behind it
+(NCCL runs one communicator's operations in order).
 """
 
 from __future__ import annotations
 
-import os
-import sys
-import threading
-import time
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 from ..errors import PipelineError
+from .watchdog import Watchdog
 
 __all__ = ["Messenger"]
-
-_FAILURE_KEY = "hf_ftpipe/failure"
-_STORE_POLL_S = 0.2
 
 
 @dataclass
@@ -39,33 +33,34 @@ class _Send:
 
 
 class Messenger:
-    """Sends, receives and reduces tensors for one rank, watching for failures of the others.
+    """Sends, receives and reduces tensors for one rank, every wait bounded by its `Watchdog`.
 
-    Transport waits cannot be interrupted (a gloo wait with a timeout breaks the connection), so a
-    watchdog thread does the watching: it polls the store, and when a peer has failed or a wait
-    outlived ``timeout_s`` while this rank is blocked, it publishes the reason and ends the process
-    with that message. A peer failure noticed between waits raises `PipelineError` instead.
+    A peer failure noticed between waits raises `PipelineError`; one that happens while this rank
+    is blocked, or a wait past ``timeout_s``, ends the process with the reason (see `Watchdog`).
 
     Args:
         rank (`int`): this process's rank in the default group.
         timeout_s (`float`): the longest any single wait may block before the job is stopped.
-        run_id (`str`): distinguishes this pipeline's failure key from earlier ones in the same store.
+        run_id (`str`): distinguishes this pipeline's keys in the store from earlier ones.
+        watchdog (`Watchdog`, *optional*): one shared with the caller (PipeTrainer bounds its own
+            collectives with it, so a failure in either is seen by both); made here if not given.
     """
 
-    def __init__(self, rank: int, timeout_s: float, run_id: str, p2p_group: dist.ProcessGroup | None = None) -> None:
+    def __init__(
+        self,
+        rank: int,
+        timeout_s: float,
+        run_id: str,
+        p2p_group: dist.ProcessGroup | None = None,
+        watchdog: Watchdog | None = None,
+    ) -> None:
         self.rank = rank
-        self.timeout_s = timeout_s
-        self.failure_key = f"{_FAILURE_KEY}/{run_id}"
+        self.watchdog = watchdog or Watchdog(rank, dist.get_world_size(), timeout_s, run_id)
         self.p2p_group = p2p_group
         self.generation = 0
         """Sends are stamped with it; `flush` can wait for the older ones only."""
-        self._store = _default_store()
         self._pending_sends: list[_Send] = []
         self._next_send_id = 0
-        self._waiting: tuple[float, str] | None = None
-        self._closed = threading.Event()
-        self._watchdog = threading.Thread(target=self._watch, name=f"hf_ftpipe-watchdog-{rank}", daemon=True)
-        self._watchdog.start()
 
     # -- transfers --------------------------------------------------------------------------
 
@@ -139,12 +134,13 @@ class Messenger:
 
     def wait(self, work: dist.Work, what: str) -> None:
         """Block on ``work``; a transport error becomes the peer's own failure message if it left one."""
-        self.raise_if_peer_failed(what)
-        self._waiting = (time.monotonic(), what)
         try:
-            work.wait()
+            with self.watchdog.waiting(what):
+                work.wait()
+        except PipelineError:
+            raise
         except Exception as error:
-            failure = self.peer_failure()
+            failure = self.watchdog.peer_failure()
             reason = (
                 failure
                 if failure is not None
@@ -152,62 +148,10 @@ class Messenger:
                 "died: killed, out of memory, or a lost machine)"
             )
             raise PipelineError(f"[rank {self.rank}] stopped while {what}: {reason}") from error
-        finally:
-            self._waiting = None
-
-    def close(self) -> None:
-        self._closed.set()
-
-    # -- failure handling -------------------------------------------------------------------
 
     def raise_if_peer_failed(self, what: str = "") -> None:
-        failure = self.peer_failure()
-        if failure is not None:
-            doing = f" while {what}" if what else ""
-            raise PipelineError(f"[rank {self.rank}] stopped{doing} because {failure}")
-
-    def peer_failure(self) -> str | None:
-        if self._store is None:
-            return None
-        try:
-            if not self._store.check([self.failure_key]):
-                return None
-            return self._store.get(self.failure_key).decode(errors="replace")
-        except Exception as error:  # the store lives on rank 0's host: it died or is unreachable
-            return f"the rendezvous store is unreachable ({type(error).__name__}); rank 0 may have died"
+        self.watchdog.raise_if_peer_failed(what)
 
     def report_failure(self, message: str) -> None:
         """Publish this rank's failure so every peer stops with ``message``."""
-        if self._store is None:
-            return
-        try:
-            if not self._store.check([self.failure_key]):
-                self._store.set(self.failure_key, message)
-        except Exception:  # best effort: peers still stop on their own timeout
-            pass
-
-    def _watch(self) -> None:
-        while not self._closed.wait(_STORE_POLL_S):
-            waiting = self._waiting
-            if waiting is None:
-                continue
-            since, what = waiting
-            failure = self.peer_failure()
-            if failure is None and time.monotonic() - since > self.timeout_s:
-                failure = (
-                    f"[rank {self.rank}] timed out after {self.timeout_s:.0f} s {what}; a peer is stuck or dead. "
-                    "Raise `pipeline_timeout_s` if a step legitimately takes longer."
-                )
-                self.report_failure(failure)
-            if failure is not None and self._waiting is waiting:
-                # The main thread is blocked in a transport wait that nothing can interrupt.
-                sys.stderr.write(f"hf_ftpipe: [rank {self.rank}] stopping while {what}: {failure}\n")
-                sys.stderr.flush()
-                os._exit(1)
-
-
-def _default_store() -> dist.Store | None:
-    try:
-        return dist.distributed_c10d._get_default_store()
-    except Exception:
-        return None
+        self.watchdog.report_failure(message)

@@ -41,6 +41,7 @@ from .prediction import check_predictable, predicted_weights, updates_ahead
 from .schedule import Action, Schedule, ScheduleGPipe, StreamingSchedule, make_schedule
 from .stage import build_stage_module, plan_stages
 from .versions import PendingGradients, StageVersions, move_gradients
+from .watchdog import Watchdog
 from .weight_sync import WeightSync
 from .weights import load_stage_weights
 
@@ -85,6 +86,8 @@ class PipelineEngine:
             own dtype. Values cross ranks in the dtype autocast gives them, found before the first
             step (`hf_ftpipe.runtime.autocast`), so receives can be posted ahead and the pipeline
             computes exactly what one process under autocast computes.
+        watchdog (`Watchdog`, *optional*): bounds every wait of this rank (``timeout_s`` is then
+            the watchdog's); PipeTrainer passes the one that also bounds its own collectives.
     """
 
     def __init__(
@@ -101,6 +104,7 @@ class PipelineEngine:
         timeout_s: float = 300.0,
         weights_path: str | os.PathLike | None = None,
         autocast_dtype: torch.dtype | None = None,
+        watchdog: Watchdog | None = None,
     ) -> None:
         if not dist.is_initialized():
             raise PipelineError(
@@ -156,7 +160,9 @@ class PipelineEngine:
             self.graph, self.specs, self.stage_rank, self.world_size, self.loss_value, self._autocast_dtypes
         )
         p2p_group = dist.new_group(list(range(self.world_size)))
-        self.messenger = Messenger(self.rank, timeout_s, run_id=str(next(_run_counter)), p2p_group=p2p_group)
+        self.messenger = Messenger(
+            self.rank, timeout_s, run_id=f"engine-{next(_run_counter)}", p2p_group=p2p_group, watchdog=watchdog
+        )
         # Collective set-up first: a rank that fails below must not leave the others in new_group.
         self.weight_sync = WeightSync(self.graph, self.specs, self.stage_rank, self.messenger, self.device)
         try:

@@ -1,0 +1,180 @@
+"""Bounded waits: a rank blocked on its peers stops with the reason instead of hanging.
+
+Transport waits and collectives cannot be interrupted (a gloo wait with a timeout breaks the
+connection), so a thread does the watching. A rank enters every blocking call through
+`Watchdog.waiting`; the thread polls the rendezvous store a few times a second. A rank that
+fails writes ``[rank r, stage s] ...`` there first, so its peers stop within a fraction of a
+second with that message; a wait that outlives ``timeout_s`` publishes its own reason and ends
+the process. Collectives that every rank issues in the same order also record how far each rank
+got, so a timed-out collective names the ranks that never arrived (a rank stopped, swapped out
+or deadlocked elsewhere) rather than blaming "a peer".
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from functools import partial
+from typing import TypeVar
+
+import torch.distributed as dist
+
+from ..errors import PipelineError
+
+__all__ = ["Watchdog"]
+
+T = TypeVar("T")
+
+_KEY = "hf_ftpipe/watchdog"
+_STORE_POLL_S = 0.2
+_STORE_ANSWER_S = 5.0
+"""How long the watchdog waits for the store when it is about to stop the process: the store's
+host may be the rank that stopped answering."""
+
+
+class Watchdog:
+    """Watches this rank's blocking calls and the failures its peers publish.
+
+    Args:
+        rank (`int`): this process's rank in the default group.
+        world_size (`int`): the number of ranks (for naming those that did not arrive).
+        timeout_s (`float`): the longest any single wait may block before the job is stopped.
+        run_id (`str`): distinguishes this run's keys in the store from earlier ones in the same job.
+    """
+
+    def __init__(self, rank: int, world_size: int, timeout_s: float, run_id: str) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self.timeout_s = timeout_s
+        self.failure_key = f"{_KEY}/{run_id}/failure"
+        self._arrival_key = f"{_KEY}/{run_id}/arrived"
+        self._arrivals = 0
+        self._store = _default_store()
+        self._waiting: tuple[float, str, int | None] | None = None
+        """(since, what, the collective's number) of the wait in progress, if any."""
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name=f"hf_ftpipe-watchdog-{rank}", daemon=True)
+        self._thread.start()
+
+    @contextmanager
+    def waiting(self, what: str, collective: bool = False) -> Iterator[None]:
+        """Block inside this context for at most ``timeout_s``: past it, or when a peer fails, the
+        process ends with the reason (nothing can interrupt the blocked thread).
+
+        ``collective``: every rank enters this wait, in the same order (a barrier, a gather); its
+        arrival is recorded so a timeout can name the ranks that never came.
+        """
+        self.raise_if_peer_failed(what)
+        number = None
+        if collective:
+            self._arrivals += 1
+            number = self._arrivals
+            self._store_call(lambda store: store.set(f"{self._arrival_key}/{self.rank}", f"{number}\n{what}"))
+        outer = self._waiting
+        self._waiting = (time.monotonic(), what, number)
+        try:
+            yield
+        finally:
+            self._waiting = outer
+
+    def raise_if_peer_failed(self, what: str = "") -> None:
+        failure = self.peer_failure()
+        if failure is not None:
+            doing = f" while {what}" if what else ""
+            raise PipelineError(f"[rank {self.rank}] stopped{doing} because {failure}")
+
+    def peer_failure(self) -> str | None:
+        """The failure a rank published, if any."""
+        try:
+            return self._store_call(
+                lambda store: (
+                    store.get(self.failure_key).decode(errors="replace") if store.check([self.failure_key]) else None
+                )
+            )
+        except Exception as error:  # the store lives on one host: it died or is unreachable
+            return f"the rendezvous store is unreachable ({type(error).__name__}); the rank hosting it may have died"
+
+    def report_failure(self, message: str) -> None:
+        """Publish this rank's failure so every peer stops with ``message`` (the first one wins)."""
+        try:
+            self._store_call(
+                lambda store: None if store.check([self.failure_key]) else store.set(self.failure_key, message)
+            )
+        except Exception:  # best effort: peers still stop on their own timeout
+            pass
+
+    def close(self) -> None:
+        self._closed.set()
+
+    # -- the watching thread ----------------------------------------------------------------
+
+    def _watch(self) -> None:
+        while not self._closed.wait(_STORE_POLL_S):
+            waiting = self._waiting
+            if waiting is None:
+                continue
+            since, what, number = waiting
+            if time.monotonic() - since > self.timeout_s:
+                failure = self._bounded(partial(self._timed_out, what, number), self._timed_out(what, None))
+                self._bounded(partial(self.report_failure, failure), None)
+            else:  # a store that does not answer yet is no reason to stop before the timeout
+                failure = self._bounded(self.peer_failure, None)
+            if failure is not None and self._waiting is waiting:
+                # The main thread is blocked in a wait that nothing can interrupt.
+                sys.stderr.write(f"hf_ftpipe: [rank {self.rank}] stopping while {what}: {failure}\n")
+                sys.stderr.flush()
+                os._exit(1)
+
+    def _timed_out(self, what: str, number: int | None) -> str:
+        message = f"[rank {self.rank}] timed out after {self.timeout_s:.0f} s {what}"
+        silent = self._silent_ranks(number) if number is not None else None
+        if silent:
+            message += f": {silent}"
+        else:
+            message += "; a peer is stuck or dead"
+        return message + ". Raise `pipeline_timeout_s` if this legitimately takes longer."
+
+    def _silent_ranks(self, number: int) -> str | None:
+        """Which ranks never reached collective ``number``, and where each one last was."""
+        behind = []
+        for rank in range(self.world_size):
+            if rank == self.rank:
+                continue
+            key = f"{self._arrival_key}/{rank}"
+            last = self._store_call(lambda store, key=key: store.get(key).decode() if store.check([key]) else None)
+            count, _, where = (last or "0\n").partition("\n")
+            if int(count) < number:
+                seen = f"last seen {where}" if where else "never arrived"
+                behind.append(f"rank {rank} did not answer ({seen})")
+        return "; ".join(behind) or None
+
+    def _store_call(self, call: Callable[[dist.Store], T]) -> T | None:
+        return None if self._store is None else call(self._store)
+
+    @staticmethod
+    def _bounded(call: Callable[[], T], default: T) -> T:
+        """``call()`` from a helper thread, or ``default`` when it raises or takes longer than
+        `_STORE_ANSWER_S`: a store whose host stopped never answers."""
+        answer: list[T] = []
+
+        def run() -> None:
+            try:
+                answer.append(call())
+            except Exception:
+                pass
+
+        helper = threading.Thread(target=run, daemon=True)
+        helper.start()
+        helper.join(_STORE_ANSWER_S)
+        return answer[0] if answer else default
+
+
+def _default_store() -> dist.Store | None:
+    try:
+        return dist.distributed_c10d._get_default_store()
+    except Exception:
+        return None

@@ -125,7 +125,12 @@ class Watchdog:
                 failure = self._bounded(self.peer_failure, None)
             if failure is not None and self._waiting is waiting:
                 # The main thread is blocked in a wait that nothing can interrupt.
-                sys.stderr.write(f"hf_ftpipe: [rank {self.rank}] stopping while {what}: {failure}\n")
+                own = failure.startswith(f"[rank {self.rank}]")
+                sys.stderr.write(
+                    f"hf_ftpipe: {failure}\n"
+                    if own
+                    else f"hf_ftpipe: [rank {self.rank}] stopping while {what}: {failure}\n"
+                )
                 sys.stderr.flush()
                 os._exit(1)
 

@@ -1,0 +1,93 @@
+"""A PipeTrainer job on a tiny GPT-2 in which one rank stops dead (SIGSTOP) at a chosen moment.
+
+``stall_job.py OUTPUT WHERE``: rank 1 stops itself at WHERE: ``step`` (the end of step 2),
+``eval`` (after the first evaluation batch) or ``save`` (inside the first checkpoint save, before
+writing its optimizer state). Each rank writes its pid to ``OUTPUT/pid{rank}``; the stopping rank
+writes ``OUTPUT/stopped`` just before it stops. The other rank must stop on its own, within
+``pipeline_timeout_s``, naming rank 1 (see `test_stalled_rank.py`).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from datasets import Dataset
+from transformers import TrainerCallback
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from hf_ftpipe import PipeTrainer, PipeTrainingArguments  # noqa: E402
+
+from models import tiny_batch, tiny_model  # noqa: E402
+
+STALLING_RANK = 1
+TIMEOUT_S = 10
+
+
+def stop(output_dir: str) -> None:
+    (Path(output_dir) / "stopped").write_text("")
+    os.kill(os.getpid(), signal.SIGSTOP)
+
+
+class StopAtStepEnd(TrainerCallback):
+    def __init__(self, output_dir: str) -> None:
+        self.output_dir = output_dir
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.global_step == 2:
+            stop(self.output_dir)
+
+
+class StopDuringEvaluation(TrainerCallback):
+    def __init__(self, output_dir: str) -> None:
+        self.output_dir = output_dir
+
+    def on_prediction_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        stop(self.output_dir)
+
+
+class StopDuringSave(PipeTrainer):
+    def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
+        stop(self.args.output_dir)
+        super()._save_optimizer_and_scheduler(output_dir)
+
+
+def main(output_dir: str, where: str) -> None:
+    args = PipeTrainingArguments(
+        output_dir=output_dir,
+        use_cpu=True,
+        per_device_train_batch_size=4,
+        per_device_eval_batch_size=4,
+        num_microbatches=2,
+        max_steps=4,
+        logging_steps=1,
+        eval_strategy="steps" if where == "eval" else "no",
+        eval_steps=2,
+        save_strategy="steps" if where == "save" else "no",
+        save_steps=2,
+        report_to="none",
+        pipeline_timeout_s=TIMEOUT_S,
+    )
+    rank = args.process_index
+    (Path(output_dir) / f"pid{rank}").write_text(str(os.getpid()))
+    data = tiny_batch("gpt2", 24, seed=1)
+    dataset = Dataset.from_dict({k: v.tolist() for k, v in data.items()})
+    stalls = rank == STALLING_RANK
+    trainer_class = StopDuringSave if stalls and where == "save" else PipeTrainer
+    callbacks = []
+    if stalls and where == "step":
+        callbacks.append(StopAtStepEnd(output_dir))
+    if stalls and where == "eval":
+        callbacks.append(StopDuringEvaluation(output_dir))
+    trainer = trainer_class(
+        model=tiny_model("gpt2"), args=args, train_dataset=dataset, eval_dataset=dataset, callbacks=callbacks
+    )
+    trainer.train()
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

@@ -1,0 +1,114 @@
+"""A rank that stops answering (SIGSTOP) at a step boundary, during evaluation or during a checkpoint
+save: the other rank stops within ``pipeline_timeout_s`` + 15 s, naming it, and the launcher
+leaves no process behind.
+
+The three jobs (`stall_job.py`, `accelerate launch`, 2 ranks) run at once: most of their time is
+spent waiting, for the timeout and for the launcher's grace period before it kills the stopped rank.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from distributed import REPO
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from stall_job import STALLING_RANK, TIMEOUT_S  # noqa: E402
+
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+
+WHERE = ("step", "eval", "save")
+LAUNCHER_DEADLINE_S = 150
+
+
+@dataclass
+class Outcome:
+    output: str
+    returncode: int
+    waited_after_stop_s: float
+    """From the stalling rank's stop until every other rank had exited."""
+    stalled_pid: int
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return not Path(f"/proc/{pid}/stat").read_text().split(") ")[-1].startswith("Z")
+
+
+def _watch(folders: dict[str, Path], launched: dict[str, subprocess.Popen]) -> dict[str, Outcome]:
+    """Watch every job at once: when its stalling rank stopped, when every other rank had exited,
+    and what its launcher printed."""
+    deadline = time.monotonic() + LAUNCHER_DEADLINE_S
+    stopped_at: dict[str, float] = {}
+    others_gone_at: dict[str, float] = {}
+    while len(others_gone_at) < len(launched) and time.monotonic() < deadline:
+        for where, folder in folders.items():
+            if where not in stopped_at and (folder / "stopped").exists():
+                stopped_at[where] = time.monotonic()
+            if where in stopped_at and where not in others_gone_at:
+                others = [int((folder / f"pid{r}").read_text()) for r in range(2) if r != STALLING_RANK]
+                if not any(_alive(pid) for pid in others):
+                    others_gone_at[where] = time.monotonic()
+            if launched[where].poll() is not None and where not in stopped_at:
+                pytest.fail(f"{where}: the job ended before its rank stopped:\n{launched[where].stdout.read()[-6000:]}")
+        time.sleep(0.1)
+    outcomes = {}
+    for where, launcher in launched.items():
+        try:
+            output, _ = launcher.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            output, _ = launcher.communicate()
+            pytest.fail(f"{where}: the launcher did not end within {LAUNCHER_DEADLINE_S} s:\n{output[-6000:]}")
+        waited = others_gone_at.get(where, float("inf")) - stopped_at.get(where, 0.0)
+        stalled_pid = int((folders[where] / f"pid{STALLING_RANK}").read_text())
+        outcomes[where] = Outcome(output, launcher.returncode, waited, stalled_pid)
+    return outcomes
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Outcome]:
+    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"]
+    launcher += ["--main_process_port", "0"]
+    folders, launched = {}, {}
+    for where in WHERE:
+        folders[where] = tmp_path_factory.mktemp(where)
+        launched[where] = subprocess.Popen(
+            [*launcher, str(Path(__file__).with_name("stall_job.py")), str(folders[where]), where],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+    try:
+        return _watch(folders, launched)
+    finally:
+        for process in launched.values():
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("where", WHERE)
+def test_other_ranks_stop_in_time_naming_the_silent_rank_and_nothing_is_left_behind(
+    outcomes: dict[str, Outcome], where: str
+) -> None:
+    outcome = outcomes[where]
+    assert outcome.returncode != 0, outcome.output[-6000:]
+    assert outcome.waited_after_stop_s < TIMEOUT_S + 15, (outcome.waited_after_stop_s, outcome.output[-6000:])
+    reason = f"hf_ftpipe: [rank 0] timed out after {TIMEOUT_S} s "
+    stopping = [line.split(reason, 1)[1] for line in outcome.output.splitlines() if reason in line]
+    assert stopping, outcome.output[-6000:]
+    assert f"rank {STALLING_RANK}" in stopping[0], stopping[0]
+    assert not _alive(outcome.stalled_pid), f"rank {STALLING_RANK} (pid {outcome.stalled_pid}) is still alive"

@@ -4,9 +4,10 @@ The first that gives a plan for this model and setup wins; a computed plan is ca
 with ``push_partition_to_hub``). A cached or pulled plan that does not fit the traced model (another
 fingerprint, other nodes, or a plan ``check`` rejects) is refused with a warning and the next
 source is tried. An unreachable Hub, a server error or a timeout is a warning too: the plan is then
-computed, so a run never fails because the Hub is down. Only an explicit ``partition_file`` that
-is wrong is an error: the user asked for that file, so the message says to fix it, not to delete
-it as for a cached one.
+computed, so a run never fails because the Hub is down; under ``HF_HUB_OFFLINE`` the repo serves
+only plans downloaded before, and a warning says the Hub is skipped. Only an explicit
+``partition_file`` that is wrong is an error: the user asked for that file, so the message says to
+fix it, not to delete it as for a cached one.
 """
 
 from __future__ import annotations
@@ -100,6 +101,12 @@ def resolve_partition(
             logger.warning("refused the cached partition (%s); looking further", e)
     if repo_id:
         pulled = None
+        if store.offline:  # huggingface_hub's download cache still serves a plan pulled before
+            logger.warning(
+                "HF_HUB_OFFLINE is set, so the Hub is skipped: `partition_repo` %s serves only a plan downloaded "
+                "from it before (unset HF_HUB_OFFLINE to pull)",
+                repo_id,
+            )
         try:
             pulled = store.pull(key, revision=revision)
             if pulled is None:

@@ -9,10 +9,11 @@ import sys
 
 
 def run_show(args: argparse.Namespace) -> int:
-    from hf_ftpipe.partition.plan import Partition
+    from hf_ftpipe.partition.plan import Partition, user_file_fix, with_fix
     from hf_ftpipe.partition.report import format_plan, plan_summary
 
-    plan = Partition.from_json(args.plan)
+    with with_fix(user_file_fix(args.plan)):
+        plan = Partition.from_json(args.plan)
     if args.json:
         print(json.dumps(plan_summary(plan), indent=1))
     else:

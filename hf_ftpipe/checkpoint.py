@@ -37,12 +37,19 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from .errors import CheckpointError
+from ._json_depth import check_json_depth
+from .errors import CheckpointError, PipelineError
 from .graph.cost_graph import CostGraph
 from .runtime.weight_sync import WeightSync
 from .runtime.weights import checkpoint_files
 
-__all__ = ["OPTIMIZER_FOLDER", "load_engine_weights", "load_optimizer_state", "save_optimizer_state"]
+__all__ = [
+    "OPTIMIZER_FOLDER",
+    "check_resumable",
+    "load_engine_weights",
+    "load_optimizer_state",
+    "save_optimizer_state",
+]
 
 OPTIMIZER_FOLDER = "optimizer"
 _FORMAT = "hf_ftpipe-optimizer"
@@ -63,6 +70,33 @@ class _Engine(Protocol):
     def state_dict(self) -> dict[str, torch.Tensor]: ...
 
     def drain(self) -> None: ...
+
+
+_TRAINER_STATE = "trainer_state.json"
+"""`Trainer` writes it last: a folder without it is no (complete) checkpoint."""
+
+
+def check_resumable(folder: str | os.PathLike) -> None:
+    """Refuse a ``resume_from_checkpoint`` that is no checkpoint, in `Trainer`'s words.
+
+    Every rank checks before it builds its stages, so the reason is the missing folder or file,
+    not a later symptom (a model built with empty weights would find no weights to read).
+    """
+    where = f"Can't find a valid checkpoint at {os.fspath(folder)}"
+    fix = "pass a checkpoint-N folder PipeTrainer wrote in `output_dir`, or `resume_from_checkpoint=True` for the last"
+    if not os.path.isdir(folder):
+        raise CheckpointError(f"{where}: no such folder; {fix}")
+    try:
+        checkpoint_files(folder)
+    except PipelineError as error:
+        raise CheckpointError(
+            f"{where}: it holds no model weights (model.safetensors or its sharded index); {fix}"
+        ) from error
+    if not os.path.isfile(os.path.join(folder, _TRAINER_STATE)):
+        raise CheckpointError(
+            f"{where}: it has no {_TRAINER_STATE}, which a checkpoint gets last (saving was interrupted, or it is "
+            "a save_pretrained folder: for its weights alone use `weights_path`); " + fix
+        )
 
 
 # -- weights --------------------------------------------------------------------------------
@@ -252,7 +286,7 @@ def _read_indexes(folder: Path) -> list[dict[str, Any]]:
             f"no pipeline optimizer state in {folder} (rank*.json); resume from a checkpoint written by "
             "PipeTrainer (a plain Trainer checkpoint's weights can be used with `weights_path` instead)"
         )
-    indexes = [json.loads(path.read_text()) for path in paths]
+    indexes = [_read_index(path) for path in paths]
     bad = [str(path) for path, index in zip(paths, indexes, strict=True) if index.get("format") != _FORMAT]
     if bad:
         raise CheckpointError(f"{bad} are not hf_ftpipe optimizer indexes (no format {_FORMAT!r})")
@@ -262,7 +296,24 @@ def _read_indexes(folder: Path) -> list[dict[str, Any]]:
             f"{folder} holds {len(indexes)} rank files but they were written by {sorted(world_sizes)} ranks; "
             "the checkpoint is incomplete (a rank failed while saving?) or mixes two runs"
         )
+    # Every rank checks every writer's tensor file here, before any rank reads one: a rank that
+    # needs none of a missing file's entries would otherwise go on and wait for the rank that does.
+    missing = [f"rank{index['rank']}.safetensors" for index in indexes]
+    missing = [name for name in missing if not (folder / name).is_file()]
+    if missing:
+        raise CheckpointError(
+            f"the checkpoint {folder.parent} is incomplete: {folder.name}/{missing[0]} is missing (its "
+            f"{folder.name}/{missing[0].replace('.safetensors', '.json')} is there)"
+            + (f", and {len(missing) - 1} more tensor files" if len(missing) > 1 else "")
+            + "; resume from another checkpoint, or copy the checkpoint again if it was moved"
+        )
     return indexes
+
+
+def _read_index(path: Path) -> dict[str, Any]:
+    text = path.read_text()
+    check_json_depth(text, str(path), CheckpointError)
+    return json.loads(text)
 
 
 def _unwrap(optimizer: Any) -> Any:

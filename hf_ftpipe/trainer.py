@@ -22,10 +22,11 @@ from torch import nn
 from transformers import Trainer
 from transformers.trainer_utils import get_last_checkpoint
 
+from . import checkpoint
 from .batch_check import check_same_batch
 from .checkpointing import PipeCheckpointing
 from .data_randomness import DataRandomness
-from .errors import PipelineError
+from .errors import CheckpointError, PipelineError
 from .evaluation import PipeEvaluation
 from .float16 import Float16Training
 from .graph.trace import capture_model
@@ -238,10 +239,18 @@ class PipeTrainer(PipeEvaluation, PipeCheckpointing, Trainer):
         return optimizer
 
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any) -> Any:
-        if resume_from_checkpoint is True and os.path.isdir(self.args.output_dir):
+        if resume_from_checkpoint is True:
             # Trainer's meaning (the last checkpoint in output_dir), resolved early: a model built
-            # with empty weights reads them from it. None found: Trainer raises its own error.
-            resume_from_checkpoint = get_last_checkpoint(self.args.output_dir) or True
+            # with empty weights reads them from it.
+            last = get_last_checkpoint(self.args.output_dir) if os.path.isdir(self.args.output_dir) else None
+            if last is None:
+                raise CheckpointError(
+                    f"No valid checkpoint found in output directory ({self.args.output_dir}) for "
+                    "`resume_from_checkpoint=True`; pass a checkpoint's path, or train without resuming"
+                )
+            resume_from_checkpoint = last
+        if isinstance(resume_from_checkpoint, str):
+            checkpoint.check_resumable(resume_from_checkpoint)  # before any rank builds on it
         self._resume_from = resume_from_checkpoint if isinstance(resume_from_checkpoint, str) else None
         if self.engine is None:
             self._check_enough_training_data()

@@ -25,6 +25,7 @@ from typing import Any, Literal, get_args
 import torch
 from torch import nn
 
+from .._json_depth import check_json_depth
 from ..errors import TraceError
 
 __all__ = ["Task", "load_config", "load_model_for_planning", "sample_inputs_for", "shipped_models"]
@@ -170,7 +171,9 @@ def _candidate_tasks(config: Any, task: str | None) -> list[str]:
 def _config_from_file(path: str) -> Any:
     try:
         with open(path, encoding="utf-8") as f:
-            data = json.load(f)
+            text = f.read()
+        check_json_depth(text, f"config {path!r}", TraceError)
+        data = json.loads(text)
     except (OSError, json.JSONDecodeError) as error:
         raise TraceError(f"cannot read config {path!r}: {error}") from error
     return _config_from_dict(data, path)

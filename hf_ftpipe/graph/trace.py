@@ -10,7 +10,6 @@ T5-3B-sized model built on the meta device is measured in seconds.
 from __future__ import annotations
 
 import copy
-import traceback
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import FlopCounterMode
 
 from ..errors import TraceError
+from ._export_failure import explain_export_failure, without_partial_graph
 from .cost_graph import CostGraph, InputInfo, ParamInfo
 from .fingerprint import model_fingerprint
 from .modes import make_mode_aware
@@ -123,9 +123,10 @@ def _export(model: nn.Module, inputs: dict[str, Any]) -> fx.GraphModule:
     was_training = model.training
     model.train()
     try:
-        program = torch.export.export(model, (), kwargs=inputs, strict=False)
+        with without_partial_graph():
+            program = torch.export.export(model, (), kwargs=inputs, strict=False)
     except Exception as error:  # torch raises many unrelated types here
-        raise TraceError(_explain_export_failure(model, error)) from error
+        raise TraceError(explain_export_failure(model, error)) from error
     finally:
         model.train(was_training)
     graph_module = program.module()
@@ -156,21 +157,6 @@ def _output_names(program: torch.export.ExportedProgram) -> tuple[str, ...]:
     if isinstance(context, list | tuple) and all(isinstance(key, str) for key in context):
         return tuple(context)
     return tuple(f"output_{index}" for index in range(spec.num_leaves))
-
-
-def _explain_export_failure(model: nn.Module, error: Exception) -> str:
-    model_class = type(model).__name__
-    first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
-    frames = traceback.extract_tb(error.__traceback__)
-    user_frames = [f for f in frames if "/torch/" not in f.filename]
-    where = f" at {user_frames[-1].filename}:{user_frames[-1].lineno} ({user_frames[-1].line})" if user_frames else ""
-    return (
-        f"cannot trace {model_class}: torch.export failed{where}: {type(error).__name__}: {first_line}\n"
-        "What to try: pass fixed-shape tensors for every input (pad to a fixed length), "
-        "use_cache=False, attn_implementation='eager' or 'sdpa' in the config, and replace "
-        "data-dependent Python control flow (`if tensor.sum() > 0`, `.item()`, `.tolist()`) "
-        "in the model's forward with tensor operations."
-    )
 
 
 def _canonical_names(model: nn.Module, graph_module: fx.GraphModule) -> dict[str, str]:

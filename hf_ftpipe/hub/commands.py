@@ -59,9 +59,10 @@ def add_hub_commands(commands: Any) -> None:
 
 def _run_push(args: argparse.Namespace) -> int:
     from hf_ftpipe.hub.store import PartitionStore
-    from hf_ftpipe.partition import Partition
+    from hf_ftpipe.partition.plan import Partition, user_file_fix, with_fix
 
-    plan = Partition.from_json(args.plan)
+    with with_fix(user_file_fix(args.plan)):
+        plan = Partition.from_json(args.plan)
     path, commit = PartitionStore(args.repo).push(plan, commit_message=args.message, branch=args.branch)
     print(f"pushed hf://datasets/{args.repo}/{path} (commit {commit})")
     return 0

@@ -4,8 +4,10 @@ The first that gives a plan for this model and setup wins; a computed plan is ca
 with ``push_partition_to_hub``). A cached or pulled plan that does not fit the traced model (another
 fingerprint, other nodes, or a plan ``check`` rejects) is refused with a warning and the next
 source is tried. An unreachable Hub, a server error or a timeout is a warning too: the plan is then
-computed, so a run never fails because the Hub is down. Only an explicit ``partition_file`` that
-is wrong is an error: the user asked for that file.
+computed, so a run never fails because the Hub is down; under ``HF_HUB_OFFLINE`` the repo serves
+only plans downloaded before, and a warning says the Hub is skipped. Only an explicit
+``partition_file`` that is wrong is an error: the user asked for that file, so the message says to
+fix it, not to delete it as for a cached one.
 """
 
 from __future__ import annotations
@@ -18,13 +20,15 @@ from typing import Literal
 from hf_ftpipe.errors import HubError, PartitionError
 from hf_ftpipe.graph.cost_graph import CostGraph
 from hf_ftpipe.hub.store import PartitionStore
-from hf_ftpipe.partition.plan import Partition, PartitionKey
+from hf_ftpipe.partition.plan import Partition, PartitionKey, user_file_fix, with_fix
 
 __all__ = ["Resolved", "resolve_partition"]
 
 logger = logging.getLogger(__name__)
 
 Source = Literal["file", "cache", "hub", "computed"]
+
+_CACHED_FILE_FIX = "Delete the file so that the partition is recomputed."
 
 
 @dataclass(frozen=True)
@@ -73,8 +77,13 @@ def resolve_partition(
                 stored_check(partition)
 
     if partition_file:
-        partition = Partition.from_json(partition_file, expected_key=key)
-        partition.check_matches(graph, source=partition_file)
+        fix = (
+            f"{user_file_fix(partition_file)} Or drop `partition_file` so that a plan is taken from the cache "
+            "or `partition_repo`, or computed."
+        )
+        with with_fix(fix):
+            partition = Partition.from_json(partition_file, expected_key=key)
+            partition.check_matches(graph, source=partition_file)
         if check is not None:
             check(partition)
         return Resolved(partition, "file", partition_file)
@@ -82,15 +91,22 @@ def resolve_partition(
     if use_cache and not revision:
         path = store.cache_path(key)
         try:
-            cached = store.load_cached(key)
-            if cached is not None:
-                fits(cached, str(path))
-                logger.info("partition from the local cache: %s", path)
-                return Resolved(cached, "cache", str(path))
+            with with_fix(_CACHED_FILE_FIX):
+                cached = store.load_cached(key)
+                if cached is not None:
+                    fits(cached, str(path))
+                    logger.info("partition from the local cache: %s", path)
+                    return Resolved(cached, "cache", str(path))
         except PartitionError as e:
             logger.warning("refused the cached partition (%s); looking further", e)
     if repo_id:
         pulled = None
+        if store.offline:  # huggingface_hub's download cache still serves a plan pulled before
+            logger.warning(
+                "HF_HUB_OFFLINE is set, so the Hub is skipped: `partition_repo` %s serves only a plan downloaded "
+                "from it before (unset HF_HUB_OFFLINE to pull)",
+                repo_id,
+            )
         try:
             pulled = store.pull(key, revision=revision)
             if pulled is None:

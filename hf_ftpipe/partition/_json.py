@@ -1,5 +1,5 @@
-"""Strict JSON for files that may come from anywhere: size-limited, no duplicate keys, no NaN,
-and decoded into typed dataclasses field by field, so every defect is named with its path."""
+"""Strict JSON for files that may come from anywhere: size- and depth-limited, no duplicate keys, no
+NaN, and decoded into typed dataclasses field by field, so every defect is named with its path."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import typing
 from dataclasses import MISSING, fields, is_dataclass
 from typing import Any
 
+from hf_ftpipe._json_depth import check_json_depth
 from hf_ftpipe.errors import PartitionFormatError
 
 MAX_FILE_BYTES = 64 * 2**20
@@ -17,6 +18,9 @@ MAX_FILE_BYTES = 64 * 2**20
 
 
 def read_json(path: str) -> object:
+    """The parsed JSON of the file at ``path``; every defect is a `PartitionFormatError` naming
+    the file. Messages say what is wrong only: what to do depends on where the file came from
+    (see `plan.with_fix`)."""
     try:
         size = os.path.getsize(path)
         if size > MAX_FILE_BYTES:
@@ -32,15 +36,13 @@ def read_json(path: str) -> object:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise PartitionFormatError(f"{path}: not UTF-8 text, so not a partition file") from e
+    check_json_depth(text, path, PartitionFormatError)
     try:
         return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
     except json.JSONDecodeError as e:
         ends_early = e.pos >= len(text.rstrip())
         why = "it ends early (truncated file?)" if ends_early else "it is corrupt or not JSON"
-        raise PartitionFormatError(
-            f"{path}: not valid JSON, {why}: {e.msg} at line {e.lineno} column {e.colno}. "
-            "Delete the file so that the partition is recomputed."
-        ) from e
+        raise PartitionFormatError(f"{path}: not valid JSON, {why}: {e.msg} at line {e.lineno} column {e.colno}") from e
     except ValueError as e:  # from the hooks
         raise PartitionFormatError(f"{path}: {e}") from e
 

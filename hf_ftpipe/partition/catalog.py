@@ -261,7 +261,7 @@ def publish(
     from huggingface_hub import CommitOperationAdd, HfApi
 
     from hf_ftpipe.hub.store import path_for
-    from hf_ftpipe.partition.plan import Partition
+    from hf_ftpipe.partition.plan import Partition, with_fix
 
     folder = Path(folder)
     entries = read_index(folder)  # refuse to publish a folder that was never generated
@@ -272,7 +272,8 @@ def publish(
             sources[in_repo] = path
     for entry in entries:
         if entry["file"]:  # setups with equal keys (BoolQ and MultiRC shapes) share one keyed file
-            plan = Partition.from_json(folder / entry["file"])
+            with with_fix(f"Run `hf-ftpipe regenerate-partitions --folder {folder}` to write it again."):
+                plan = Partition.from_json(folder / entry["file"])
             sources[path_for(plan.key, plan.format_version)] = folder / entry["file"]
     operations = [CommitOperationAdd(in_repo, str(path)) for in_repo, path in sources.items()]
     # The environment as it is now (huggingface_hub reads HF_ENDPOINT once, at import).

@@ -22,6 +22,8 @@ import hashlib
 import importlib.metadata
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 
@@ -39,6 +41,8 @@ __all__ = [
     "PartitionKey",
     "Prediction",
     "StageCost",
+    "user_file_fix",
+    "with_fix",
 ]
 
 FORMAT_NAME = "hf_ftpipe.partition"
@@ -307,17 +311,13 @@ class Partition:
             if got != want:
                 diffs.append(f"  {f.name}: file has {got!r}, expected {want!r}")
         if diffs:
-            fix = (
-                "\nDelete the file so that the partition is recomputed, or pass the "
-                "`partition_file` made for this model and setup."
-            )
             if self.key.num_gpus != expected.num_gpus:
-                fix += (
-                    f"\nTo run this plan as it is, launch one process per GPU it was made for: "
+                diffs.append(
+                    f"To run this plan as it is, launch one process per GPU it was made for: "
                     f"`accelerate launch --num_processes {self.key.num_gpus} ...`."
                 )
             raise PartitionFormatError(
-                f"{source}: this partition was planned for another model or setup:\n" + "\n".join(diffs) + fix
+                f"{source}: this partition was planned for another model or setup:\n" + "\n".join(diffs)
             )
 
     def check_matches(self, graph: CostGraph, *, source: str = "partition") -> None:
@@ -332,11 +332,33 @@ class Partition:
             lines.append(f"  {len(missing)} ops of the model are in no stage, e.g. {missing[:5]}")
         if extra:
             lines.append(f"  {len(extra)} ops of the partition are not in the model, e.g. {extra[:5]}")
-        lines.append(
-            "It was made for another model (or another version of it). Delete the file so that "
-            "the partition is recomputed, or pass the `partition_file` made for this model."
-        )
+        lines.append("It was made for another model (or another version of it).")
         raise PartitionFormatError("\n".join(lines))
+
+
+# -- what to do about a bad file ----------------------------------------------------------------
+
+
+@contextmanager
+def with_fix(fix: str) -> Iterator[None]:
+    """Add ``fix`` to a `PartitionFormatError` raised inside the block.
+
+    Reading and checking a plan (`Partition.from_json`, `check_key`, `check_matches`) says what is
+    wrong with it; what to do depends on where the file came from, which only the caller knows: a
+    cached file is deleted and recomputed, a file the user named is fixed or written again.
+    """
+    try:
+        yield
+    except PartitionFormatError as error:
+        message = str(error)
+        joined = f"{message}\n{fix}" if "\n" in message else f"{message.rstrip('.')}. {fix}"
+        raise PartitionFormatError(joined) from error
+
+
+def user_file_fix(path: str) -> str:
+    """The advice for a bad plan file the user named (``partition_file``, ``hf-ftpipe show FILE``):
+    deleting it, as for a cached file, would only lose it."""
+    return f"Fix {path}, or write it again with `hf-ftpipe partition MODEL --gpus N ... -o {path}`."
 
 
 # -- loading ----------------------------------------------------------------------------------
@@ -363,7 +385,7 @@ def _parse_partition(data: object) -> Partition:
             + (
                 "The file was written by a newer hf_ftpipe: upgrade (pip install -U hf_ftpipe)."
                 if newer
-                else "Delete the file so that the partition is recomputed."
+                else "The file was written by an older hf_ftpipe."
             )
         )
     body = {k: v for k, v in data.items() if k != "format"}

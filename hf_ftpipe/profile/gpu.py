@@ -16,6 +16,7 @@ import warnings
 from dataclasses import MISSING, asdict, dataclass, fields, replace
 from typing import Any, Literal, get_args
 
+from hf_ftpipe._json_depth import check_json_depth
 from hf_ftpipe.errors import ProfileError
 
 __all__ = [
@@ -176,7 +177,9 @@ class GPUProfile:
         """Read a profile written by ``to_json`` (or by hand)."""
         try:
             with open(path, encoding="utf-8") as f:
-                data = json.load(f)
+                text = f.read()
+            check_json_depth(text, f"GPU profile file {os.fspath(path)!r}", ProfileError)
+            data = json.loads(text)
         except OSError as e:
             raise ProfileError(f"cannot read GPU profile file {os.fspath(path)!r}: {e}") from e
         except json.JSONDecodeError as e:

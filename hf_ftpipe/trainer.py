@@ -14,13 +14,14 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+from functools import partial
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from transformers import Trainer
-from transformers.trainer_utils import get_last_checkpoint
+from transformers.trainer_utils import get_last_checkpoint, seed_worker
 
 from . import checkpoint
 from .batch_check import check_same_batch
@@ -203,6 +204,10 @@ class PipeTrainer(PipeEvaluation, PipeCheckpointing, Trainer):
         finally:
             self.args.dataloader_drop_last = drop_last
         _unshard(dataloader)
+        # Trainer seeds workers apart by rank, as replicas want; stages need the same batches.
+        for loader in {id(x): x for x in (dataloader, getattr(dataloader, "base_dataloader", None))}.values():
+            if getattr(loader, "worker_init_fn", None) is not None:
+                loader.worker_init_fn = partial(seed_worker, num_workers=self.args.dataloader_num_workers, rank=0)
         return dataloader
 
     def get_batch_samples(self, epoch_iterator: Any, num_batches: int, device: torch.device) -> tuple[list, Any]:

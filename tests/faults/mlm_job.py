@@ -4,9 +4,12 @@ Three runs in one launch, each a fresh PipeTrainer on a tiny BERT with Hugging F
 `DataCollatorForLanguageModeling` (masks drawn from torch's global generator):
 
 - ``digests``: dropout 0.1, 100 steps; every rank records the digest of every batch it trained on.
+- ``workers``: the same with two data loader workers, which collate in their own processes.
 - ``losses``: dropout 0 (the model draws nothing random): the logged losses, for the comparison
   with plain `Trainer` in the test process.
 - ``seeds``: each rank shuffles with its own ``data_seed``; the error each rank raised.
+- ``small_eval``: an evaluation set of one sample, fewer than a micro-batch: `evaluate()` before
+  `train()` (the pipeline is traced on it), then after.
 
 Each rank writes ``OUTPUT/rank{r}.json``.
 """
@@ -102,19 +105,32 @@ class RecordingTrainer(PipeTrainer):
         return loss
 
 
-def train(output_dir: str, dropout: float, steps: int, **overrides: Any) -> RecordingTrainer:
-    trainer = RecordingTrainer(
+def make_trainer(output_dir: str, dropout: float, steps: int, **overrides: Any) -> RecordingTrainer:
+    return RecordingTrainer(
         model=model(dropout),
         args=PipeTrainingArguments(**arguments(output_dir, steps, **overrides)),
         train_dataset=dataset(),
+        eval_dataset=dataset(rows=1),
         data_collator=DataCollatorForLanguageModeling(tokenizer(), mlm_probability=0.25),
     )
+
+
+def train(output_dir: str, dropout: float, steps: int, **overrides: Any) -> RecordingTrainer:
+    trainer = make_trainer(output_dir, dropout, steps, **overrides)
     trainer.train()
     return trainer
 
 
+def evaluate_train_evaluate(trainer: Any) -> list[float]:
+    """Shared with the plain `Trainer` reference."""
+    before = trainer.evaluate()["eval_loss"]
+    trainer.train()
+    return [before, trainer.evaluate()["eval_loss"]]
+
+
 def main(output_dir: str) -> None:
     digests = train(output_dir, dropout=0.1, steps=DIGEST_STEPS).digests
+    worker_digests = train(output_dir, dropout=0.1, steps=LOSS_STEPS, dataloader_num_workers=2).digests
     rank = torch.distributed.get_rank()
     losses = train(output_dir, dropout=0.0, steps=LOSS_STEPS).state.log_history
     try:
@@ -122,7 +138,14 @@ def main(output_dir: str) -> None:
         seeds_error = None
     except PipelineError as error:
         seeds_error = str(error)
-    record = {"digests": digests, "log_history": losses, "seeds_error": seeds_error}
+    small_eval = evaluate_train_evaluate(make_trainer(output_dir, dropout=0.0, steps=LOSS_STEPS))
+    record = {
+        "digests": digests,
+        "worker_digests": worker_digests,
+        "log_history": losses,
+        "seeds_error": seeds_error,
+        "small_eval": small_eval,
+    }
     (Path(output_dir) / f"rank{rank}.json").write_text(json.dumps(record))
 
 

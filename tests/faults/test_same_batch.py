@@ -17,7 +17,15 @@ from transformers import DataCollatorForLanguageModeling, Trainer, TrainingArgum
 from distributed import accelerate_launch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from mlm_job import DIGEST_STEPS, LOSS_STEPS, arguments, dataset, model, tokenizer  # noqa: E402
+from mlm_job import (  # noqa: E402
+    DIGEST_STEPS,
+    LOSS_STEPS,
+    arguments,
+    dataset,
+    evaluate_train_evaluate,
+    model,
+    tokenizer,
+)
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
@@ -36,15 +44,25 @@ def test_every_rank_trains_on_the_same_masked_batch_at_every_step_despite_dropou
     assert len(set(first)) == DIGEST_STEPS  # fresh masks (and batches) every step: the digests are not vacuous
 
 
-def test_masked_lm_losses_equal_plain_trainer_with_dropout_off(ranks: list[dict], tmp_path: Path) -> None:
-    reference = Trainer(
+def test_data_loader_workers_collate_the_same_batches_on_every_rank(ranks: list[dict]) -> None:
+    first, second = (record["worker_digests"] for record in ranks)
+    assert len(first) == LOSS_STEPS and first == second
+
+
+def plain_trainer(output_dir: Path) -> Trainer:
+    return Trainer(
         model=model(dropout=0.0),
         args=TrainingArguments(
-            **{k: v for k, v in arguments(str(tmp_path), LOSS_STEPS).items() if k != "num_microbatches"}
+            **{k: v for k, v in arguments(str(output_dir), LOSS_STEPS).items() if k != "num_microbatches"}
         ),
         train_dataset=dataset(),
+        eval_dataset=dataset(rows=1),
         data_collator=DataCollatorForLanguageModeling(tokenizer(), mlm_probability=0.25),
     )
+
+
+def test_masked_lm_losses_equal_plain_trainer_with_dropout_off(ranks: list[dict], tmp_path: Path) -> None:
+    reference = plain_trainer(tmp_path)
     reference.train()
     expected = [entry["loss"] for entry in reference.state.log_history if "loss" in entry]
     for record in ranks:
@@ -59,3 +77,13 @@ def test_ranks_that_shuffle_with_different_seeds_stop_at_step_1_naming_the_field
         assert error is not None and error.startswith("step 1: the ranks built different batches"), error
         assert "`input_ids`: rank 0 " in error and "`labels`: rank 0 " in error, error
         assert "same `seed` and `data_seed`" in error, error
+
+
+def test_evaluation_set_smaller_than_a_microbatch_evaluates_before_and_after_training(
+    ranks: list[dict], tmp_path: Path
+) -> None:
+    # One sample against micro-batches of 4: the pipeline is traced on the padded evaluation batch,
+    # and the padding is left out of the loss (the masks are the plain Trainer's: same random state).
+    expected = evaluate_train_evaluate(plain_trainer(tmp_path))
+    for record in ranks:
+        assert record["small_eval"] == pytest.approx(expected, rel=1e-5)

@@ -53,6 +53,9 @@ class Watchdog:
         self.failure_key = f"{_KEY}/{run_id}/failure"
         self._arrival_key = f"{_KEY}/{run_id}/arrived"
         self._arrivals = 0
+        self._arrived: tuple[int, str] | None = None
+        """This rank's last collective (number, what), published to the store by the thread."""
+        self._published: tuple[int, str] | None = None
         self._store = _default_store()
         self._waiting: tuple[float, str, int | None] | None = None
         """(since, what, the collective's number) of the wait in progress, if any."""
@@ -66,14 +69,15 @@ class Watchdog:
         process ends with the reason (nothing can interrupt the blocked thread).
 
         ``collective``: every rank enters this wait, in the same order (a barrier, a gather); its
-        arrival is recorded so a timeout can name the ranks that never came.
+        arrival is recorded (by the watching thread: the store's host may be the rank that stopped)
+        so that a timeout can name the ranks that never came.
         """
         self.raise_if_peer_failed(what)
         number = None
         if collective:
             self._arrivals += 1
             number = self._arrivals
-            self._store_call(lambda store: store.set(f"{self._arrival_key}/{self.rank}", f"{number}\n{what}"))
+            self._arrived = (number, what)
         outer = self._waiting
         self._waiting = (time.monotonic(), what, number)
         try:
@@ -114,6 +118,9 @@ class Watchdog:
 
     def _watch(self) -> None:
         while not self._closed.wait(_STORE_POLL_S):
+            arrived = self._arrived
+            if arrived is not None and arrived != self._published:
+                self._bounded(partial(self._publish_arrival, arrived), None)
             waiting = self._waiting
             if waiting is None:
                 continue
@@ -133,6 +140,11 @@ class Watchdog:
                 )
                 sys.stderr.flush()
                 os._exit(1)
+
+    def _publish_arrival(self, arrived: tuple[int, str]) -> None:
+        number, what = arrived
+        self._store_call(lambda store: store.set(f"{self._arrival_key}/{self.rank}", f"{number}\n{what}"))
+        self._published = arrived
 
     def _timed_out(self, what: str, number: int | None) -> str:
         message = f"[rank {self.rank}] timed out after {self.timeout_s:.0f} s {what}"

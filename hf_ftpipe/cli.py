@@ -33,12 +33,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exit_:  # --help, or argparse's own usage errors (status 2)
         return int(exit_.code or 0)
-    from hf_ftpipe.errors import FtpipeError
+    from hf_ftpipe.errors import FtpipeError, PlanDoesNotFitError
 
     try:
         return args.run(args)
     except (FtpipeError, OSError) as error:
-        print(f"hf-ftpipe {args.command}: error: {error}", file=sys.stderr)
+        message = error.message("cli") if isinstance(error, PlanDoesNotFitError) else str(error)
+        print(f"hf-ftpipe {args.command}: error: {message}", file=sys.stderr)
         return EXIT_USAGE
 
 
@@ -240,7 +241,13 @@ def _run_partition(args: argparse.Namespace) -> int:
 
 
 def _run_compare(args: argparse.Namespace) -> int:
-    from hf_ftpipe.partition.auto import PartitionerResult, best_result, compare_partitioners, what_would_fit
+    from hf_ftpipe.partition.auto import (
+        PartitionerResult,
+        best_result,
+        compare_partitioners,
+        no_plan_fits,
+        reason_line,
+    )
 
     request = _Request(args)
     graph = request.trace()
@@ -249,12 +256,12 @@ def _run_compare(args: argparse.Namespace) -> int:
         graph, request.profile, **request.options, time_budget_s=args.time_budget_s, unlimited_figures=True
     )
     best = best_result(report)
-    auto_time_s = time.perf_counter() - started
     if best is not None:  # auto is the best of the others, timed as running them all
-        auto = PartitionerResult(**{**best.__dict__, "partitioner": "auto", "time_s": auto_time_s})
+        auto = PartitionerResult(**{**best.__dict__, "partitioner": "auto", "time_s": time.perf_counter() - started})
+        why = None
     else:
-        why = what_would_fit(graph, request.profile, report, time_budget_s=args.time_budget_s, **request.options)
-        auto = PartitionerResult(partitioner="auto", feasible=False, time_s=auto_time_s, error=why)
+        why = no_plan_fits(graph, request.profile, report, **request.options).message("cli")
+        auto = PartitionerResult(partitioner="auto", feasible=False, time_s=time.perf_counter() - started, error=why)
     rows = [{**r.to_dict(), "best": r is best} for r in report]
     rows.append({**auto.to_dict(), "best": False, "chosen": best.partitioner if best else None})
     if args.json:
@@ -262,7 +269,9 @@ def _run_compare(args: argparse.Namespace) -> int:
     else:
         print(_header(args, graph, request.profile))
         print(_compare_table(rows))
-        print(f"auto chooses {best.partitioner}" if best else f"auto: {auto.error}")
+        if best is not None:  # else auto's message lists every reason
+            print("\n".join(f"  {reason_line(r)}" for r in report if r.error))
+        print(f"auto chooses {best.partitioner}" if best else f"auto: {why}")
     return 0
 
 
@@ -343,6 +352,8 @@ def _header(args: argparse.Namespace, graph: Any, profile: Any) -> str:
 
 
 def _partition_text(summary: dict[str, Any], report: list) -> str:
+    from hf_ftpipe.partition.report import table as format_table
+
     lines = [
         f"{summary['model']} ({summary['model_class']}, {summary['num_ops']} ops) on {summary['num_gpus']} × "
         f"{summary['gpu_profile']}",
@@ -364,23 +375,24 @@ def _partition_text(summary: dict[str, Any], report: list) -> str:
                 f"{row['memory_fraction']:.0%}",
             ]
         )
-    lines.append(_table(table))
+    lines.append(format_table(table))
     if summary["output"]:
         lines.append(f"wrote {summary['output']}")
     return "\n".join(lines)
 
 
 def _compare_table(rows: list[dict[str, Any]]) -> str:
-    table = [
+    from hf_ftpipe.partition.report import table
+
+    cells = [
         ["partitioner", "fits", "samples/s", "worst/ideal", "peak GiB", "of capacity", "stages", "per GPU", "time s"]
     ]
-    notes = []
     for row in rows:
         has_plan = row["step_time_s"] is not None
         name = row["partitioner"] + (" *" if row["best"] else "")
         if row["partitioner"] == "auto" and row.get("chosen"):
             name = f"auto ({row['chosen']})"
-        table.append(
+        cells.append(
             [
                 name,
                 "yes" if row["feasible"] else ("skipped" if row["skipped"] else "no"),
@@ -393,28 +405,13 @@ def _compare_table(rows: list[dict[str, Any]]) -> str:
                 f"{row['time_s']:.2f}",
             ]
         )
-        if row["error"] and row["partitioner"] != "auto":
-            notes.append(f"  {row['partitioner']}: {_one_line(row['error'], row['partitioner'])}")
-    return _table(table) + ("\n" + "\n".join(notes) if notes else "")
+    return table(cells)
 
 
 def _stages_per_gpu(counts: list[int]) -> str:
     """``[1, 1, 1]`` → ``"1"``; ``[2, 1, 3]`` → ``"1-3"``."""
     low, high = min(counts, default=0), max(counts, default=0)
     return str(low) if low == high else f"{low}-{high}"
-
-
-def _one_line(text: str, name: str, limit: int = 200) -> str:
-    """An error on one line, without the partitioner's name it may begin with."""
-    flat = " ".join(text.split()).removeprefix(f"{name}: ")
-    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
-
-
-def _table(rows: list[list[str]]) -> str:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
-    lines.insert(1, "  ".join("-" * width for width in widths))
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":

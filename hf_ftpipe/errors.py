@@ -1,5 +1,16 @@
 """The exceptions hf_ftpipe raises: one small hierarchy, each subclassing the matching built-in."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from hf_ftpipe.partition.fit import FitAdvice
+
+Caller = Literal["python", "trainer", "cli"]
+"""Who reads a fix: the partition API (keyword arguments), PipeTrainer (`PipeTrainingArguments`
+fields), or the ``hf-ftpipe`` command (flags)."""
+
 
 class FtpipeError(Exception):
     """Base class of every error hf_ftpipe raises on purpose."""
@@ -15,6 +26,31 @@ class ProfileError(FtpipeError, ValueError):
 
 class PartitionError(FtpipeError, ValueError):
     """No valid partition exists for the request, or a plan breaks an invariant."""
+
+
+class PlanDoesNotFitError(PartitionError):
+    """No plan fits the GPUs' memory.
+
+    ``reason`` says what the partitioners found; ``advice`` says what would fit and what to change,
+    in the words of whoever reads it (``message``): a fix is `memory=MemoryOptions(recompute=True)`
+    to a caller of the partition API, `activation_checkpointing=True` to PipeTrainer's, and
+    `--recompute` on the command line. ``str()`` words it for ``caller``.
+    """
+
+    def __init__(self, reason: str, advice: FitAdvice | None = None, caller: Caller = "python") -> None:
+        super().__init__(reason)
+        self.reason, self.advice, self.caller = reason, advice, caller
+
+    def __str__(self) -> str:
+        return self.message(self.caller)
+
+    def message(self, caller: Caller) -> str:
+        """The reason, then what would fit and the fixes as ``caller`` names them."""
+        return self.reason if self.advice is None else f"{self.reason}\n{self.advice.text(caller)}"
+
+    def worded_for(self, caller: Caller) -> PlanDoesNotFitError:
+        """The same error, its ``str()`` in ``caller``'s words (to re-raise where that caller reads it)."""
+        return PlanDoesNotFitError(self.reason, self.advice, caller)
 
 
 class PartitionFormatError(PartitionError):

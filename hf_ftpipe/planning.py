@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .errors import PipelineError
+from .errors import PipelineError, PlanDoesNotFitError
 from .graph.trace import TracedModel
 from .partition import Partition, check_fits_run, validate_partition
 from .partition.auto import PartitionerResult, reason_line
@@ -121,16 +121,19 @@ def _compute_partition(
     report: list[PartitionerResult] = []
     if args.partitioner == "auto":
         options["report"] = report
-    partition = get_partitioner(args.partitioner)(
-        traced.cost_graph,
-        profile,
-        num_microbatches=args.num_microbatches,
-        microbatch_size=microbatch_size,
-        schedule=args.pipeline_schedule,
-        optimizer=planned_optimizer(args),
-        memory=memory_options(args),
-        **options,
-    )
+    try:
+        partition = get_partitioner(args.partitioner)(
+            traced.cost_graph,
+            profile,
+            num_microbatches=args.num_microbatches,
+            microbatch_size=microbatch_size,
+            schedule=args.pipeline_schedule,
+            optimizer=planned_optimizer(args),
+            memory=memory_options(args),
+            **options,
+        )
+    except PlanDoesNotFitError as error:  # name the fixes as PipeTrainingArguments fields
+        raise error.worded_for("trainer") from error
     for result in report:
         logger.info("partitioner %s: %s", result.partitioner, _summary(result))
     predicted = partition.predicted

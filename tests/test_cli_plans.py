@@ -143,14 +143,10 @@ def test_profiles_lists_every_built_in_profile() -> None:
     assert json.loads(out) == expected
 
 
-def test_would_fit_takes_memory_and_gpu_count_from_what_auto_says() -> None:
-    why = (
-        "no partitioner found a plan that fits 8 × rtx2080ti (9.90 GiB usable per GPU):\n  - mixed: ...\n"
-        "It would fit on GPUs with at least 13.24 GiB each (seq-greedy's plan needs 11.92 GiB on its fullest GPU, "
-        "plus the headroom), or on 9 × rtx2080ti (seq-dp predicts 9.90 GiB on the fullest GPU).\nUse more ..."
-    )
-    assert _would_fit(why, "rtx2080ti") == "≥ 13.24 GiB per GPU, or 9 × rtx2080ti"
-    assert _would_fit("It would fit on more than 512 × l4 (no partitioner fits on 512).", "l4") is None
+def test_would_fit_takes_memory_and_gpu_count_from_the_advice() -> None:
+    assert _would_fit(13.24 * 2**30, 9, "rtx2080ti") == "≥ 13.24 GiB per GPU, or 9 × rtx2080ti"
+    assert _would_fit(13.24 * 2**30, None, "rtx2080ti") == "≥ 13.24 GiB per GPU"
+    assert _would_fit(None, None, "l4") is None
 
 
 def test_publish_refuses_a_folder_that_was_never_generated(tmp_path: Path) -> None:

@@ -13,26 +13,17 @@ Partitioners cut the list of the other ops (``CutOrder.cuttable``) and ``node_st
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from hf_ftpipe.errors import PartitionError
+from hf_ftpipe.errors import PartitionError, PlanDoesNotFitError
 from hf_ftpipe.graph.cost_graph import CostGraph
 from hf_ftpipe.partition._keys import resolve_key
 from hf_ftpipe.partition.estimate import MemoryOptions, Optimizer, Schedule, estimate, usable_capacity
+from hf_ftpipe.partition.fit import FitAdvice, format_bytes
 from hf_ftpipe.partition.plan import Partition, PartitionKey
 from hf_ftpipe.profile.cost import NodeCost, node_costs
 from hf_ftpipe.profile.gpu import GPUProfile
-
-
-def format_bytes(num_bytes: float) -> str:
-    """``"11.00 GiB"``, ``"512.0 MiB"``, or exact ``"48 bytes"`` below a MiB (toy graphs)."""
-    if num_bytes >= 2**30:
-        return f"{num_bytes / 2**30:.2f} GiB"
-    if num_bytes >= 2**20:
-        return f"{num_bytes / 2**20:.1f} MiB"
-    return f"{math.ceil(num_bytes)} bytes"
 
 
 def follows_producer(graph: CostGraph, node: str) -> bool:
@@ -152,7 +143,7 @@ class Setup:
 
     def partition(self, bounds: Sequence[int], *, check_memory: bool = True) -> Partition:
         """The plan for cuttable pieces ``[bounds[s], bounds[s+1])``, stage s on GPU s, priced by
-        ``estimate``; ``PartitionError`` naming each GPU over its usable memory."""
+        ``estimate``; ``PlanDoesNotFitError`` naming each GPU over its usable memory."""
         node_stage = self.cut_order.node_stage(bounds)
         stage_device = list(range(len(bounds) - 1))
         predicted = estimate(
@@ -161,17 +152,26 @@ class Setup:
             optimizer=self.optimizer, schedule=self.schedule, dtype=self.dtype, costs=self.costs,
             memory=self.memory,
         )  # fmt: skip
-        if check_memory:
-            capacity = usable_capacity(self.profile, self.memory)
-            over = [(g, gpu.memory_bytes) for g, gpu in enumerate(predicted.gpus) if gpu.memory_bytes > capacity]
-            if over:
-                needs = ", ".join(f"GPU {g} {format_bytes(need)}" for g, need in over)
-                raise PartitionError(
-                    f"{self.name}: its plan does not fit in GPU memory: {needs}, more than the "
-                    f"{format_bytes(capacity)} usable per GPU ({format_bytes(self.profile.memory_bytes)} "
-                    f"less {self.memory.headroom * 100:g}% headroom). Use the memory-aware seq-dp or mixed "
-                    "partitioner, more GPUs, fewer micro-batches or `recompute=True`"
-                )
-        return Partition(
+        plan = Partition(
             node_stage=node_stage, stage_device=stage_device, partitioner=self.name, key=self.key, predicted=predicted
         )
+        capacity = usable_capacity(self.profile, self.memory)
+        over = [(g, gpu.memory_bytes) for g, gpu in enumerate(predicted.gpus) if gpu.memory_bytes > capacity]
+        if check_memory and over:
+            needs = ", ".join(f"GPU {g} {format_bytes(need)}" for g, need in over)
+            reason = (
+                f"{self.name}: its plan does not fit in GPU memory: {needs}, more than the {format_bytes(capacity)} "
+                f"usable per GPU ({format_bytes(self.profile.memory_bytes)} less {self.memory.headroom * 100:g}% "
+                "headroom)"
+            )
+            # seq-dp never makes such a plan; the others cut by compute or parameters alone
+            raise PlanDoesNotFitError(reason, self.advice(plans=[(self.name, plan)], memory_blind=True))
+        return plan
+
+    def advice(self, plans: Sequence[tuple[str, Partition]] = (), *, memory_blind: bool = False) -> FitAdvice:
+        """What would fit this request, for its `PlanDoesNotFitError`."""
+        return FitAdvice(
+            graph=self.graph, profile=self.profile, num_microbatches=self.num_microbatches,
+            microbatch_size=self.microbatch_size, schedule=self.schedule, optimizer=self.optimizer, dtype=self.dtype,
+            memory=self.memory, plans=tuple(plans), memory_blind=memory_blind,
+        )  # fmt: skip

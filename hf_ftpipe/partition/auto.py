@@ -9,8 +9,9 @@ FTPipe runs several partitioners and keeps the best predicted plan (Eliad et al.
    and `validate_partition` accepts it with each GPU's memory less the headroom.
 3. The best feasible plan has the lowest predicted step time (the slowest GPU, FTPipe's
    objective); on a tie, the lowest peak memory fraction.
-4. No feasible plan: `PartitionError` saying what would fit — the memory per GPU that the least
-   demanding plan needs, and a number of these GPUs that fits.
+4. No feasible plan: `PlanDoesNotFitError` with each partitioner's reason and, once, what would
+   fit: the memory per GPU and the number of these GPUs (``fit.FitAdvice``), with the fixes in
+   the words of whoever reads it (the partition API's keywords by default).
 
 The returned plan is the winner's own: its ``partitioner`` field names the algorithm that made it
 (e.g. ``"mixed"``), so a plan from `auto` equals one asked of the winner directly. What each
@@ -20,15 +21,15 @@ partitioner did is in ``report`` (and `compare_partitioners` returns it), which 
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from hf_ftpipe.errors import PartitionError
+from hf_ftpipe.errors import PartitionError, PlanDoesNotFitError
 from hf_ftpipe.graph.cost_graph import CostGraph
 from hf_ftpipe.partition.estimate import MemoryOptions, Optimizer, Schedule, estimate, usable_capacity
+from hf_ftpipe.partition.fit import FitAdvice, format_bytes
 from hf_ftpipe.partition.plan import Partition, PartitionKey
 from hf_ftpipe.partition.registry import available_partitioners, get_partitioner, register_partitioner
 from hf_ftpipe.partition.validate import validate_partition
@@ -39,10 +40,10 @@ __all__ = [
     "PartitionerResult",
     "best_result",
     "compare_partitioners",
+    "no_plan_fits",
     "partition_auto",
     "reason_line",
     "result_of",
-    "what_would_fit",
 ]
 
 NAME = "auto"
@@ -50,7 +51,6 @@ _GiB = 2**30
 logger = logging.getLogger(__name__)
 # Cheap partitioners first, so a short budget still compares the baselines; others follow by name.
 _RUN_ORDER = ("uniform", "params", "seq-greedy", "seq-dp", "mixed")
-_COUNT_DOUBLINGS = 6  # GPU counts tried when nothing fits: n, 2n, 4n, …, then bisected
 _UNLIMITED = 2**62  # bytes: "no memory limit" for a profile
 
 
@@ -78,6 +78,8 @@ class PartitionerResult:
     skipped: bool = False
     """Not run: the time budget was spent before its turn."""
     partition: Partition | None = field(default=None, repr=False)
+    """The plan; when infeasible, the one it came closest with, if it made one (or one made
+    without a memory limit, for ``unlimited_figures``)."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready figures (everything but the plan itself)."""
@@ -108,8 +110,9 @@ def compare_partitioners(
         time_budget_s (`float`, *optional*, defaults to 60): no partitioner starts after this
             many seconds (the first always runs).
         unlimited_figures (`bool`, *optional*, defaults to `False`): for a partitioner that finds
-            no plan within memory, run it again without a memory limit and report that plan's
-            figures (still infeasible), so that a comparison shows what each would need.
+            no plan within memory and keeps none that came close, run it again without a memory
+            limit and report that plan's figures (still infeasible), so that a comparison shows what
+            each would need.
     """
     names = _run_order(available_partitioners() if partitioners is None else list(partitioners))
     if not names:
@@ -151,7 +154,7 @@ def partition_auto(
         report (`list`, *optional*): receives one `PartitionerResult` per partitioner.
 
     Raises:
-        `PartitionError`: no partitioner found a plan that fits; the message says what would fit.
+        `PlanDoesNotFitError`: no partitioner found a plan that fits; the message says what would fit.
     """
     options = _options(num_microbatches, microbatch_size, schedule, optimizer, dtype, key, memory)
     results = compare_partitioners(graph, profile, num_stages, time_budget_s=time_budget_s, **options)
@@ -159,9 +162,7 @@ def partition_auto(
         report.extend(results)
     best = best_result(results)
     if best is None:
-        raise PartitionError(
-            what_would_fit(graph, profile, results, num_stages, time_budget_s=time_budget_s, **options)
-        )
+        raise no_plan_fits(graph, profile, results, **options)
     logger.info("auto chose %s: %s", best.partitioner, _one_line(best))
     return best.partition  # type: ignore[return-value]  # feasible results carry their plan
 
@@ -243,10 +244,16 @@ def _run_one(
         plan = get_partitioner(name)(graph, profile, num_stages, **options)
     except PartitionError as error:
         time_s = time.perf_counter() - started
-        unlimited = _unlimited_plan(name, graph, profile, num_stages, options) if unlimited_figures else None
-        if unlimited is None:
-            return PartitionerResult(partitioner=name, feasible=False, time_s=time_s, error=str(error))
-        return result_of(name, unlimited, time_s, str(error), capacity_bytes=profile.memory_bytes)
+        if isinstance(error, PlanDoesNotFitError):  # what would fit is said once, by auto
+            reason, near = error.reason, error.advice.plans if error.advice else ()
+        else:
+            reason, near = str(error), ()
+        closest = near[0][1] if near else None
+        if closest is None and unlimited_figures:
+            closest = _unlimited_plan(name, graph, profile, num_stages, options)
+        if closest is None or closest.predicted is None:
+            return PartitionerResult(partitioner=name, feasible=False, time_s=time_s, error=reason)
+        return result_of(name, closest, time_s, reason, capacity_bytes=profile.memory_bytes)
     time_s = time.perf_counter() - started
     if plan.predicted is None:  # the contract asks for a prediction; make one rather than fail
         plan.predicted = estimate(
@@ -286,118 +293,34 @@ def _one_line(result: PartitionerResult) -> str:
 # -- nothing fits: what would ------------------------------------------------------------------
 
 
-def what_would_fit(
-    graph: CostGraph,
-    profile: GPUProfile,
-    results: Sequence[PartitionerResult],
-    num_stages: int | None = None,
-    *,
-    time_budget_s: float = 60.0,
-    **options: Any,
-) -> str:
-    """The message when no partitioner fits: each one's reason, then what would fit.
+def no_plan_fits(
+    graph: CostGraph, profile: GPUProfile, results: Sequence[PartitionerResult], **options: Any
+) -> PlanDoesNotFitError:
+    """The error when no partitioner fits: each one's reason, then what would fit, said once.
 
-    Memory: the smallest peak among the plans the partitioners make (without a memory limit for
-    those that made none), plus the headroom. GPU count: from the total memory of that plan over
-    one GPU's usable memory, doubled until some partitioner fits, then bisected; both searches stop
-    at ``time_budget_s`` (at least one attempt each).
+    The advice (``fit.FitAdvice``) takes the least memory of the fullest GPU among the plans the
+    partitioners made and the leanest contiguous split, and the fewest of these GPUs that fit, from
+    the memory rules the partitioners use; it words the fixes for the reader
+    (`PlanDoesNotFitError.message`).
     """
     options = _options(**options)
-    deadline = time.perf_counter() + time_budget_s
     memory: MemoryOptions = options["memory"]
     usable = usable_capacity(profile, memory)
     lines = [
         f"no partitioner found a plan that fits {profile.count} × {profile.name} "
-        f"({_size(usable)} usable per GPU: {_size(profile.memory_bytes)} less "
+        f"({format_bytes(usable)} usable per GPU: {format_bytes(profile.memory_bytes)} less "
         f"{memory.headroom:.0%} headroom):"
     ]
     lines += [f"  - {reason_line(r)}" for r in results]
-
-    plans = {r.partitioner: r.partition for r in results if r.partition is not None}
-    for r in results:
-        if r.partitioner not in plans and (not plans or time.perf_counter() < deadline):
-            plan = _unlimited_plan(r.partitioner, graph, profile, num_stages, options)
-            if plan is not None:
-                plans[r.partitioner] = plan
-    peaks = {name: max(g.memory_bytes for g in p.predicted.gpus) for name, p in plans.items() if p.predicted}
-    fits = []
-    if peaks:
-        name = min(peaks, key=peaks.__getitem__)
-        fits.append(
-            f"on GPUs with at least {_size(peaks[name] / (1.0 - memory.headroom))} each ({name}'s plan "
-            f"needs {_size(peaks[name])} on its fullest GPU, plus the headroom)"
-        )
-        total = sum(g.memory_bytes for g in plans[name].predicted.gpus)
-        names = _run_order([r.partitioner for r in results])
-        fits.append(_gpu_count_that_fits(graph, profile, names, max(1, math.ceil(total / usable)), options, deadline))
-    if fits:
-        lines.append("It would fit " + ", or ".join(fits) + ".")
-    else:
-        lines.append("No partitioner made a plan even without a memory limit; see the reasons above.")
-    lines.append(
-        "Use more or larger GPUs, a smaller micro-batch or fewer micro-batches in flight, "
-        "activation recomputation, or a lighter optimizer (e.g. adafactor)."
-    )
-    return "\n".join(lines)
+    plans = tuple((r.partitioner, r.partition) for r in results if r.partition is not None)
+    options = {k: v for k, v in options.items() if k != "key"}
+    return PlanDoesNotFitError("\n".join(lines), FitAdvice(graph=graph, profile=profile, plans=plans, **options))
 
 
-def _gpu_count_that_fits(
-    graph: CostGraph,
-    profile: GPUProfile,
-    names: list[str],
-    lower_bound: int,
-    options: dict[str, Any],
-    deadline: float,
-) -> str:
-    """``"on N × gpu (name predicts …)"``: the fewest of these GPUs found to fit; or the bound."""
-    usable = usable_capacity(profile, options["memory"])
-    options = {**options, "key": None}  # the key names the GPU count
-
-    def fit(count: int) -> tuple[str, int] | None:
-        for name in names:
-            try:
-                plan = get_partitioner(name)(graph, profile.with_count(count), None, **options)
-                validate_partition(plan, graph, memory_capacity_bytes=usable)
-            except PartitionError:
-                if time.perf_counter() > deadline:
-                    return None
-                continue
-            return name, max((g.memory_bytes for g in plan.predicted.gpus), default=0) if plan.predicted else 0
-        return None
-
-    low, high = profile.count, max(profile.count + 1, lower_bound)  # low does not fit
-    found = None
-    for attempt in range(_COUNT_DOUBLINGS):
-        if attempt and time.perf_counter() > deadline:
-            break
-        found = fit(high)
-        if found is not None:
-            break
-        low, high = high, high * 2
-    if found is None:  # every count tried up to `low` failed
-        return f"on more than {low} × {profile.name} (no partitioner fits on {low})"
-    while high - low > 1 and time.perf_counter() < deadline:
-        middle = (low + high) // 2
-        smaller = fit(middle)
-        if smaller is None:
-            low = middle
-        else:
-            high, found = middle, smaller
-    return f"on {high} × {profile.name} ({found[0]} predicts {_size(found[1])} on the fullest GPU)"
-
-
-def _size(num_bytes: float) -> str:
-    """``15032385536`` → ``"14.00 GiB"``; small sizes in smaller units."""
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if num_bytes >= scale:
-            return f"{num_bytes / scale:.2f} {unit}"
-    return f"{num_bytes:.0f} B"
-
-
-def reason_line(result: PartitionerResult, limit: int = 400) -> str:
-    """``"name: why it failed"`` on one line, cut at ``limit`` characters."""
+def reason_line(result: PartitionerResult) -> str:
+    """``"name: why it failed"`` on one line, whole (a cut reason loses the figure that matters)."""
     text = result.error or "no reason given"
     flat = "; ".join(line.strip(" -") for line in text.strip().splitlines() if line.strip())
     if not flat.startswith(f"{result.partitioner}:"):  # errors often name their partitioner already
         flat = f"{result.partitioner}: {flat}"
-    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+    return flat

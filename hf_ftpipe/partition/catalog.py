@@ -6,7 +6,7 @@ does (no time budget, so the winner does not depend on how busy the machine is) 
 - ``<model>/<profile>-x<count>-<task>.json``: the winning plan (the normal Partition JSON, key
   included), for every setup that fits;
 - ``index.json``: one entry per setup: its options, the key's digest, which partitioner won and
-  the predicted figures, or why nothing fits and what would (`auto.what_would_fit`);
+  the predicted figures, or why nothing fits and what would (`auto.no_plan_fits`);
 - ``README.md``: the Hub dataset card, its table rendered from the index (``render_card``).
 
 ``publish`` uploads the folder to a Hub dataset repository. Command line::
@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -32,8 +31,9 @@ from typing import Any
 from hf_ftpipe.errors import PartitionError
 from hf_ftpipe.graph.cost_graph import CostGraph
 from hf_ftpipe.partition._keys import resolve_key
-from hf_ftpipe.partition.auto import best_result, compare_partitioners, what_would_fit
+from hf_ftpipe.partition.auto import best_result, compare_partitioners, no_plan_fits
 from hf_ftpipe.partition.estimate import MemoryOptions
+from hf_ftpipe.partition.fit import format_bytes
 from hf_ftpipe.partition.plan import Partition
 from hf_ftpipe.partition.setups import SHIPPED_PLANS, PlanSpec, Setup
 from hf_ftpipe.profile.gpu import GPUProfile, get_profile
@@ -117,13 +117,15 @@ def make_entry(spec: PlanSpec, graph: CostGraph) -> tuple[dict[str, Any], Partit
     key = resolve_key(graph, profile, None, schedule=spec.schedule, num_microbatches=spec.num_microbatches, dtype=None)
     entry = _spec_fields(spec) | {"model_class": graph.model_class, "key_digest": key.digest()}
     if best is None:
-        why = what_would_fit(graph, profile, results, time_budget_s=_NO_BUDGET_S, **options)
+        error = no_plan_fits(graph, profile, results, **options)
+        advice = error.advice
+        assert advice is not None  # no_plan_fits always advises
         return entry | {
             "file": None,
             "partitioner": None,
             "predicted": None,
-            "does_not_fit": why,
-            "would_fit": _would_fit(why, profile.name),
+            "does_not_fit": str(error),
+            "would_fit": _would_fit(advice.need_capacity_bytes, advice.num_gpus, profile.name),
         }, None
     plan = best.partition
     assert plan is not None and plan.predicted is not None  # feasible results carry a predicted plan
@@ -149,13 +151,10 @@ def make_entry(spec: PlanSpec, graph: CostGraph) -> tuple[dict[str, Any], Partit
     }, plan
 
 
-def _would_fit(why: str, profile_name: str) -> str | None:
-    """``"≥ 13.24 GiB per GPU, or 9 × rtx2080ti"`` from `what_would_fit`'s "It would fit ..." line."""
-    line = next((line for line in why.splitlines() if line.startswith("It would fit")), "")
-    memory = re.search(r"at least ([\d.]+ GiB) each", line)
-    count = re.search(rf"on (\d+) × {re.escape(profile_name)} \(", line)
-    parts = [f"≥ {memory.group(1)} per GPU"] if memory else []
-    parts += [f"{count.group(1)} × {profile_name}"] if count else []
+def _would_fit(need_capacity_bytes: float | None, num_gpus: int | None, profile_name: str) -> str | None:
+    """``"≥ 13.24 GiB per GPU, or 9 × rtx2080ti"``: the figures of what would fit (``fit.FitAdvice``)."""
+    parts = [f"≥ {format_bytes(need_capacity_bytes)} per GPU"] if need_capacity_bytes is not None else []
+    parts += [f"{num_gpus} × {profile_name}"] if num_gpus is not None else []
     return ", or ".join(parts) or None
 
 

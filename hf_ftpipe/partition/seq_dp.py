@@ -25,15 +25,17 @@ then priced exactly by ``estimate`` (which sends a value to every stage that rea
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from hf_ftpipe.errors import PartitionError
+from hf_ftpipe.errors import PartitionError, PlanDoesNotFitError
 from hf_ftpipe.graph.cost_graph import CostGraph
-from hf_ftpipe.partition._contiguous import Setup, format_bytes
+from hf_ftpipe.partition._contiguous import Setup
 from hf_ftpipe.partition.estimate import MemoryOptions, Optimizer, Schedule, usable_capacity
+from hf_ftpipe.partition.fit import format_bytes
 from hf_ftpipe.partition.memory_rules import (
+    StageRules,
     operand_bytes,
     optimizer_state_bytes,
     saved_bytes,
@@ -44,7 +46,7 @@ from hf_ftpipe.partition.registry import register_partitioner
 from hf_ftpipe.partition.seq_greedy import greedy_cuts
 from hf_ftpipe.profile.gpu import GPUProfile
 
-__all__ = ["partition_seq_dp"]
+__all__ = ["ContiguousFit", "contiguous_fit", "partition_seq_dp"]
 
 NAME = "seq-dp"
 _REFINE = 2
@@ -75,8 +77,8 @@ def partition_seq_dp(
         max_blocks (`int`, defaults to 512): cut points considered at most (see the module
             docstring); time grows with its square.
 
-    Raises ``PartitionError`` when no split fits, saying the memory per GPU and the number of GPUs
-    that would.
+    Raises ``PlanDoesNotFitError`` when no split fits, with the least memory a split needs; its
+    advice adds the memory per GPU and the number of GPUs that would fit (``contiguous_fit``).
     """
     if isinstance(max_blocks, bool) or not isinstance(max_blocks, int) or max_blocks < 1:
         raise PartitionError(f"`max_blocks` must be a positive integer, got {max_blocks!r}")
@@ -228,26 +230,67 @@ class _Chain:
             largest_operand=largest_operand,
         )
 
-    def memory(self, stage_index: int, num_stages: int, b: int) -> np.ndarray:
-        """Bytes of the stages [a, b) for every a < b as stage ``stage_index`` of ``num_stages``."""
-        setup, t = self.setup, self.tables
-        stage_device = range(num_stages)  # contiguous: stage s runs on GPU s
-        recompute = setup.memory.recompute
-        rules = stage_rules(
+    def rules(self, depth: int) -> StageRules:
+        """What the schedule makes a stage ``depth`` stages from the end of a contiguous pipeline keep
+        (the last stage has depth 1): in a chain of stages, one per GPU, nothing else matters."""
+        setup = self.setup
+        return stage_rules(
             setup.schedule,
-            stage_index,
-            stage_device,
+            0,
+            range(depth),  # contiguous: stage s runs on GPU s
             setup.num_microbatches,
             gradient_accumulation_steps=setup.memory.gradient_accumulation_steps,
-            recompute=recompute,
+            recompute=setup.memory.recompute,
         )
-        grads, saved = t.grads[:b, b], t.saved[:b, b]
-        per_microbatch = t.kept[:b, b] + (t.inputs[:b, b] if recompute else saved)
+
+    def memory(self, stage_index: int, num_stages: int, b: int) -> np.ndarray:
+        """Bytes of the stages [a, b) for every a < b as stage ``stage_index`` of ``num_stages``."""
+        return self._memory(self.rules(num_stages - stage_index), (slice(None, b), b))
+
+    def memory_table(self, depth: int) -> np.ndarray:
+        """Bytes of every stage [a, b) (entry [a, b], meaningful for a < b) at ``depth`` from the end."""
+        return self._memory(self.rules(depth), (slice(None), slice(None)))
+
+    def _memory(self, rules: StageRules, at: tuple) -> np.ndarray:
+        t = self.tables
+        recompute = self.setup.memory.recompute
+        grads, saved = t.grads[at], t.saved[at]
+        per_microbatch = t.kept[at] + (t.inputs[at] if recompute else saved)
         # memory_rules.backward_bytes, for every candidate at once
         created = 0.0 if rules.persist else np.maximum(0.0, grads - saved)
-        backward = (saved if recompute else 0.0) + 2 * t.largest_operand[:b, b] + created
-        params = t.weights[:b, b] * rules.versions + t.state[:b, b] + (grads if rules.persist else 0.0)
+        backward = (saved if recompute else 0.0) + 2 * t.largest_operand[at] + created
+        params = t.weights[at] * rules.versions + t.state[at] + (grads if rules.persist else 0.0)
         return params + per_microbatch * rules.in_flight + backward
+
+    def piece_memory(self, depth: int) -> np.ndarray:
+        """Bytes of each single-block stage [k, k + 1) at ``depth`` from the end."""
+        blocks = np.arange(self.num_blocks)
+        return self._memory(self.rules(depth), (blocks, blocks + 1))
+
+    def fewest_stages(self, capacity: float) -> int | None:
+        """The fewest stages of a split that fits ``capacity`` (None: no number of stages fits).
+
+        Exact on the chain, without assuming that more stages need less each (under 1F1B the first
+        stages of a longer pipeline hold more micro-batches): a stage's memory depends only on its
+        blocks and its depth from the end, so the block positions from which the rest of the chain
+        splits into d fitting stages follow from those for d − 1, one depth at a time. d stages
+        fit exactly when ``solve(d, capacity)`` finds a split.
+        """
+        num_blocks = self.num_blocks
+        ahead = np.triu(np.ones((num_blocks + 1, num_blocks + 1), dtype=bool), k=1)  # stages [a, b), a < b
+        reach = np.zeros(num_blocks + 1, dtype=bool)
+        reach[num_blocks] = True  # where the stages found so far begin
+        rules, fits = None, ahead
+        for depth in range(1, num_blocks + 1):
+            if self.rules(depth) != rules:  # the rules stop changing once the depth reaches M
+                rules = self.rules(depth)
+                fits = ahead & (self.memory_table(depth) <= capacity)
+            reach = fits[:, reach].any(axis=1)
+            if reach[0]:
+                return depth
+            if not reach.any():
+                return None
+        return None
 
     def solve(self, num_stages: int, capacity: float, *, by_memory: bool = False) -> list[int] | None:
         """Block boundaries ``[0, ..., B]`` of the best split, or None when nothing fits.
@@ -306,26 +349,97 @@ def _comm_s(num_bytes: np.ndarray, profile: GPUProfile) -> np.ndarray:
     return np.where(num_bytes > 0, profile.link_latency_s + num_bytes / profile.link_bandwidth_bytes_per_s, 0.0)
 
 
-def _infeasible(chain: _Chain, setup: Setup, capacity: int) -> PartitionError:
-    """The error when no split fits: the memory per GPU and the GPU count that would fit."""
-    p, headroom = setup.num_stages, setup.memory.headroom
-    chain.solve(p, float("inf"), by_memory=True)
-    need = chain.optimum
-    raw_need = need / (1.0 - headroom)
-    # Binary search on the GPU count, as if more stages always held less each (nearly so: 1F1B
-    # keeps more micro-batches in flight on the first stages of a longer pipeline).
-    low, high = p, min(4 * p, chain.num_blocks)
-    if high > p and chain.solve(high, capacity) is not None:
-        while high - low > 1:
-            middle = (low + high) // 2
-            low, high = (low, middle) if chain.solve(middle, capacity) is not None else (middle, high)
-        gpus = f"{high} GPUs of this kind would fit"
+def _infeasible(chain: _Chain, setup: Setup, capacity: int) -> PlanDoesNotFitError:
+    """The error when no split fits: the split that needs the least memory, which the error keeps
+    (a comparison shows its figures); what would fit is the advice's."""
+    cuts = chain.solve(setup.num_stages, float("inf"), by_memory=True)
+    assert cuts is not None  # without a limit every split is allowed
+    leanest = setup.partition([chain.starts[b] for b in cuts], check_memory=False)
+    assert leanest.predicted is not None  # Setup.partition always predicts
+    need = max(g.memory_bytes for g in leanest.predicted.gpus)
+    reason = (
+        f"seq-dp: no contiguous split into {setup.num_stages} stages fits the {format_bytes(capacity)} usable per "
+        f"GPU ({format_bytes(setup.profile.memory_bytes)} less {setup.memory.headroom * 100:g}% headroom): the best "
+        f"split needs {format_bytes(need)} on its fullest GPU"
+    )
+    return PlanDoesNotFitError(reason, setup.advice(plans=[(NAME, leanest)]))
+
+
+@dataclass(frozen=True)
+class ContiguousFit:
+    """What contiguous splits can do within a GPU's usable memory (``contiguous_fit``)."""
+
+    least_peak_bytes: float | None
+    """The least memory of the fullest GPU over the splits into ``profile.count`` stages (None:
+    fewer cut points than GPUs)."""
+    num_gpus: int | None
+    """The fewest GPUs (one stage each) a split fits; None: no number of them."""
+    fits_count: bool = False
+    """A split onto ``profile.count`` GPUs fits."""
+    piece: list[str] = field(default_factory=list)
+    """When no number fits: the ops of a piece of the chain (ops that seq-dp never separates) that
+    overflows a GPU of its own."""
+    piece_bytes: float = 0.0
+    piece_in_flight: int = 0
+    """Micro-batches that piece holds in flight there."""
+    piece_anywhere: bool = False
+    """The piece overflows wherever it stands: ``piece_in_flight`` is the fewest it can hold."""
+
+
+def contiguous_fit(
+    graph: CostGraph,
+    profile: GPUProfile,
+    *,
+    num_microbatches: int,
+    microbatch_size: int,
+    schedule: Schedule = "gpipe",
+    optimizer: Optimizer = "adamw",
+    dtype: str | None = None,
+    memory: MemoryOptions | None = None,
+    max_blocks: int = 512,
+    least_peak: bool = True,
+) -> ContiguousFit:
+    """The least memory a split onto ``profile.count`` GPUs needs on its fullest GPU, and the fewest
+    of these GPUs a split fits: seq-dp's own chain and memory rules, so ``partition_seq_dp`` succeeds
+    on ``num_gpus`` of them and fails on one fewer. A tenth of a second or so on GPT2-XL (2000
+    ops), where running every partitioner at growing GPU counts took 40 s. ``least_peak=False``
+    skips the first figure (``least_peak_bytes`` is None), the slowest on many GPUs."""
+    setup = Setup.of(
+        NAME, graph, profile, 1,
+        num_microbatches=num_microbatches, microbatch_size=microbatch_size, schedule=schedule,
+        optimizer=optimizer, dtype=dtype, key=None, memory=memory,
+    )  # fmt: skip
+    chain = _Chain(setup, max_blocks)
+    least = None
+    if least_peak and profile.count <= chain.num_blocks:
+        chain.solve(profile.count, float("inf"), by_memory=True)
+        least = chain.optimum
+    capacity = usable_capacity(profile, setup.memory)
+    num_gpus = chain.fewest_stages(capacity)
+    if num_gpus is not None:
+        fits_count = num_gpus == profile.count or (
+            num_gpus < profile.count <= chain.num_blocks and chain.solve(profile.count, capacity) is not None
+        )
+        return ContiguousFit(least, num_gpus, fits_count)
+    # The piece to blame: one that overflows wherever it stands, holding the fewest micro-batches
+    # it can; else (1F1B-like schedules hold more the deeper a stage is) the worst piece of the split
+    # into one piece per GPU, which does not fit either, or it would have been found.
+    num_blocks, m = chain.num_blocks, setup.num_microbatches
+    depths = range(1, min(num_blocks, m) + 1)  # depth d > M keeps what depth M does
+    by_depth = np.array([chain.piece_memory(d) for d in depths])  # [depth - 1, piece]
+    k = int(np.argmax(by_depth.min(axis=0)))
+    anywhere = bool(by_depth[:, k].min() > capacity)
+    if anywhere:
+        depth = int(np.argmin(by_depth[:, k])) + 1
     else:
-        gpus = f"even {high} GPUs of this kind would not fit"
-    return PartitionError(
-        f"seq-dp: no contiguous split into {p} stages fits the {format_bytes(capacity)} usable per GPU "
-        f"({format_bytes(setup.profile.memory_bytes)} less {headroom * 100:g}% headroom): the best split "
-        f"needs {format_bytes(need)} on its fullest GPU, so GPUs of at least {format_bytes(raw_need)} "
-        f"with this headroom; {gpus}. Or use `recompute=True`, fewer micro-batches or a smaller "
-        "micro-batch, another schedule, or the mixed partitioner"
+        one_each = by_depth[np.minimum(num_blocks - np.arange(num_blocks), m) - 1, np.arange(num_blocks)]
+        k = int(np.argmax(one_each))
+        depth = min(num_blocks - k, m)
+    return ContiguousFit(
+        least,
+        None,
+        piece=setup.cut_order.cuttable[chain.starts[k] : chain.starts[k + 1]],
+        piece_bytes=float(by_depth[depth - 1, k]),
+        piece_in_flight=chain.rules(depth).in_flight,
+        piece_anywhere=anywhere,
     )

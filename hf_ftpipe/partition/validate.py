@@ -186,7 +186,7 @@ def _memory_problems_of(used: Sequence[int], capacities: Sequence[int], headroom
         if need > cap:
             problems.append(
                 f"GPU {g} needs {need} bytes ({need / 2**30:.2f} GiB), more than its {cap} bytes "
-                f"({cap / 2**30:.2f} GiB{note}); use more GPUs, fewer micro-batches, `recompute=True` "
+                f"({cap / 2**30:.2f} GiB{note}); use more GPUs, fewer micro-batches, activation recomputation "
                 "or a memory-aware partitioner"
             )
     return problems

@@ -110,8 +110,11 @@ def test_plan_over_memory_is_infeasible_and_the_error_says_what_would_fit() -> N
     message = str(error.value)
     assert "no partitioner found a plan that fits 4 × unit" in message
     assert "  - one-gpu: a GPU needs more than" in message and "  - even: a GPU" in message
-    assert "It would fit on GPUs with at least 17." in message  # even's 16 kB peak / 0.9
-    assert "or on 8 × unit (even predicts" in message
+    # The leanest contiguous split holds 2 weights a GPU, 16 kB with gradients and Adam state: / 0.9
+    leanest = "It would fit on GPUs of at least 17885 bytes each (the leanest contiguous split needs 16096 bytes"
+    assert leanest in message
+    assert "It would fit on 8 × unit (`profile.with_count(8)`), the fewest that a contiguous split fits." in message
+    assert "`memory=MemoryOptions(recompute=True)`" in message and "--" not in message  # the partition API's words
 
 
 @pytest.mark.usefixtures("toys")

@@ -242,7 +242,7 @@ def test_no_plan_fits_names_the_memory_that_would() -> None:
         params={"w": param("w", (100, 100)), "v": param("v", (100, 100))},
     )
     profile = dataclasses.replace(UNIT, count=2, memory_bytes=1000)
-    with pytest.raises(PartitionError, match=r"GPUs with at least .* GiB"):
+    with pytest.raises(PartitionError, match=r"It would fit on GPUs of at least 177832 bytes each"):
         partition_mixed(graph, profile, num_microbatches=1, microbatch_size=1)
 
 

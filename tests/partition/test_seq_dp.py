@@ -22,6 +22,7 @@ from hf_ftpipe.partition import (
     validate_partition,
 )
 from hf_ftpipe.partition._contiguous import CutOrder
+from hf_ftpipe.partition.seq_dp import contiguous_fit
 from hf_ftpipe.profile.cost import comm_time_s, node_costs
 
 from toy_graphs import UNIT, chain, make_graph, param, random_dags
@@ -86,13 +87,19 @@ def test_memory_limit_moves_the_cut():
     alone = 1600 + (16 + 16) * 2 + 32
     tight = replace(UNIT, memory_bytes=alone)  # n0 alone fits, n0 + n1 ((32 + 16) × 2 + 32) does not
     assert partition_seq_dp(graph, tight, 2, **sizes, memory=MemoryOptions(headroom=0)).nodes_of(0) == ["n0"]
-    # n0 alone needs 1696 B: no number of GPUs helps
+    # n0 alone needs 1696 B as the first of 2 stages, and 1664 B as the last stage of any pipeline
+    # (1 micro-batch in flight): no number of GPUs helps
     with pytest.raises(PartitionError) as info:
         partition_seq_dp(graph, replace(UNIT, memory_bytes=1600), 2, **sizes, memory=MemoryOptions(headroom=0))
     message = str(info.value)
     assert "no contiguous split into 2 stages fits the 1600 bytes usable per GPU" in message
     assert f"the best split needs {alone} bytes on its fullest GPU" in message
-    assert "even 6 GPUs of this kind would not fit" in message  # tried up to 4 · 2, capped by the 6 ops
+    assert f"It would fit on GPUs of at least {alone} bytes each" in message
+    last = 1600 + (16 + 16) + 32
+    assert (
+        f"No number of unit fits: `n0` alone needs {last} bytes on a GPU of its own with 1 micro-batch in "
+        "flight (the fewest it can hold)"
+    ) in message
 
 
 def test_infeasible_names_the_gpu_count_that_fits():
@@ -100,10 +107,14 @@ def test_infeasible_names_the_gpu_count_that_fits():
     graph = chain([1] * 8)
     sizes = {"num_microbatches": 1, "microbatch_size": 1}
     small = replace(UNIT, count=2, memory_bytes=80)  # 2 ops per GPU at most
+    exact = MemoryOptions(headroom=0)
     with pytest.raises(PartitionError) as info:
-        partition_seq_dp(graph, small, 2, **sizes, memory=MemoryOptions(headroom=0))
-    assert "needs 112 bytes" in str(info.value) and "4 GPUs of this kind would fit" in str(info.value)
-    with pytest.raises(PartitionError, match=r"GPUs of at least 140 bytes with this headroom"):
+        partition_seq_dp(graph, small, 2, **sizes, memory=exact)
+    assert "needs 112 bytes" in str(info.value) and "It would fit on 4 × unit" in str(info.value)
+    partition_seq_dp(graph, small.with_count(4), **sizes, memory=exact)  # the count named fits, one fewer does not
+    with pytest.raises(PartitionError):
+        partition_seq_dp(graph, small.with_count(3), **sizes, memory=exact)
+    with pytest.raises(PartitionError, match=r"GPUs of at least 140 bytes each \(.*plus 20% headroom\)"):
         partition_seq_dp(graph, small, 2, **sizes, memory=MemoryOptions(headroom=0.2))
 
 
@@ -166,6 +177,34 @@ def test_equals_brute_force(graph, num_stages, schedule, optimizer, recompute, a
 
 
 CONTIGUOUS = ["seq-greedy", "uniform", "params", "seq-dp"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    graph=random_dags(max_nodes=9),
+    schedule=st.sampled_from(["gpipe", "1f1b", "async", "2bw"]),
+    recompute=st.booleans(),
+    capacity=st.integers(100, 3000),
+)
+def test_contiguous_fit_names_the_fewest_gpus_seq_dp_fits(graph, schedule, recompute, capacity):
+    # Not assumed monotone: under 1F1B a longer pipeline holds more micro-batches on its first stages.
+    profile = replace(UNIT, count=2, memory_bytes=capacity)
+    sizes = {"num_microbatches": 3, "microbatch_size": 1, "schedule": schedule}
+    memory = MemoryOptions(headroom=0, recompute=recompute)
+
+    def fits(count: int) -> bool:
+        try:
+            partition_seq_dp(graph, profile.with_count(count), **sizes, memory=memory)
+        except PartitionError:
+            return False
+        return True
+
+    counts = range(1, len(CutOrder.of(graph).cuttable) + 1)
+    fit = contiguous_fit(graph, profile, **sizes, memory=memory)
+    assert fit.num_gpus == next((n for n in counts if fits(n)), None)
+    assert fit.fits_count == fits(2)
+    if fit.num_gpus is None:
+        assert fit.piece and fit.piece_bytes > capacity
 
 
 @settings(max_examples=60, deadline=None)

@@ -15,14 +15,14 @@ and every GPU runs at least one stage.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from hf_ftpipe.errors import PartitionError
+from hf_ftpipe.errors import PartitionError, PlanDoesNotFitError
 from hf_ftpipe.graph.cost_graph import CostGraph
 from hf_ftpipe.partition._keys import resolve_key
 from hf_ftpipe.partition.estimate import MemoryOptions, Optimizer, Schedule, estimate, usable_capacity
+from hf_ftpipe.partition.fit import FitAdvice, format_bytes
 from hf_ftpipe.partition.plan import Partition, PartitionKey, Prediction
 from hf_ftpipe.partition.registry import register_partitioner
 from hf_ftpipe.partition.seq_dp import partition_seq_dp
@@ -71,8 +71,8 @@ def partition_mixed(
             each GPU may use ``profile.memory_bytes × (1 − headroom)``.
 
     Raises:
-        PartitionError: when no plan fits memory, with the memory per GPU (or the number of
-            GPUs) that would be needed.
+        PlanDoesNotFitError: when no plan fits memory; its advice says the memory per GPU and the
+            number of GPUs that would fit.
     """
     memory = memory or MemoryOptions()
     num_gpus = profile.count
@@ -104,7 +104,7 @@ def partition_mixed(
         elif best is None or (plan.step_time_s, plan.num_stages) < (best.step_time_s, best.num_stages):
             best = plan
     if best is None:
-        raise setup.infeasible(tightest)
+        raise setup.infeasible(tightest, key)
     return Partition(
         node_stage=best.node_stage,
         stage_device=best.stage_device,
@@ -247,23 +247,29 @@ class _Setup:
             return (better if better.fits and better.step_time_s <= plan.step_time_s else plan), tried
         return (better if better.peak_memory < plan.peak_memory else plan), tried
 
-    def infeasible(self, tightest: _Plan | None) -> PartitionError:
-        headroom = self.memory.headroom
-        if tightest is None:
-            return PartitionError(
-                f"mixed found no plan that fits {self.profile.count} GPUs of {self.limit / 2**30:.2f} "
-                f"GiB usable each (profile {self.profile.name!r}, headroom {headroom:.0%}); "
-                "use more GPUs, fewer micro-batches or `MemoryOptions(recompute=True)`"
-            )
-        need = tightest.peak_memory / (1.0 - headroom)
-        total = sum(g.memory_bytes for g in tightest.predicted.gpus)
-        gpus = max(self.profile.count + 1, math.ceil(total / self.limit))
-        return PartitionError(
-            f"mixed found no plan that fits memory: the best needs {tightest.peak_memory / 2**30:.2f} GiB "
-            f"on its fullest GPU, {self.limit / 2**30:.2f} GiB are usable ({self.profile.memory_bytes / 2**30:.2f} "
-            f"GiB with {headroom:.0%} headroom). Use GPUs with at least {need / 2**30:.1f} GiB, at least "
-            f"{gpus} GPUs, fewer micro-batches, or `MemoryOptions(recompute=True)`"
+    def infeasible(self, tightest: _Plan | None, key: PartitionKey) -> PlanDoesNotFitError:
+        """The error when no plan fits: the least memory a plan found needs; what would fit is the advice's."""
+        usable = (
+            f"the {format_bytes(self.limit)} usable per GPU ({format_bytes(self.profile.memory_bytes)} less "
+            f"{self.memory.headroom * 100:g}% headroom)"
         )
+        plans = []
+        if tightest is None:
+            reason = f"mixed: found no plan of {self.profile.count} GPUs that fits {usable}"
+        else:
+            reason = (
+                f"mixed: no plan it found fits {usable}: the leanest needs {format_bytes(tightest.peak_memory)} on "
+                "its fullest GPU"
+            )
+            plan = Partition(
+                node_stage=tightest.node_stage, stage_device=tightest.stage_device, partitioner=NAME, key=key,
+                predicted=tightest.predicted,
+            )  # fmt: skip
+            plans.append((NAME, plan))
+        advice = FitAdvice(
+            graph=self.graph, profile=self.profile, memory=self.memory, plans=tuple(plans), **self.estimate_args
+        )
+        return PlanDoesNotFitError(reason, advice)
 
     # -- helpers ---------------------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ or deadlocked elsewhere) rather than blaming "a peer".
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 import threading
@@ -62,6 +63,10 @@ class Watchdog:
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._watch, name=f"hf_ftpipe-watchdog-{rank}", daemon=True)
         self._thread.start()
+        # A daemon thread still inside a store call when the interpreter finalizes is ended by
+        # pthread_exit, which C++ frames turn into std::terminate (SIGABRT at the very end of a
+        # successful job): stop the thread while the interpreter is still whole.
+        atexit.register(self.close)
 
     @contextmanager
     def waiting(self, what: str, collective: bool = False) -> Iterator[None]:
@@ -112,7 +117,10 @@ class Watchdog:
             pass
 
     def close(self) -> None:
+        """Stop watching; waits for the thread to leave any store call it is in."""
         self._closed.set()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout=2 * _STORE_ANSWER_S)
 
     # -- the watching thread ----------------------------------------------------------------
 

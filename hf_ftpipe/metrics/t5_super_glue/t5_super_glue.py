@@ -26,8 +26,7 @@ folder can be pushed to the Hub as it is. One import per line: evaluate's import
 ``import a, b``.
 """
 
-from collections.abc import Hashable
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 
 import datasets
 import evaluate

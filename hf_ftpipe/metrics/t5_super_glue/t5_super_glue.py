@@ -101,7 +101,8 @@ def to_label_ids(values: Sequence[object], label_names: Sequence[str]) -> list[i
         if isinstance(value, str):
             ids.append(label_names.index(value) if value in label_names else INVALID)
         else:
-            ids.append(int(value) if 0 <= int(value) < len(label_names) else INVALID)
+            # Ids arrive as int64 through evaluate's features; a fractional id is no label.
+            ids.append(int(value) if value == int(value) and 0 <= value < len(label_names) else INVALID)
     return ids
 
 

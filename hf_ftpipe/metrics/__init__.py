@@ -1,0 +1,104 @@
+"""Task metrics: the project's `evaluate` modules, a loader, and plain functions over them.
+
+Each rule lives once, in a self-contained `evaluate` metric module shipped in this folder
+(``t5_super_glue/``, ``squad_v1/``), so the modules load offline and could be pushed to the Hub as
+they are. :func:`load_metric` returns an `evaluate` module; the plain functions below are the
+modules' own functions (fractions in ``[0, 1]``, not percentages), for code that scores lists
+directly, such as a ``compute_metrics``.
+
+- :func:`load_metric`: ``"squad"`` and ``"super_glue"`` are the Hub's official modules when they
+  can be reached (online or cached), else the shipped ones with a warning; ``"squad_v1"`` and
+  ``"t5_super_glue"`` are always the shipped ones.
+- SuperGLUE (Wang et al., 2019) as T5 scores it: :func:`accuracy`, :func:`macro_f1` (CB),
+  :func:`multirc_f1a_em`.
+- SQuAD v1.1 (Rajpurkar et al., 2016): :func:`normalize_answer`, :func:`squad_em_f1`.
+- Language modelling: :func:`perplexity`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .squad_v1.squad_v1 import normalize_answer, squad_em_f1
+from .t5_super_glue.t5_super_glue import accuracy, macro_f1, multirc_f1a_em
+
+if TYPE_CHECKING:
+    import evaluate
+
+__all__ = [
+    "accuracy",
+    "load_metric",
+    "macro_f1",
+    "multirc_f1a_em",
+    "normalize_answer",
+    "perplexity",
+    "shipped_metric_path",
+    "squad_em_f1",
+]
+
+logger = logging.getLogger(__name__)
+
+_SHIPPED = ("squad_v1", "t5_super_glue")
+# Official Hub module -> the shipped module that takes the same inputs.
+_FALLBACKS = {"squad": "squad_v1", "super_glue": "t5_super_glue"}
+
+
+def shipped_metric_path(name: str) -> Path:
+    """Folder of a shipped `evaluate` module, for ``evaluate.load(str(path), config_name)``."""
+    if name not in _SHIPPED:
+        raise ValueError(f"no shipped metric module {name!r}; shipped: {list(_SHIPPED)}")
+    return Path(__file__).resolve().parent / name
+
+
+def load_metric(name: str, config_name: str | None = None, **kwargs: object) -> evaluate.EvaluationModule:
+    """Load a task metric as an `evaluate` module, offline when it has to.
+
+    Args:
+        name (`str`):
+            ``"squad"`` or ``"super_glue"``: the official module from the Hub (or evaluate's cache);
+            if it cannot be loaded (offline and not cached, or a dependency such as scikit-learn
+            missing), the shipped drop-in (``squad_v1`` / ``t5_super_glue``) with one warning.
+            ``"squad_v1"`` or ``"t5_super_glue"``: the shipped module, by path.
+        config_name (`str`, *optional*):
+            The task for ``super_glue`` and ``t5_super_glue``: ``boolq``, ``cb``, ``copa``,
+            ``multirc``, ``rte`` or ``wic``.
+        kwargs:
+            Passed to ``evaluate.load`` (``experiment_id``, ``keep_in_memory``...).
+
+    Returns:
+        `evaluate.EvaluationModule`: call ``.compute(predictions=..., references=...)``.
+
+    Note: the shipped ``t5_super_glue`` takes the official ``super_glue`` inputs (label ids, and
+    ``{"idx", "prediction"}`` for MultiRC) as well as label names, but scores ×100 as T5 reports
+    them, where the official module gives fractions.
+    """
+    import evaluate
+
+    if name in _SHIPPED:
+        return evaluate.load(str(shipped_metric_path(name)), config_name, **kwargs)
+    if name not in _FALLBACKS:
+        raise ValueError(f"unknown metric {name!r}: pass one of {sorted([*_FALLBACKS, *_SHIPPED])}")
+    try:
+        return evaluate.load(name, config_name, **kwargs)
+    except (ConnectionError, FileNotFoundError, ImportError) as e:
+        fallback = _FALLBACKS[name]
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        logger.warning("evaluate could not load %r (%s); using hf_ftpipe's shipped %r", name, reason, fallback)
+        return evaluate.load(str(shipped_metric_path(fallback)), config_name, **kwargs)
+
+
+def perplexity(mean_loss: float) -> float:
+    """Perplexity ``exp(mean_loss)`` of a language model, from its mean token cross-entropy in nats.
+
+    ``exp(eval_loss)`` is the corpus perplexity when every evaluation block has the same number of
+    label tokens. Returns ``inf`` where the exponential overflows a float (losses above ~709).
+    """
+    if math.isnan(mean_loss):
+        raise ValueError("`mean_loss` is NaN: the evaluation loss diverged, perplexity is undefined")
+    try:
+        return math.exp(mean_loss)
+    except OverflowError:
+        return math.inf

@@ -157,6 +157,12 @@ def main() -> None:
     train_data = _first(blocks, "train", data_args.max_train_samples) if training_args.do_train else None
     eval_data = _first(blocks, data_args.eval_split, data_args.max_eval_samples) if training_args.do_eval else None
 
+    # transformers 5 finds GPT-2's loss by its class name, which lacks "ForCausalLM": Trainer then
+    # divides the summed token losses by every label, the first of each block too, which nothing
+    # predicts, and eval_loss comes out (block_size - 1) / block_size of the mean token loss.
+    # Naming the loss makes eval_loss that mean, and perplexity exp of it, as FTPipe reports it.
+    if getattr(model, "loss_type", None) is None:
+        model.loss_type = "ForCausalLM"
     trainer = PipeTrainer(
         model=model,
         args=training_args,

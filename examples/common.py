@@ -21,6 +21,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import datasets
+import transformers
 from transformers import HfArgumentParser, TrainingArguments
 from transformers.trainer_utils import get_last_checkpoint
 
@@ -64,6 +66,20 @@ def parse_arguments(parser: HfArgumentParser, defaults: dict[str, Any], argv: Se
 
 def _flag_value(value: Any) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def set_up_logging(args: TrainingArguments, script_logger: logging.Logger) -> None:
+    """Log as the Hugging Face examples do: the main process at info, the others at warning.
+
+    The levels are `TrainingArguments`' (``--log_level``, ``--log_level_replica``), applied to
+    the script's logger, this module's, `datasets`' and `transformers`'.
+    """
+    logging.basicConfig(format="%(asctime)s - %(levelname)s - %(name)s - %(message)s", level=logging.WARNING)
+    level = args.get_process_log_level()
+    for each in (script_logger, logger):
+        each.setLevel(level)
+    datasets.utils.logging.set_verbosity(level)
+    transformers.utils.logging.set_verbosity(level)
 
 
 def checkpoint_to_resume(args: TrainingArguments) -> str | bool | None:

@@ -34,9 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-import datasets
 import torch
-import transformers
 from datasets import Dataset, DatasetDict, load_dataset
 from transformers import (
     AutoModelForCausalLM,
@@ -52,7 +50,7 @@ from transformers import (
 from hf_ftpipe import PipeTrainer, PipeTrainingArguments
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import checkpoint_to_resume, parse_arguments, perplexity, record_metrics  # noqa: E402
+from common import checkpoint_to_resume, parse_arguments, perplexity, record_metrics, set_up_logging  # noqa: E402
 
 from local_tokenizer import build_gpt2_tokenizer  # noqa: E402
 
@@ -140,7 +138,7 @@ def main() -> None:
     model_args, data_args, training_args = parse_arguments(parser, default_arguments())
     if not (training_args.do_train or training_args.do_eval or training_args.do_predict):
         raise SystemExit("nothing to do: pass --do_train, --do_eval and/or --do_predict")
-    _set_up_logging(training_args)
+    set_up_logging(training_args, logger)
     set_seed(training_args.seed)
 
     raw = load_raw(data_args, model_args)
@@ -346,15 +344,6 @@ def _first(blocks: DatasetDict, split: str, limit: int | None) -> Dataset:
     if len(data) == 0:
         raise ValueError(f"the `{split}` split does not fill one block: pass a smaller `--block_size`")
     return data.select(range(min(limit, len(data)))) if limit is not None else data
-
-
-def _set_up_logging(args: PipeTrainingArguments) -> None:
-    # as run_clm: the main process logs at info, the others at warning (Trainer's log levels)
-    logging.basicConfig(format="%(asctime)s - %(levelname)s - %(name)s - %(message)s", level=logging.WARNING)
-    level = args.get_process_log_level()
-    logger.setLevel(level)
-    datasets.utils.logging.set_verbosity(level)
-    transformers.utils.logging.set_verbosity(level)
 
 
 if __name__ == "__main__":

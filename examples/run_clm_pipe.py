@@ -126,7 +126,7 @@ def default_arguments() -> dict[str, object]:
         "per_device_eval_batch_size": 8,
         "num_microbatches": 2,
         "learning_rate": 1e-3,
-        "num_train_epochs": 3,
+        "num_train_epochs": 20,
         "logging_steps": 10,
         "report_to": "none",
         "seed": 42,

@@ -1,14 +1,19 @@
-"""Train a small T5-style tokenizer on local text, for demos and tests that cannot reach the Hub.
+"""Train small T5- and GPT-2-style tokenizers on local text, for demos and tests that cannot reach the Hub.
 
-    from local_tokenizer import build_t5_tokenizer
+    from local_tokenizer import build_gpt2_tokenizer, build_t5_tokenizer
     tok = build_t5_tokenizer(texts, vocab_size=512)
     tok(["Anna sold the car."])  # input_ids end with </s> (id 1)
+    gpt2 = build_gpt2_tokenizer(texts, vocab_size=512)  # byte-level BPE, no special tokens added
 
 The layout matches T5's so T5 code works unchanged: pad = 0 (also the decoder start token),
 eos = 1, unk = 2, and every encoded sequence ends with ``</s>``. Words are marked with "▁" as in
 T5's SentencePiece model, so ``decode`` restores the spacing. Unlike T5's it lowercases, strips
 accents and splits punctuation off words; its model is BPE, because the Unigram trainer of
 `tokenizers` degrades to single characters on corpora of a few hundred sentences.
+
+The GPT-2 one is byte-level BPE like GPT-2's: any text encodes (every byte is a piece), case and
+spacing are kept and ``decode`` returns the text exactly; ``<|endoftext|>`` (id 0) is its only
+special token and is never added by encoding, as with GPT-2.
 """
 
 from __future__ import annotations
@@ -77,3 +82,41 @@ def build_t5_tokenizer(texts: Iterable[str], vocab_size: int = 512) -> PreTraine
     if ids != (0, 1, 2):  # guards against a tokenizers release that orders special tokens differently
         raise RuntimeError(f"special token ids are {ids}, T5 needs (pad, eos, unk) = (0, 1, 2)")
     return wrapped
+
+
+ENDOFTEXT = "<|endoftext|>"
+
+
+def build_gpt2_tokenizer(texts: Iterable[str], vocab_size: int = 512) -> PreTrainedTokenizerFast:
+    """Train a byte-level BPE tokenizer on ``texts`` and wrap it with GPT-2's special token.
+
+    Args:
+        texts (`Iterable[str]`):
+            Training text, e.g. the lines of a language-modeling corpus.
+        vocab_size (`int`, defaults to 512):
+            Upper bound on the vocabulary: ``<|endoftext|>``, the 256 bytes, then merges.
+
+    Returns:
+        `PreTrainedTokenizerFast`: ``<|endoftext|>`` (id 0) as bos, eos and unk token, no pad
+        token (as GPT-2); ``decode(encode(text)) == text`` for any text.
+    """
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    if vocab_size < len(alphabet) + 1:
+        raise ValueError(
+            f"`vocab_size` must hold {ENDOFTEXT} and the {len(alphabet)} bytes, got {vocab_size}; "
+            f"pass at least {len(alphabet) + 1}"
+        )
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=[ENDOFTEXT], initial_alphabet=alphabet, show_progress=False
+    )
+    tokenizer.train_from_iterator(texts, trainer=trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        bos_token=ENDOFTEXT,
+        eos_token=ENDOFTEXT,
+        unk_token=ENDOFTEXT,
+        model_max_length=1024,
+    )

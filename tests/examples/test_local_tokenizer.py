@@ -124,3 +124,26 @@ def test_make_rte_regenerates_the_shipped_files(tmp_path):
     for split in SPLITS:
         name = f"rte_{split}.jsonl"
         assert (tmp_path / name).read_bytes() == (DATA / name).read_bytes(), f"{name} is stale: rerun make_rte.py"
+
+
+@pytest.fixture(scope="module")
+def gpt2_tok():
+    lines = (DATA / "wikitext_train.txt").read_text(encoding="utf-8").splitlines(keepends=True)
+    return _load(EXAMPLES / "local_tokenizer.py").build_gpt2_tokenizer(lines, vocab_size=512)
+
+
+def test_gpt2_tokenizer_layout_and_exact_round_trip(gpt2_tok):
+    assert len(gpt2_tok) == 512
+    assert (gpt2_tok.eos_token, gpt2_tok.eos_token_id, gpt2_tok.bos_token_id, gpt2_tok.pad_token) == (
+        "<|endoftext|>", 0, 0, None,
+    )  # fmt: skip
+    for text in ["Quixotic Zebra 42?\n\n", " = Harwick = \n", "Ünïcode — ok"]:
+        ids = gpt2_tok(text).input_ids
+        assert 0 not in ids  # no special token added, no <unk>: every byte is a piece
+        assert gpt2_tok.decode(ids) == text
+    assert gpt2_tok.tokenize(" the River Avon") == ["Ġthe", "ĠRiver", "ĠAvon"]
+
+
+def test_gpt2_vocab_size_too_small_is_refused():
+    with pytest.raises(ValueError, match="`vocab_size` must hold"):
+        _load(EXAMPLES / "local_tokenizer.py").build_gpt2_tokenizer(["a"], vocab_size=100)

@@ -200,8 +200,8 @@ def tokenize_batch(
         ``labels`` (target ids then -100; all -100 for rows with label -1, i.e. test splits).
         T5 builds its decoder inputs by shifting ``labels`` right.
     """
-    source_length = max_source_length or task.max_source_length
-    target_length = max_target_length or task.max_target_length
+    source_length = task.max_source_length if max_source_length is None else max_source_length
+    target_length = task.max_target_length if max_target_length is None else max_target_length
     eos_id, pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
     if eos_id is None or pad_id is None:
         raise ValueError(

@@ -5,7 +5,12 @@ order and types of ``aps/super_glue`` (labels as ints, MultiRC's ``idx`` a neste
 ``glue_rte_*.jsonl`` in ``nyu-mll/glue`` rte's layout. RTE in SuperGLUE's layout is
 ``make_rte.py``'s data (600 / 200 rows), which this script rewrites too, so that one command
 regenerates every fixture. Each task's label follows a simple rule over its text, on the word
-lists of ``make_rte.py``, so a tiny T5 can learn it (see there); none is a benchmark:
+lists of ``make_rte.py``; none is a benchmark. A 2+2-layer T5 (d_model 64) trained from scratch
+(AdamW lr 3e-3, batch 16, 60 epochs, seconds on CPU) drives the training loss near 0 (MultiRC's
+stays about 0.3); on validation it scores CB 1.0, MultiRC about 0.7, BoolQ about 0.65, and chance on
+COPA, WiC and GLUE-layout RTE, whose rules compare two texts and need more rows than 64 (train on
+``rte_*.jsonl`` for an RTE demo that learns). The fixtures are for running the pipeline and
+checking formats offline, not for accuracy. The rules:
 
 - boolq: the question asks about one fact of the passage, with the real object or place or another.
 - cb: "X said that Y <did> the <thing>": restated (entailment), negated (contradiction), or a
@@ -52,9 +57,12 @@ def _splits(make: Callable[[random.Random, int], Row], rng: random.Random, num_l
         rng.shuffle(labels)
         rows = []
         for idx, label in enumerate(labels):
-            row = make(rng, label)
-            while json.dumps(row) in seen:
+            for _ in range(1000):
                 row = make(rng, label)
+                if json.dumps(row) not in seen:
+                    break
+            else:  # the word lists hold fewer distinct rows of this label than asked for
+                raise RuntimeError(f"{make.__name__} ran out of distinct rows with label {label}; lengthen its lists")
             seen.add(json.dumps(row))
             rows.append({**row, "idx": idx, "label": label})
         splits.append(rows)

@@ -191,6 +191,8 @@ def test_tokenize_batch_pads_truncates_and_keeps_eos(tasks, tok):
 def test_tokenize_batch_checks_columns(tasks, tok):
     with pytest.raises(ValueError, match=r"task `wic` needs the columns \['sentence2', 'word'\]"):
         tasks.tokenize_batch(tok, tasks.get_task("wic"), {"sentence1": ["a"], "label": [0]})
+    with pytest.raises(ValueError, match=r"lengths must be at least 1 \(the EOS\), got 0 / 8"):
+        tasks.tokenize_batch(tok, tasks.get_task("rte"), {"premise": [], "hypothesis": [], "label": []}, 0)
 
 
 @pytest.mark.parametrize("name", HUB_COLUMNS)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import sys
 from collections.abc import Sequence
@@ -113,11 +112,3 @@ def record_metrics(trainer: Any, split: str, metrics: dict[str, float]) -> None:
     trainer.save_metrics(split, metrics)
     if split == "train":
         trainer.save_state()
-
-
-def perplexity(loss: float) -> float:
-    """``exp(loss)``, or infinity where that overflows (a model that has learnt nothing yet)."""
-    try:
-        return math.exp(loss)
-    except OverflowError:
-        return math.inf

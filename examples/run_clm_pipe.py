@@ -48,9 +48,10 @@ from transformers import (
 )
 
 from hf_ftpipe import PipeTrainer, PipeTrainingArguments
+from hf_ftpipe.metrics import perplexity
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import checkpoint_to_resume, parse_arguments, perplexity, record_metrics, set_up_logging  # noqa: E402
+from common import checkpoint_to_resume, parse_arguments, record_metrics, set_up_logging  # noqa: E402
 
 from local_tokenizer import build_gpt2_tokenizer  # noqa: E402
 

@@ -43,7 +43,7 @@ def tiny_model(kind: str, dropout: float = 0.0, seed: int = 0) -> nn.Module:
             eos_token_id=1,
         )
         return transformers.GPT2LMHeadModel(config)
-    if kind == "bert":
+    if kind in ("bert", "bert-mlm"):
         config = transformers.BertConfig(
             vocab_size=VOCAB,
             hidden_size=32,
@@ -55,6 +55,8 @@ def tiny_model(kind: str, dropout: float = 0.0, seed: int = 0) -> nn.Module:
             attention_probs_dropout_prob=dropout,
             num_labels=2,
         )
+        if kind == "bert-mlm":
+            return transformers.BertForMaskedLM(config)
         return transformers.BertForSequenceClassification(config)
     if kind == "roberta":
         config = transformers.RobertaConfig(

@@ -7,8 +7,9 @@ modules' own functions (fractions in ``[0, 1]``, not percentages), for code that
 directly, such as a ``compute_metrics``.
 
 - :func:`load_metric`: ``"squad"`` and ``"super_glue"`` are the Hub's official modules when they
-  can be reached (online or cached), else the shipped ones with a warning; ``"squad_v1"`` and
-  ``"t5_super_glue"`` are always the shipped ones.
+  can be reached (online or cached); offline, ``"squad"`` falls back to the shipped ``squad_v1``
+  with a warning, while ``"super_glue"`` fails naming ``t5_super_glue`` (its scores are ×100,
+  the official ones fractions). ``"squad_v1"`` and ``"t5_super_glue"`` are always the shipped ones.
 - SuperGLUE (Wang et al., 2019) as T5 scores it: :func:`accuracy`, :func:`macro_f1` (CB),
   :func:`multirc_f1a_em`.
 - SQuAD v1.1 (Rajpurkar et al., 2016): :func:`normalize_answer`, :func:`squad_em_f1`.
@@ -22,6 +23,7 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..errors import HubError
 from .squad_v1.squad_v1 import normalize_answer, squad_em_f1
 from .t5_super_glue.t5_super_glue import accuracy, macro_f1, multirc_f1a_em
 
@@ -42,8 +44,9 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _SHIPPED = ("squad_v1", "t5_super_glue")
-# Official Hub module -> the shipped module that takes the same inputs.
-_FALLBACKS = {"squad": "squad_v1", "super_glue": "t5_super_glue"}
+# Official Hub module -> the shipped module that takes the same inputs and reports the same scale.
+_FALLBACKS = {"squad": "squad_v1"}
+_OFFICIAL = ("squad", "super_glue")
 
 
 def shipped_metric_path(name: str) -> Path:
@@ -58,9 +61,10 @@ def load_metric(name: str, config_name: str | None = None, **kwargs: object) -> 
 
     Args:
         name (`str`):
-            ``"squad"`` or ``"super_glue"``: the official module from the Hub (or evaluate's cache);
-            if it cannot be loaded (offline and not cached, or a dependency such as scikit-learn
-            missing), the shipped drop-in (``squad_v1`` / ``t5_super_glue``) with one warning.
+            ``"squad"`` or ``"super_glue"``: the official module from the Hub (or evaluate's cache).
+            If it cannot be loaded (offline and not cached, or a dependency such as scikit-learn
+            missing): ``squad`` gives the shipped drop-in ``squad_v1`` with one warning;
+            ``super_glue`` raises `HubError` naming ``t5_super_glue``, which scores on another scale.
             ``"squad_v1"`` or ``"t5_super_glue"``: the shipped module, by path.
         config_name (`str`, *optional*):
             The task for ``super_glue`` and ``t5_super_glue``: ``boolq``, ``cb``, ``copa``,
@@ -79,13 +83,19 @@ def load_metric(name: str, config_name: str | None = None, **kwargs: object) -> 
 
     if name in _SHIPPED:
         return evaluate.load(str(shipped_metric_path(name)), config_name, **kwargs)
-    if name not in _FALLBACKS:
-        raise ValueError(f"unknown metric {name!r}: pass one of {sorted([*_FALLBACKS, *_SHIPPED])}")
+    if name not in _OFFICIAL:
+        raise ValueError(f"unknown metric {name!r}: pass one of {sorted([*_OFFICIAL, *_SHIPPED])}")
     try:
         return evaluate.load(name, config_name, **kwargs)
     except (ConnectionError, FileNotFoundError, ImportError) as e:
-        fallback = _FALLBACKS[name]
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        fallback = _FALLBACKS.get(name)
+        if fallback is None:  # t5_super_glue scores ×100 where super_glue gives fractions: no silent swap
+            raise HubError(
+                f"evaluate could not load the official {name!r} ({reason}); offline, use "
+                f"load_metric('t5_super_glue', {config_name!r}): the same inputs, scored ×100 as T5 reports "
+                "them (the official module gives fractions)"
+            ) from e
         logger.warning("evaluate could not load %r (%s); using hf_ftpipe's shipped %r", name, reason, fallback)
         return evaluate.load(str(shipped_metric_path(fallback)), config_name, **kwargs)
 

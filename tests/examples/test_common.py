@@ -2,28 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 from transformers import HfArgumentParser, TrainingArguments
 
+from example_modules import load_example
+
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
-def _load(path: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[path.stem] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-common = _load(EXAMPLES / "common.py")
+common = load_example("common")
 
 
 @dataclass
@@ -72,8 +63,3 @@ def test_training_resumes_from_the_last_checkpoint_in_output_dir(tmp_path):
     assert common.checkpoint_to_resume(args(do_train=False, do_eval=True)) is None
     chosen = str(tmp_path / "checkpoint-2")
     assert common.checkpoint_to_resume(args(do_train=True, resume_from_checkpoint=chosen)) == chosen
-
-
-def test_perplexity_overflows_to_infinity():
-    assert common.perplexity(0.0) == 1.0
-    assert common.perplexity(1e6) == float("inf")

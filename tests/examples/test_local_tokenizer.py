@@ -1,26 +1,18 @@
 """The offline demo's pieces: the local T5 tokenizer and the shipped synthetic RTE data."""
 
-import importlib.util
 import json
 import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+
+from example_modules import load_example
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 DATA = EXAMPLES / "data"
 SPLITS = {"train": 600, "validation": 200}
-
-
-def _load(path: Path) -> ModuleType:
-    # examples/ is not a package: import its files by path.
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _rows(split: str) -> list[dict]:
@@ -36,7 +28,7 @@ def texts() -> list[str]:
 
 @pytest.fixture(scope="module")
 def tok(texts):
-    return _load(EXAMPLES / "local_tokenizer.py").build_t5_tokenizer(texts, vocab_size=512)
+    return load_example("local_tokenizer").build_t5_tokenizer(texts, vocab_size=512)
 
 
 def test_t5_special_token_layout(tok):
@@ -94,7 +86,7 @@ def test_save_and_reload_offline(tok, tmp_path, monkeypatch):
 
 def test_vocab_size_too_small_is_refused(texts):
     with pytest.raises(ValueError, match="`vocab_size` must hold"):
-        _load(EXAMPLES / "local_tokenizer.py").build_t5_tokenizer(texts, vocab_size=10)
+        load_example("local_tokenizer").build_t5_tokenizer(texts, vocab_size=10)
 
 
 @pytest.mark.parametrize("split", SPLITS)
@@ -129,7 +121,7 @@ def test_make_rte_regenerates_the_shipped_files(tmp_path):
 @pytest.fixture(scope="module")
 def gpt2_tok():
     lines = (DATA / "wikitext_train.txt").read_text(encoding="utf-8").splitlines(keepends=True)
-    return _load(EXAMPLES / "local_tokenizer.py").build_gpt2_tokenizer(lines, vocab_size=512)
+    return load_example("local_tokenizer").build_gpt2_tokenizer(lines, vocab_size=512)
 
 
 def test_gpt2_tokenizer_layout_and_exact_round_trip(gpt2_tok):
@@ -146,4 +138,4 @@ def test_gpt2_tokenizer_layout_and_exact_round_trip(gpt2_tok):
 
 def test_gpt2_vocab_size_too_small_is_refused():
     with pytest.raises(ValueError, match="`vocab_size` must hold"):
-        _load(EXAMPLES / "local_tokenizer.py").build_gpt2_tokenizer(["a"], vocab_size=100)
+        load_example("local_tokenizer").build_gpt2_tokenizer(["a"], vocab_size=100)

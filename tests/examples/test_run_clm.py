@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import subprocess
@@ -18,24 +17,16 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from distributed import accelerate_launch  # noqa: E402
+from example_modules import load_example  # noqa: E402
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 DATA = EXAMPLES / "data"
 BLOCK_SIZE = 32
 
 
-def _load(path: Path) -> ModuleType:
-    # examples/ is not a package: import its files by path.
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[path.stem] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def clm() -> ModuleType:
-    return _load(EXAMPLES / "run_clm_pipe.py")
+    return load_example("run_clm_pipe")
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +93,7 @@ def test_group_into_blocks_drops_the_remainder(clm):
 def byte_tokenizer():
     # 256 bytes + <|endoftext|>, no merges: one token per character, so tokenizing rows one by one
     # or joined gives the same tokens and only the grouping differs.
-    return _load(EXAMPLES / "local_tokenizer.py").build_gpt2_tokenizer(["abcdefghij"], vocab_size=257)
+    return load_example("local_tokenizer").build_gpt2_tokenizer(["abcdefghij"], vocab_size=257)
 
 
 def test_whole_split_grouping_keeps_what_per_group_grouping_drops(clm, byte_tokenizer):

@@ -1,6 +1,5 @@
 """The SuperGLUE task registry (T5 formats, labels, tokenization) and the shipped fixtures."""
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -8,6 +7,8 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+
+from example_modules import load_example
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 DATA = EXAMPLES / "data"
@@ -24,24 +25,15 @@ HUB_COLUMNS = {
 }
 
 
-def _load(path: Path) -> ModuleType:
-    # examples/ is not a package: import its files by path.
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[path.stem] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def tasks() -> ModuleType:
-    return _load(EXAMPLES / "super_glue_tasks.py")
+    return load_example("super_glue_tasks")
 
 
 @pytest.fixture(scope="module")
 def tok():
     texts = ["anna sold the car", "not_entailment", "entailment", "False", "True", "rte hypothesis: premise:"]
-    return _load(EXAMPLES / "local_tokenizer.py").build_t5_tokenizer(texts, vocab_size=128)
+    return load_example("local_tokenizer").build_t5_tokenizer(texts, vocab_size=128)
 
 
 # One hand-written example per task and the exact T5 input string it must give.

@@ -30,15 +30,17 @@ from transformers import DataCollatorForLanguageModeling, PreTrainedTokenizerFas
 from hf_ftpipe import PipeTrainer, PipeTrainingArguments
 from hf_ftpipe.errors import PipelineError
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from models import VOCAB, tiny_model  # noqa: E402
+
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-VOCAB = 64
 LENGTH = 16
 DIGEST_STEPS = 100
 LOSS_STEPS = 12
 
 
 def tokenizer() -> PreTrainedTokenizerFast:
-    """A word-level tokenizer over ``t5 … t63``, made here (nothing to download)."""
+    """A word-level tokenizer over ``t5 … t95`` (the tiny models' vocabulary), made here (nothing to download)."""
     vocab = {token: i for i, token in enumerate(SPECIALS + [f"t{i}" for i in range(len(SPECIALS), VOCAB)])}
     backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
@@ -53,18 +55,7 @@ def tokenizer() -> PreTrainedTokenizerFast:
 
 
 def model(dropout: float) -> transformers.BertForMaskedLM:
-    torch.manual_seed(0)
-    config = transformers.BertConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=32,
-        hidden_dropout_prob=dropout,
-        attention_probs_dropout_prob=dropout,
-    )
-    return transformers.BertForMaskedLM(config)
+    return tiny_model("bert-mlm", dropout=dropout)
 
 
 def dataset(rows: int = 48) -> Dataset:

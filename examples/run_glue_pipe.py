@@ -333,7 +333,10 @@ def predict(
     # Hub test splits carry label -1: nothing to score, only the loss of no label tokens.
     trainer.compute_metrics = t5_scores(task, tokenizer, raw["test"]) if labelled else None
     output = trainer.predict(test_data, metric_key_prefix="predict")
-    record_metrics(trainer, "predict", {**output.metrics, "predict_samples": len(test_data)})
+    metrics = {**output.metrics, "predict_samples": len(test_data)}
+    if not labelled:
+        metrics.pop("predict_loss", None)  # NaN: no label tokens
+    record_metrics(trainer, "predict", metrics)
     if trainer.is_world_process_zero():
         path = Path(trainer.args.output_dir) / f"predict_results_{task.name}.txt"
         lines = [f"{i}\t{label}" for i, label in enumerate(generated_labels(tokenizer, task, output.predictions))]

@@ -1,0 +1,61 @@
+"""Run ``examples/run_glue_pipe.py``'s ``main`` once per task in one launch (2 processes), for test_run_glue.py.
+
+    accelerate launch --multi_gpu --num_processes 2 --main_process_port 0 tests/examples/glue_tasks_job.py OUT
+
+Each case writes its results to ``OUT/<case>/``: a tiny T5 trained 2 steps on the task's fixture,
+evaluated by generation on its first validation examples. Starting the processes, importing torch
+and setting up the process group once for all tasks keeps the test short.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from example_modules import DATA, load_example  # noqa: E402
+
+# case -> the flags that make it; "rte_glue" is RTE in GLUE's columns (sentence1, sentence2).
+CASES: dict[str, list[str]] = {
+    "boolq": ["--task_name", "boolq"],
+    "cb": ["--task_name", "cb"],
+    "copa": ["--task_name", "copa"],
+    "multirc": ["--task_name", "multirc", "--max_eval_samples", "12"],
+    "rte": ["--task_name", "rte"],
+    "rte_glue": [
+        *("--task_name", "rte", "--do_predict", "--max_steps", "40"),  # long enough to generate labels
+        *("--train_file", str(DATA / "glue_rte_train.jsonl")),
+        *("--validation_file", str(DATA / "glue_rte_validation.jsonl")),
+    ],
+    "wic": ["--task_name", "wic", "--adafactor_scale_parameter", "--learning_rate", "1e-3"],
+}
+COMMON = [
+    *("--do_train", "--do_eval", "--max_steps", "2", "--max_train_samples", "64", "--max_eval_samples", "8"),
+    *("--max_source_length", "32", "--max_target_length", "4", "--logging_steps", "1"),
+    *("--per_device_train_batch_size", "4", "--num_microbatches", "2", "--per_device_eval_batch_size", "8"),
+    *("--save_strategy", "no", "--use_cpu", "true"),
+]
+
+
+def unlabelled_test_file(out: Path) -> Path:
+    """GLUE-RTE validation rows with label -1, as Hub test splits have them."""
+    rows = [json.loads(line) for line in (DATA / "glue_rte_validation.jsonl").read_text().splitlines()[:5]]
+    path = out / "glue_rte_test.jsonl"
+    path.write_text("".join(json.dumps({**row, "label": -1}) + "\n" for row in rows))
+    return path
+
+
+def main(out: Path) -> None:
+    run_glue = load_example("run_glue_pipe")
+    test_file = unlabelled_test_file(out)
+    for case, flags in CASES.items():
+        start = time.monotonic()
+        extra = ["--test_file", str(test_file)] if "--do_predict" in flags else []
+        run_glue.main([*COMMON, *flags, *extra, "--output_dir", str(out / case)])
+        print(f"{case}: {time.monotonic() - start:.1f} s", flush=True)
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))

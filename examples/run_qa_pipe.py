@@ -20,7 +20,8 @@ Adam lr 3e-5, no weight decay, linear decay without warm-up, 2 epochs, batch 24:
         --model_name_or_path google-bert/bert-large-uncased-whole-word-masking \\
         --dataset_name rajpurkar/squad --dataset_config_name plain_text --do_train --do_eval \\
         --max_seq_length 384 --doc_stride 128 --learning_rate 3e-5 --num_train_epochs 2 \\
-        --per_device_train_batch_size 24 --num_microbatches 4 --gpu_profile rtx2080ti
+        --per_device_train_batch_size 24 --per_device_eval_batch_size 24 --num_microbatches 4 \\
+        --gpu_profile rtx2080ti
 
 A lone ``.json`` argument is read as a preset of the same arguments. Any
 `PipeTrainingArguments` / `TrainingArguments` flag works.

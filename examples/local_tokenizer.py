@@ -1,6 +1,6 @@
-"""Train small T5- and GPT-2-style tokenizers on local text, for demos and tests that cannot reach the Hub.
+"""Train small T5-, GPT-2- and BERT-style tokenizers on local text, for demos and tests that cannot reach the Hub.
 
-    from local_tokenizer import build_gpt2_tokenizer, build_t5_tokenizer
+    from local_tokenizer import build_bert_tokenizer, build_gpt2_tokenizer, build_t5_tokenizer
     tok = build_t5_tokenizer(texts, vocab_size=512)
     tok(["Anna sold the car."])  # input_ids end with </s> (id 1)
     gpt2 = build_gpt2_tokenizer(texts, vocab_size=512)  # byte-level BPE, no special tokens added
@@ -14,6 +14,9 @@ accents and splits punctuation off words; its model is BPE, because the Unigram 
 The GPT-2 one is byte-level BPE like GPT-2's: any text encodes (every byte is a piece), case and
 spacing are kept and ``decode`` returns the text exactly; ``<|endoftext|>`` (id 0) is its only
 special token and is never added by encoding, as with GPT-2.
+
+The BERT one is WordPiece like ``bert-base-uncased``'s (``[CLS] A [SEP] B [SEP]``, token type
+ids), for models with a BERT head such as extractive question answering.
 """
 
 from __future__ import annotations
@@ -119,4 +122,64 @@ def build_gpt2_tokenizer(texts: Iterable[str], vocab_size: int = 512) -> PreTrai
         eos_token=ENDOFTEXT,
         unk_token=ENDOFTEXT,
         model_max_length=1024,
+    )
+
+
+BERT_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")  # ids 0 to 4, in this order
+
+
+def build_bert_tokenizer(texts: Iterable[str], vocab_size: int = 512) -> PreTrainedTokenizerFast:
+    """Train a WordPiece tokenizer on ``texts`` and wrap it with BERT's special tokens and pair layout.
+
+    Uncased like ``bert-base-uncased``: lowercased, accents stripped, punctuation split off
+    words; a pair encodes as ``[CLS] A [SEP] B [SEP]`` with token type ids 0 for ``A`` and 1 for
+    ``B``. A fast tokenizer, so extractive QA gets ``return_offsets_mapping`` and ``sequence_ids``.
+
+    Args:
+        texts (`Iterable[str]`):
+            Training text, e.g. every question and context of a dataset.
+        vocab_size (`int`, defaults to 512):
+            Upper bound on the vocabulary, special tokens included. A small corpus yields fewer.
+
+    Returns:
+        `PreTrainedTokenizerFast`: ``[PAD]`` = 0, ``[UNK]`` = 1, ``[CLS]`` = 2, ``[SEP]`` = 3,
+        ``[MASK]`` = 4, padding on the right.
+    """
+    # every character gets a piece (and a "##" continuation), so unseen words still encode
+    minimum = len(BERT_SPECIALS) + 2 * len(_ALPHABET)
+    if vocab_size < minimum:
+        raise ValueError(
+            f"`vocab_size` must hold the {len(BERT_SPECIALS)} special tokens and {len(_ALPHABET) - 1} base "
+            f"characters with their continuations, got {vocab_size}; pass at least {minimum}"
+        )
+    pad, unk, cls, sep, mask = BERT_SPECIALS
+    tokenizer = Tokenizer(models.WordPiece(unk_token=unk))
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True, strip_accents=True)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tokenizer.decoder = decoders.WordPiece()
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(BERT_SPECIALS),
+        initial_alphabet=[c for c in _ALPHABET if c != "▁"],
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(texts, trainer=trainer)
+    ids = {token: tokenizer.token_to_id(token) for token in BERT_SPECIALS}
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{cls} $A {sep}",
+        pair=f"{cls} $A {sep} $B:1 {sep}:1",
+        special_tokens=[(cls, ids[cls]), (sep, ids[sep])],
+    )
+    if list(ids.values()) != list(range(len(BERT_SPECIALS))):  # a tokenizers release ordering them otherwise
+        raise RuntimeError(f"special token ids are {ids}, expected 0 to {len(BERT_SPECIALS) - 1} in this order")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        pad_token=pad,
+        unk_token=unk,
+        cls_token=cls,
+        sep_token=sep,
+        mask_token=mask,
+        model_input_names=["input_ids", "token_type_ids", "attention_mask"],
+        model_max_length=512,
+        padding_side="right",
     )

@@ -1,4 +1,4 @@
-"""The offline demo's pieces: the local T5 tokenizer and the shipped synthetic RTE data."""
+"""The offline demo's pieces: the local T5, GPT-2 and BERT tokenizers and the shipped synthetic RTE data."""
 
 import json
 import subprocess
@@ -139,3 +139,34 @@ def test_gpt2_tokenizer_layout_and_exact_round_trip(gpt2_tok):
 def test_gpt2_vocab_size_too_small_is_refused():
     with pytest.raises(ValueError, match="`vocab_size` must hold"):
         load_example("local_tokenizer").build_gpt2_tokenizer(["a"], vocab_size=100)
+
+
+def test_bert_tokenizer_pairs_offsets_and_reload(tmp_path, monkeypatch):
+    build = load_example("local_tokenizer").build_bert_tokenizer
+    tok = build(["Where does Anna live? Anna lives in Paris."] * 4, vocab_size=200)
+    assert [tok.pad_token_id, tok.unk_token_id, tok.cls_token_id, tok.sep_token_id, tok.mask_token_id] == [
+        0,
+        1,
+        2,
+        3,
+        4,
+    ]
+    context = "Anna lives in Zürich."
+    encoded = tok("Where does Anna live?", context, return_offsets_mapping=True)
+    tokens = tok.convert_ids_to_tokens(encoded["input_ids"])
+    assert tokens[0] == "[CLS]" and tokens.count("[SEP]") == 2 and tokens[-1] == "[SEP]"
+    second = tokens.index("[SEP]") + 1
+    assert encoded["token_type_ids"] == [0] * second + [1] * (len(tokens) - second)
+    assert encoded.sequence_ids()[second:-1] == [1] * (len(tokens) - second - 1)
+    # offsets index the original text, so an unseen word ("zurich", split into pieces) maps back whole
+    pieces = [encoded["offset_mapping"][i] for i, sid in enumerate(encoded.sequence_ids()) if sid == 1]
+    assert context[pieces[3][0] : pieces[-2][1]] == "Zürich"
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    tok.save_pretrained(tmp_path)
+    from transformers import AutoTokenizer
+
+    reloaded = AutoTokenizer.from_pretrained(tmp_path)
+    assert reloaded("Where?", context)["input_ids"] == tok("Where?", context)["input_ids"]
+    assert reloaded.model_input_names == ["input_ids", "token_type_ids", "attention_mask"]
+    with pytest.raises(ValueError, match="vocab_size"):
+        build(["a"], vocab_size=50)

@@ -32,7 +32,9 @@ def parse_arguments(parser: HfArgumentParser, defaults: dict[str, Any], argv: Se
     """Parse the command line into the parser's dataclasses, over a script's own defaults.
 
     A lone argument ending in ``.json`` is a preset: a JSON object of field names and values, as
-    in Hugging Face's examples (``python run_clm_pipe.py preset.json``). Otherwise the arguments
+    in Hugging Face's examples (``python run_clm_pipe.py preset.json``); keys that start with
+    ``_`` are notes for people and for ``reproduce_paper.py`` (``_source``, ``_num_processes``)
+    and are left out. Otherwise the arguments
     are flags; either way they override ``defaults``, which hold the values a script wants that
     differ from the dataclasses' own (e.g. ``use_cpu`` on a machine without a GPU).
 
@@ -58,7 +60,8 @@ def parse_arguments(parser: HfArgumentParser, defaults: dict[str, Any], argv: Se
             raise ValueError(
                 f"the preset {path} must hold a JSON object of argument names, got {type(preset).__name__}"
             )
-        return parser.parse_dict({**defaults, **preset})
+        arguments = {name: value for name, value in preset.items() if not name.startswith("_")}
+        return parser.parse_dict({**defaults, **arguments})
     flags = [item for name, value in defaults.items() for item in (f"--{name}", _flag_value(value))]
     return parser.parse_args_into_dataclasses(args=flags + argv)  # later flags win
 

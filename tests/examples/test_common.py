@@ -45,6 +45,17 @@ def test_a_lone_json_argument_is_a_preset(parser, tmp_path):
     assert (data.block_size, args.learning_rate, args.use_cpu) == (1024, 5e-5, True)
 
 
+def test_a_preset_leaves_out_keys_starting_with_an_underscore(parser, tmp_path):
+    preset = tmp_path / "preset.json"
+    notes = {"_source": "FTPipe's config", "_num_processes": 8, "_script": "run_clm_pipe.py"}
+    preset.write_text(json.dumps({**notes, "block_size": 1024, "output_dir": str(tmp_path)}))
+    data, _ = common.parse_arguments(parser, DEFAULTS, [str(preset)])
+    assert data.block_size == 1024
+    preset.write_text(json.dumps({"no_such_argument": 1, "output_dir": str(tmp_path)}))
+    with pytest.raises(ValueError, match="no_such_argument"):  # other unknown names still fail
+        common.parse_arguments(parser, DEFAULTS, [str(preset)])
+
+
 def test_a_preset_that_is_not_an_object_is_refused(parser, tmp_path):
     preset = tmp_path / "preset.json"
     preset.write_text("[1, 2]")

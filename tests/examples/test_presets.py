@@ -117,3 +117,25 @@ def test_a_dry_run_plans_offline_and_writes_the_table(tmp_path: Path, capsys):
         assert cells[:6] == [f"bert-large_squad_{schedule}", "BERT-large SQuAD 1.1", "F1 / EM", "—", "93.3 / 87.2", "—"]
         assert float(cells[6]) > 0 and cells[7] == schedule
         assert cells[8] in ("mixed", "seq-dp", "seq-greedy", "uniform", "params")
+
+
+def test_a_run_launches_the_preset_with_accelerate_and_reads_its_results(tmp_path: Path, monkeypatch):
+    preset = reproduce.read_preset("t5-3b_multirc_async", gpus=4, gpu_profile="a100-80gb")
+    preset["output_dir"] = str(tmp_path / "multirc")
+    launched = []
+
+    def fake_run(command, check):  # what the run would leave in output_dir
+        launched.append(command)
+        results = {"eval_f1_a": 85.61, "eval_exact_match": 59.32, "train_samples_per_second": 11.5}
+        (tmp_path / "multirc" / "all_results.json").write_text(json.dumps(results))
+        return reproduce.subprocess.CompletedProcess(command, 0)
+
+    monkeypatch.setattr(reproduce.subprocess, "run", fake_run)
+    row = reproduce.Row(preset="t5-3b_multirc_async", paper=reproduce.PAPER["t5-3b_multirc"], schedule="async")
+    assert reproduce.run_preset("t5-3b_multirc_async", preset, row)
+    written = tmp_path / "multirc" / "preset.json"
+    assert launched == [
+        ["accelerate", "launch", "--num_processes", "4", str(EXAMPLES / "run_glue_pipe.py"), str(written)]
+    ]
+    assert json.loads(written.read_text())["gpu_profile"] == "a100-80gb"
+    assert (row.reached, row.measured) == ("85.61 / 59.32", "11.50")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -19,3 +20,11 @@ def load_example(name: str) -> ModuleType:
     sys.modules[path.stem] = module
     spec.loader.exec_module(module)
     return module
+
+
+def regenerate_fixtures(script: str, out_dir: Path) -> None:
+    """Run ``examples/data/{script}`` writing into ``out_dir`` (every fixture script takes ``--out-dir``)."""
+    result = subprocess.run(
+        [sys.executable, str(DATA / script), "--out-dir", str(out_dir)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -17,7 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from distributed import accelerate_launch  # noqa: E402
-from example_modules import load_example  # noqa: E402
+from example_modules import load_example, regenerate_fixtures  # noqa: E402
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 DATA = EXAMPLES / "data"
@@ -121,13 +120,7 @@ def test_sample_has_wikitext_layout():
 
 
 def test_make_wikitext_regenerates_the_shipped_files(tmp_path):
-    result = subprocess.run(
-        [sys.executable, str(DATA / "make_wikitext.py"), "--out-dir", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert result.returncode == 0, result.stderr
+    regenerate_fixtures("make_wikitext.py", tmp_path)
     for split in ("train", "validation", "test"):
         name = f"wikitext_{split}.txt"
         assert (tmp_path / name).read_bytes() == (DATA / name).read_bytes(), f"{name} is stale: rerun make_wikitext.py"

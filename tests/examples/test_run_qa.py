@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -17,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hf_ftpipe.metrics import load_metric  # noqa: E402
 
 from distributed import accelerate_launch  # noqa: E402
-from example_modules import DATA, EXAMPLES, load_example  # noqa: E402
+from example_modules import DATA, EXAMPLES, load_example, regenerate_fixtures  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -183,13 +182,7 @@ def test_fixture_has_the_hub_layout_and_long_contexts(tokenizer):
 
 
 def test_make_squad_regenerates_the_shipped_files(tmp_path):
-    result = subprocess.run(
-        [sys.executable, str(DATA / "make_squad.py"), "--out-dir", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert result.returncode == 0, result.stderr
+    regenerate_fixtures("make_squad.py", tmp_path)
     for split in ("train", "validation"):
         name = f"squad_{split}.jsonl"
         assert (tmp_path / name).read_bytes() == (DATA / name).read_bytes(), f"{name} is stale: rerun make_squad.py"

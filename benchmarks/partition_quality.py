@@ -1,6 +1,6 @@
 """Compare every registered partitioner on the paper's setups and check the issue's targets.
 
-Setups (FTPipe, ATC'21, and its public configs; defined in ``hf_ftpipe/partition/setups.py`` and
+Setups (FTPipe, ATC'21, and its public configs; defined in ``hf_ftpipe/hub/setups.py`` and
 shared with the shipped plans in ``partitions/``): T5-3B on BoolQ (512/4, micro-batch 4), RTE
 (320/8, 8), WiC (64/4, 64) and MultiRC (512/4, 4) with Adafactor; GPT2-XL on WikiText-2 (1024, 1)
 and BERT-large on SQuAD (384, 24) with AdamW. All on RTX 2080 Ti (11 GB, PCIe 3.0), async schedule (PipeDream
@@ -33,7 +33,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from hf_ftpipe.partition.setups import PAPER_SETUPS, Setup  # noqa: E402  (the same setups as partitions/)
+from hf_ftpipe.hub.setups import PAPER_SETUPS, Setup  # noqa: E402  (the same setups as partitions/)
 
 CONTIGUOUS = ("uniform", "params", "seq-greedy", "seq-dp")
 MAX_WORST_OVER_IDEAL = 1.05
@@ -79,10 +79,10 @@ def _source_digest() -> str:
 
 def compare(setup: Setup, graph: Any, num_gpus: int, args: argparse.Namespace) -> list[dict[str, Any]]:
     """One row per registered partitioner, plus auto (the best feasible one, timed as all of them)."""
-    import hf_ftpipe.partition  # noqa: F401  (registers the partitioners)
-    from hf_ftpipe.partition.auto import best_result, compare_partitioners
-    from hf_ftpipe.partition.estimate import MemoryOptions
-    from hf_ftpipe.profile import get_profile
+    import hf_ftpipe.partitioners  # noqa: F401  (registers the partitioners)
+    from hf_ftpipe.costmodel import get_profile
+    from hf_ftpipe.costmodel.estimate import MemoryOptions
+    from hf_ftpipe.partitioners.auto import best_result, compare_partitioners
 
     started = time.perf_counter()
     results = compare_partitioners(
@@ -201,7 +201,7 @@ def main() -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON list of every setup's rows and checks")
     args = parser.parse_args()
 
-    from hf_ftpipe.partition.registry import available_partitioners
+    from hf_ftpipe.partitioners.registry import available_partitioners
 
     report = []
     failures = 0

@@ -19,7 +19,7 @@ unbalanced split would hide the bubble the schedules differ by. ``--vocab 8192``
 
 Reported per runner: samples/s (micro-batches × micro-batch size / median step time), the ratio to
 torch/gpipe, peak memory per rank, hf_ftpipe's predicted memory for the same split
-(``hf_ftpipe.partition.estimate_memory``), and the efficiency: the slowest stage's forward +
+(``hf_ftpipe.costmodel.estimate_memory``), and the efficiency: the slowest stage's forward +
 backward of one micro-batch timed alone × micro-batches / the step time (1.0 = no bubble, no
 communication cost). Targets (issue): hf_ftpipe gpipe/1f1b ≥ torch's; async ≥ 1.15× torch GPipe
 at 4 micro-batches on 2 stages with ≥ 90% efficiency and peak memory within 10% of the prediction.
@@ -137,8 +137,8 @@ def check_split(setup: Setup) -> dict[str, Any]:
     """Both runners' stages hold the same parameters and compute the same loss; hf_ftpipe's predictions."""
     import torch
 
+    from hf_ftpipe.costmodel import estimate_memory
     from hf_ftpipe.graph import capture_model
-    from hf_ftpipe.partition import estimate_memory
     from hf_ftpipe.runtime import build_stage_module, plan_stages
 
     model = build_model(setup)
@@ -353,8 +353,8 @@ def print_notes(setup: Setup, split: dict[str, Any], rows: list[dict[str, Any]],
             "  allocator caching or fragmentation), and only those the main thread allocates.",
         ]
     notes += [
-        "predicted MB: hf_ftpipe.partition.estimate_memory on the same node_stage / stage_device, optimizer 'sgd',",
-        "  the runner's schedule (hf_ftpipe.partition.memory_rules): weights × versions + gradients that outlive a",
+        "predicted MB: hf_ftpipe.costmodel.estimate_memory on the same node_stage / stage_device, optimizer 'sgd',",
+        "  the runner's schedule (hf_ftpipe.costmodel.memory_rules): weights × versions + gradients that outlive a",
         "  backward + (saved activations + values sent) × micro-batches in flight + the largest backward's working",
         "  set.",
         "loss: first warm-up step -> last timed step (every runner starts from the same weights and data).",

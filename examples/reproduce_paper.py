@@ -87,7 +87,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as error:
         print(f"reproduce_paper.py: error: {error}", file=sys.stderr)
         return 2
-    from hf_ftpipe.partition.catalog import GraphCache
+    from hf_ftpipe.hub.catalog import GraphCache
 
     graphs = GraphCache(log=lambda line: print(line, file=sys.stderr))
     rows, failed = [], 0
@@ -148,11 +148,11 @@ def plan_preset(name: str, preset: dict[str, Any], graphs: Any) -> Row:
     The model is the shipped config ``_plan_model`` on the meta device, traced for one
     micro-batch of the preset's lengths (``graphs``, a `GraphCache`, traces each shape once).
     """
+    from hf_ftpipe.costmodel import get_profile
     from hf_ftpipe.errors import PlanDoesNotFitError
-    from hf_ftpipe.partition.registry import get_partitioner
-    from hf_ftpipe.partition.setups import Setup
-    from hf_ftpipe.planning import memory_options, planned_optimizer
-    from hf_ftpipe.profile import get_profile
+    from hf_ftpipe.hub.setups import Setup
+    from hf_ftpipe.partitioners.registry import get_partitioner
+    from hf_ftpipe.trainer.plan_sharing import memory_options, planned_optimizer
 
     args = training_arguments(preset)
     row = Row(preset=name, paper=PAPER[name.rsplit("_", 1)[0]], schedule=args.pipeline_schedule)

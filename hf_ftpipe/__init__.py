@@ -1,57 +1,39 @@
-"""hf_ftpipe: fine-tune models too large for one GPU by swapping `Trainer` for `PipeTrainer`."""
+"""hf_ftpipe: fine-tune models too large for one GPU by swapping `Trainer` for `PipeTrainer`.
+
+Every name below is imported on first use: ``import hf_ftpipe`` loads neither torch nor
+transformers, and the planning packages can be used without them.
+"""
 
 __version__ = "0.1.0"
 
-from .errors import (
-    CheckpointError,
-    FtpipeError,
-    HubError,
-    PartitionError,
-    PartitionFormatError,
-    PipelineError,
-    ProfileError,
-    TraceError,
-)
-from .graph import CostGraph, capture_model, trace_model
-from .partition import Partition, PartitionKey, partition_seq_greedy, validate_partition
-from .profile import GPUProfile, detect_profile, get_profile, list_profiles
-from .runtime import PipelineEngine
+from hf_ftpipe import _moved
+from hf_ftpipe._lazy import lazy_getattr
 
-__all__ = [
-    "PipeTrainer",
-    "PipeTrainingArguments",
-    "CheckpointError",
-    "CostGraph",
-    "FtpipeError",
-    "GPUProfile",
-    "HubError",
-    "Partition",
-    "PartitionError",
-    "PartitionFormatError",
-    "PartitionKey",
-    "PipelineEngine",
-    "PipelineError",
-    "ProfileError",
-    "TraceError",
-    "__version__",
-    "capture_model",
-    "detect_profile",
-    "get_profile",
-    "list_profiles",
-    "partition_seq_greedy",
-    "trace_model",
-    "validate_partition",
-]
+_HOMES = {
+    "PipeTrainer": "hf_ftpipe.trainer",
+    "PipeTrainingArguments": "hf_ftpipe.trainer",
+    "CheckpointError": "hf_ftpipe.errors",
+    "FtpipeError": "hf_ftpipe.errors",
+    "HubError": "hf_ftpipe.errors",
+    "PartitionError": "hf_ftpipe.errors",
+    "PartitionFormatError": "hf_ftpipe.errors",
+    "PipelineError": "hf_ftpipe.errors",
+    "ProfileError": "hf_ftpipe.errors",
+    "TraceError": "hf_ftpipe.errors",
+    "CostGraph": "hf_ftpipe.graph",
+    "capture_model": "hf_ftpipe.graph",
+    "trace_model": "hf_ftpipe.graph",
+    "Partition": "hf_ftpipe.plan",
+    "PartitionKey": "hf_ftpipe.plan",
+    "validate_partition": "hf_ftpipe.plan",
+    "partition_seq_greedy": "hf_ftpipe.partitioners",
+    "GPUProfile": "hf_ftpipe.costmodel",
+    "detect_profile": "hf_ftpipe.costmodel",
+    "get_profile": "hf_ftpipe.costmodel",
+    "list_profiles": "hf_ftpipe.costmodel",
+    "PipelineEngine": "hf_ftpipe.runtime",
+}
+__all__ = ["__version__", *sorted(_HOMES)]
+__getattr__ = lazy_getattr(__name__, _HOMES)
 
-
-def __getattr__(name: str) -> object:
-    # The trainer pulls in transformers' Trainer stack: import it only when asked for.
-    if name == "PipeTrainer":
-        from .trainer import PipeTrainer
-
-        return PipeTrainer
-    if name == "PipeTrainingArguments":
-        from .training_args import PipeTrainingArguments
-
-        return PipeTrainingArguments
-    raise AttributeError(f"module 'hf_ftpipe' has no attribute {name!r}")
+_moved.install()

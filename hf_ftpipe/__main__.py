@@ -2,6 +2,6 @@
 
 import sys
 
-from hf_ftpipe.cli import main
+from hf_ftpipe.cli.parser import main
 
 sys.exit(main())

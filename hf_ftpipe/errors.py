@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
-    from hf_ftpipe.partition.fit import FitAdvice
+    from hf_ftpipe.partitioners.fit import FitAdvice
 
 Caller = Literal["python", "trainer", "cli"]
 """Who reads a fix: the partition API (keyword arguments), PipeTrainer (`PipeTrainingArguments`

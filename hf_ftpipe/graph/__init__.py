@@ -1,17 +1,21 @@
-"""Graph capture: a model becomes a CostGraph of ops with shapes, parameters and FLOPs."""
+"""Graph capture: a model becomes a CostGraph of ops with shapes, parameters and FLOPs.
 
-from .cost_graph import CostGraph, InputInfo, ParamInfo
-from .fingerprint import graph_hash, model_fingerprint, structural_config
-from .trace import TracedModel, capture_model, trace_model
+``CostGraph`` is plain data, read by the planner without torch; capturing needs torch, so the
+capture names are imported on first use.
+"""
 
-__all__ = [
-    "CostGraph",
-    "InputInfo",
-    "ParamInfo",
-    "TracedModel",
-    "capture_model",
-    "graph_hash",
-    "model_fingerprint",
-    "structural_config",
-    "trace_model",
-]
+from hf_ftpipe._lazy import lazy_getattr
+
+_HOMES = {
+    "CostGraph": "hf_ftpipe.graph.cost_graph",
+    "InputInfo": "hf_ftpipe.graph.cost_graph",
+    "ParamInfo": "hf_ftpipe.graph.cost_graph",
+    "graph_hash": "hf_ftpipe.graph.fingerprint",
+    "model_fingerprint": "hf_ftpipe.graph.fingerprint",
+    "structural_config": "hf_ftpipe.graph.fingerprint",
+    "TracedModel": "hf_ftpipe.graph.trace",
+    "capture_model": "hf_ftpipe.graph.trace",
+    "trace_model": "hf_ftpipe.graph.trace",
+}
+__all__ = sorted(_HOMES)
+__getattr__ = lazy_getattr(__name__, _HOMES)

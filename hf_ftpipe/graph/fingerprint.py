@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 
 if TYPE_CHECKING:
-    from .cost_graph import CostGraph
+    from hf_ftpipe.graph.cost_graph import CostGraph
 
 __all__ = ["model_fingerprint", "graph_hash", "structural_config"]
 

@@ -25,8 +25,8 @@ from typing import Any, Literal, get_args
 import torch
 from torch import nn
 
-from .._json_depth import check_json_depth
-from ..errors import TraceError
+from hf_ftpipe._json_depth import check_json_depth
+from hf_ftpipe.errors import TraceError
 
 __all__ = ["Task", "load_config", "load_model_for_planning", "sample_inputs_for", "shipped_models"]
 

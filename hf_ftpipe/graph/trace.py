@@ -21,12 +21,12 @@ from torch import fx, nn
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import FlopCounterMode
 
-from ..errors import TraceError
-from ._export_failure import explain_export_failure, without_partial_graph
-from .cost_graph import CostGraph, InputInfo, ParamInfo
-from .fingerprint import model_fingerprint
-from .modes import make_mode_aware
-from .mutations import fuse_mutations
+from hf_ftpipe.errors import TraceError
+from hf_ftpipe.graph._export_failure import explain_export_failure, without_partial_graph
+from hf_ftpipe.graph.cost_graph import CostGraph, InputInfo, ParamInfo
+from hf_ftpipe.graph.fingerprint import model_fingerprint
+from hf_ftpipe.graph.modes import make_mode_aware
+from hf_ftpipe.graph.mutations import fuse_mutations
 
 __all__ = ["TracedModel", "trace_model", "capture_model"]
 

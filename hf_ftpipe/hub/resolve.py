@@ -20,7 +20,7 @@ from typing import Literal
 from hf_ftpipe.errors import HubError, PartitionError
 from hf_ftpipe.graph.cost_graph import CostGraph
 from hf_ftpipe.hub.store import PartitionStore
-from hf_ftpipe.partition.plan import Partition, PartitionKey, user_file_fix, with_fix
+from hf_ftpipe.plan.partition import Partition, PartitionKey, user_file_fix, with_fix
 
 __all__ = ["Resolved", "resolve_partition"]
 

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from hf_ftpipe.errors import HubError, PartitionFormatError
-from hf_ftpipe.partition.plan import Partition, PartitionKey
+from hf_ftpipe.plan.partition import Partition, PartitionKey
 
 __all__ = ["MAX_HUB_FILE_BYTES", "PartitionStore", "PlanEntry", "PulledPlan", "path_for", "parse_path"]
 
@@ -390,7 +390,7 @@ def describe(partition: Partition) -> str:
 
 
 def _read_plan(local: str, where: str) -> Partition:
-    from hf_ftpipe.partition._json import read_json
+    from hf_ftpipe.plan._json import read_json
 
     try:
         data = read_json(local)

@@ -23,9 +23,9 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..errors import HubError
-from .squad_v1.squad_v1 import normalize_answer, squad_em_f1
-from .t5_super_glue.t5_super_glue import accuracy, macro_f1, multirc_f1a_em
+from hf_ftpipe.errors import HubError
+from hf_ftpipe.metrics.squad_v1.squad_v1 import normalize_answer, squad_em_f1
+from hf_ftpipe.metrics.t5_super_glue.t5_super_glue import accuracy, macro_f1, multirc_f1a_em
 
 if TYPE_CHECKING:
     import evaluate

@@ -1,22 +1,18 @@
-"""Pipeline runtime: stages built from the exported graph, schedules as data, the per-rank engine."""
+"""Pipeline runtime: stages built from the exported graph and the per-rank engine that runs a schedule."""
 
-from .comm import Messenger
-from .engine import PipelineEngine, StagePlacement
-from .peak_memory import PeakMemory
-from .schedule import Action, ScheduleGPipe, format_actions
-from .stage import StageSpec, build_stage_module, plan_stages
-from .watchdog import Watchdog
+from hf_ftpipe.runtime.comm import Messenger
+from hf_ftpipe.runtime.engine import PipelineEngine, StagePlacement
+from hf_ftpipe.runtime.peak_memory import PeakMemory
+from hf_ftpipe.runtime.stage import StageSpec, build_stage_module, plan_stages
+from hf_ftpipe.runtime.watchdog import Watchdog
 
 __all__ = [
-    "Action",
     "Messenger",
     "PeakMemory",
     "PipelineEngine",
-    "ScheduleGPipe",
     "StagePlacement",
-    "Watchdog",
     "StageSpec",
+    "Watchdog",
     "build_stage_module",
-    "format_actions",
     "plan_stages",
 ]

@@ -20,7 +20,7 @@ import torch
 from torch import fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from .stage import retarget_devices
+from hf_ftpipe.runtime.stage import retarget_devices
 
 __all__ = ["autocast_dtypes"]
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from ..errors import PipelineError
-from .watchdog import Watchdog
+from hf_ftpipe.errors import PipelineError
+from hf_ftpipe.runtime.watchdog import Watchdog
 
 __all__ = ["Messenger"]
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .comm import Messenger
+from hf_ftpipe.runtime.comm import Messenger
 
 __all__ = ["Deliveries"]
 

@@ -30,20 +30,20 @@ from torch import fx, nn
 from torch.func import functional_call
 from torch.utils.checkpoint import checkpoint
 
-from ..errors import PartitionError, PipelineError
-from ..graph.trace import TracedModel
-from ..partition.memory_rules import in_flight
-from .autocast import autocast_dtypes
-from .comm import Messenger
-from .deliveries import Deliveries
-from .messages import Message, Transfer, plan_messages, plan_transfers, value_shape
-from .prediction import check_predictable, predicted_weights, updates_ahead
-from .schedule import Action, Schedule, ScheduleGPipe, StreamingSchedule, make_schedule
-from .stage import build_stage_module, plan_stages
-from .versions import PendingGradients, StageVersions, move_gradients
-from .watchdog import Watchdog
-from .weight_sync import WeightSync
-from .weights import load_stage_weights
+from hf_ftpipe.costmodel.memory_rules import in_flight
+from hf_ftpipe.errors import PartitionError, PipelineError
+from hf_ftpipe.graph.trace import TracedModel
+from hf_ftpipe.runtime.autocast import autocast_dtypes
+from hf_ftpipe.runtime.comm import Messenger
+from hf_ftpipe.runtime.deliveries import Deliveries
+from hf_ftpipe.runtime.messages import Message, Transfer, plan_messages, plan_transfers, value_shape
+from hf_ftpipe.runtime.prediction import check_predictable, predicted_weights, updates_ahead
+from hf_ftpipe.runtime.stage import build_stage_module, plan_stages
+from hf_ftpipe.runtime.versions import PendingGradients, StageVersions, move_gradients
+from hf_ftpipe.runtime.watchdog import Watchdog
+from hf_ftpipe.runtime.weight_sync import WeightSync
+from hf_ftpipe.runtime.weights import load_stage_weights
+from hf_ftpipe.schedules.orders import Action, Schedule, ScheduleGPipe, StreamingSchedule, make_schedule
 
 __all__ = ["PipelineEngine", "StagePlacement"]
 
@@ -65,7 +65,7 @@ class PipelineEngine:
         placement (`StagePlacement`): the partition; ``stage_device[s]`` is the rank running stage ``s``.
         num_microbatches (`int`): micro-batches per mini-batch.
         schedule (`str`, defaults to ``"gpipe"``): ``gpipe``, ``1f1b``, ``async`` or ``2bw`` (see
-            `hf_ftpipe.runtime.schedule`).
+            `hf_ftpipe.schedules.orders`).
         gradient_accumulation_steps (`int`, defaults to 1): ``async`` only: backwards per update.
         recompute (`bool`, defaults to `False`): activation recomputation: a stage keeps only its
             inputs from forward to backward and runs its forward again just before the backward
@@ -150,7 +150,7 @@ class PipelineEngine:
         self.autocast_dtype = autocast_dtype
         self.loss_scale = 1.0
         """Multiplies the loss's gradient at the start of the backward (float16 loss scaling,
-        `hf_ftpipe.runtime.loss_scale`); the gradients come out scaled by it, the loss returned is not."""
+        `hf_ftpipe.trainer.loss_scale`); the gradients come out scaled by it, the loss returned is not."""
         self._autocast_dtypes = (
             autocast_dtypes(traced.graph_module, self.device, autocast_dtype) if autocast_dtype is not None else {}
         )

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..graph.cost_graph import CostGraph
-from .schedule import Action
-from .stage import StageSpec
+from hf_ftpipe.graph.cost_graph import CostGraph
+from hf_ftpipe.runtime.stage import StageSpec
+from hf_ftpipe.schedules.orders import Action
 
 __all__ = ["Message", "Transfer", "plan_messages", "plan_transfers", "value_shape"]
 

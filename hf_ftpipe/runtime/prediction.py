@@ -19,7 +19,7 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
-from ..errors import PipelineError
+from hf_ftpipe.errors import PipelineError
 
 __all__ = ["check_predictable", "predicted_weights", "updates_ahead"]
 

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import fx
 
-from ..errors import PartitionError
-from ..graph.cost_graph import CostGraph
+from hf_ftpipe.errors import PartitionError
+from hf_ftpipe.graph.cost_graph import CostGraph
 
 __all__ = ["StageSpec", "plan_stages", "build_stage_module"]
 

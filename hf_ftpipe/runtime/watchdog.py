@@ -24,7 +24,7 @@ from typing import TypeVar
 
 import torch.distributed as dist
 
-from ..errors import PipelineError
+from hf_ftpipe.errors import PipelineError
 
 __all__ = ["Watchdog"]
 

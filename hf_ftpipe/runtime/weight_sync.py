@@ -16,9 +16,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..graph.cost_graph import CostGraph
-from .comm import Messenger
-from .stage import StageSpec
+from hf_ftpipe.graph.cost_graph import CostGraph
+from hf_ftpipe.runtime.comm import Messenger
+from hf_ftpipe.runtime.stage import StageSpec
 
 __all__ = ["WeightSync"]
 

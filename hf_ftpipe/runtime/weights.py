@@ -18,8 +18,8 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from ..errors import PipelineError
-from ..graph.cost_graph import CostGraph
+from hf_ftpipe.errors import PipelineError
+from hf_ftpipe.graph.cost_graph import CostGraph
 
 __all__ = ["checkpoint_files", "load_stage_weights", "release_foreign_weights"]
 

@@ -14,7 +14,7 @@ import torch
 from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "helpers"))
 from distributed import accelerate_launch  # noqa: E402
 from example_modules import load_example, regenerate_fixtures  # noqa: E402
 

@@ -13,7 +13,7 @@ import torch
 from datasets import load_dataset
 from transformers import Adafactor, AutoModelForSeq2SeqLM, AutoTokenizer
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "helpers"))
 from hf_ftpipe import PipeTrainingArguments
 from hf_ftpipe.metrics import load_metric
 

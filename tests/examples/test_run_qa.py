@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from datasets import Dataset
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "helpers"))
 from hf_ftpipe.metrics import load_metric  # noqa: E402
 
 from distributed import accelerate_launch  # noqa: E402

@@ -30,7 +30,7 @@ from transformers import DataCollatorForLanguageModeling, PreTrainedTokenizerFas
 from hf_ftpipe import PipeTrainer, PipeTrainingArguments
 from hf_ftpipe.errors import PipelineError
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "helpers"))
 from models import VOCAB, tiny_model  # noqa: E402
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]

@@ -18,7 +18,7 @@ from typing import Any
 from datasets import Dataset
 from transformers import TrainerCallback
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "helpers"))
 
 from hf_ftpipe import PipeTrainer, PipeTrainingArguments  # noqa: E402
 

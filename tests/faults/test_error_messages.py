@@ -3,7 +3,7 @@
 Resuming from a path that is no checkpoint, or from a checkpoint missing a rank's tensor file; a
 wrong ``partition_file`` (fix or rewrite it, not "delete it", which is the advice for a cached
 file); JSON nested too deep to parse; a model whose forward branches on its labels. Real tiny
-models (``tests/models.py``) and real files; the checkpoints come from one launch of two CPU
+models (``tests/helpers/models.py``) and real files; the checkpoints come from one launch of two CPU
 processes (``errors_resume_job.py``), shared by the module.
 """
 
@@ -17,13 +17,14 @@ from pathlib import Path
 import pytest
 import transformers
 
-from hf_ftpipe import cli
-from hf_ftpipe.checkpoint import check_resumable
+from hf_ftpipe.cli import parser as cli
+from hf_ftpipe.costmodel import get_profile
 from hf_ftpipe.errors import CheckpointError, PartitionFormatError, ProfileError, TraceError
 from hf_ftpipe.graph import CostGraph, capture_model
 from hf_ftpipe.hub import PartitionStore, resolve_partition
-from hf_ftpipe.partition import Partition, partition_seq_greedy
-from hf_ftpipe.profile import get_profile
+from hf_ftpipe.partitioners import partition_seq_greedy
+from hf_ftpipe.plan import Partition
+from hf_ftpipe.trainer.checkpoint_format import check_resumable
 
 from distributed import accelerate_launch
 from models import VOCAB, tiny_batch, tiny_model

@@ -1,6 +1,6 @@
 """``HF_HUB_OFFLINE=1`` with a ``partition_repo``: the Hub is skipped, and the run says so (issue 14, item 6).
 
-A tiny GPT-2 traced for real; a loopback Hub (``tests/hub_server.py``) stands where the repo would
+A tiny GPT-2 traced for real; a loopback Hub (``tests/helpers/hub_server.py``) stands where the repo would
 be, to show that nothing is asked of it.
 """
 
@@ -10,10 +10,10 @@ import logging
 
 import pytest
 
+from hf_ftpipe.costmodel import get_profile
 from hf_ftpipe.graph import capture_model
 from hf_ftpipe.hub import resolve_partition
-from hf_ftpipe.partition import partition_seq_greedy
-from hf_ftpipe.profile import get_profile
+from hf_ftpipe.partitioners import partition_seq_greedy
 
 from hub_server import HubServer
 from models import tiny_batch, tiny_model

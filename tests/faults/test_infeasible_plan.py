@@ -19,18 +19,19 @@ import huggingface_hub.constants
 import pytest
 import torch
 
-import hf_ftpipe.partition  # noqa: F401  (registers the partitioners)
-from hf_ftpipe import cli, planning
+import hf_ftpipe.partitioners  # noqa: F401  (registers the partitioners)
+from hf_ftpipe.cli import parser as cli
+from hf_ftpipe.costmodel import MemoryOptions, estimate_memory, get_profile, usable_capacity
 from hf_ftpipe.errors import PartitionError, PlanDoesNotFitError
 from hf_ftpipe.graph import trace_model
 from hf_ftpipe.graph.cost_graph import CostGraph
 from hf_ftpipe.graph.sources import load_model_for_planning, sample_inputs_for
-from hf_ftpipe.partition import MemoryOptions, estimate_memory, partition_auto, partition_seq_dp, usable_capacity
-from hf_ftpipe.partition._contiguous import CutOrder
-from hf_ftpipe.partition.fit import format_bytes
-from hf_ftpipe.partition.registry import available_partitioners
-from hf_ftpipe.profile import get_profile
-from hf_ftpipe.training_args import PipeTrainingArguments
+from hf_ftpipe.partitioners import partition_auto, partition_seq_dp
+from hf_ftpipe.partitioners.contiguous import CutOrder
+from hf_ftpipe.partitioners.fit import format_bytes
+from hf_ftpipe.partitioners.registry import available_partitioners
+from hf_ftpipe.trainer import plan_sharing as planning
+from hf_ftpipe.trainer.arguments import PipeTrainingArguments
 
 ARGV = ["gpt2-xl", "--gpus", "2", "--gpu-profile", "rtx2080ti", "--batch-size", "8", "--seq-len", "1024"]
 OPTIONS = {"num_microbatches": 4, "microbatch_size": 8}  # the CLI's defaults: gpipe, AdamW, 10% headroom

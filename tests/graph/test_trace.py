@@ -19,7 +19,7 @@ from hf_ftpipe.graph.modes import ModeAwareOp
 from hf_ftpipe.runtime.stage import StageSpec, build_stage_module, plan_stages
 
 # Test directories are not packages: pytest puts tests/graph on sys.path, not tests/.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "helpers"))
 from models import KINDS, tiny_batch, tiny_model
 
 DOCUMENTED_ATTRIBUTES = {

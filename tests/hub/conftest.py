@@ -1,4 +1,4 @@
-"""A loopback Hub (tests/hub_server.py) on port 0, with a temporary HF_HOME and HF_ENDPOINT pointing at it."""
+"""A loopback Hub (tests/helpers/hub_server.py) on port 0, with a temporary HF_HOME and HF_ENDPOINT pointing at it."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "partition"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "helpers"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "helpers"))
 
 from hub_server import HubServer  # noqa: E402
 

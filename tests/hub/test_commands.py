@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from hf_ftpipe import cli
-from hf_ftpipe.partition import Partition, partition_seq_greedy
+from hf_ftpipe.cli import parser as cli
+from hf_ftpipe.partitioners import partition_seq_greedy
+from hf_ftpipe.plan import Partition
 
 from toy_graphs import UNIT, chain
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from hf_ftpipe.hub import PartitionStore, path_for
-from hf_ftpipe.partition import Partition
-from hf_ftpipe.partition.catalog import INDEX_FILE, publish, read_index
+from hf_ftpipe.hub.catalog import INDEX_FILE, publish, read_index
+from hf_ftpipe.plan import Partition
 
 FOLDER = Path(__file__).resolve().parents[2] / "partitions"
 

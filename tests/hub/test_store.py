@@ -11,7 +11,8 @@ import pytest
 
 from hf_ftpipe.errors import HubError, PartitionError, PartitionFormatError
 from hf_ftpipe.hub import MAX_HUB_FILE_BYTES, PartitionStore, path_for, resolve_partition
-from hf_ftpipe.partition import Partition, partition_seq_greedy
+from hf_ftpipe.partitioners import partition_seq_greedy
+from hf_ftpipe.plan import Partition
 
 from toy_graphs import UNIT, chain
 

@@ -5,13 +5,13 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "helpers"))
 
 from hf_ftpipe.graph import capture_model  # noqa: E402
 from hf_ftpipe.runtime import PipelineEngine  # noqa: E402
 
 from models import tiny_batch, tiny_model  # noqa: E402
-from test_engine import contiguous_placement  # noqa: E402
+from placements import contiguous_placement  # noqa: E402
 
 
 def main() -> None:

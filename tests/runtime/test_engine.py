@@ -7,27 +7,16 @@ import pytest
 import torch
 
 from hf_ftpipe.graph import capture_model
-from hf_ftpipe.partition import Partition
 from hf_ftpipe.runtime import PipelineEngine
 
 from distributed import run_ranks, values_or_raise
 from models import tiny_batch, tiny_model
+from placements import contiguous_placement
 
 MICROBATCH = 2
 NUM_MICROBATCHES = 2
 STEPS = 3
 LR = 0.5
-
-
-def contiguous_placement(cost_graph, stage_device: list[int]) -> Partition:
-    """Equal node counts per stage, getitem nodes kept with their producer."""
-    order = cost_graph.topological_order()
-    num_stages = len(stage_device)
-    node_stage = {name: (i * num_stages) // len(order) for i, name in enumerate(order)}
-    for name in order:
-        if "getitem" in cost_graph.node(name)["op"]:
-            node_stage[name] = node_stage[next(iter(cost_graph.graph.predecessors(name)))]
-    return Partition(node_stage=node_stage, stage_device=stage_device, partitioner="test", key=None)
 
 
 def batches(kind: str) -> list[dict[str, torch.Tensor]]:

@@ -59,7 +59,7 @@ def killed_rank_run(rank: int, world_size: int, schedule: str):
     from hf_ftpipe.runtime import PipelineEngine
 
     from models import tiny_batch, tiny_model
-    from test_engine import contiguous_placement
+    from placements import contiguous_placement
 
     model = tiny_model("bert")
     batch = tiny_batch("bert", 4)

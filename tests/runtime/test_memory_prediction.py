@@ -16,12 +16,12 @@ import pytest
 import torch
 import transformers
 
+from hf_ftpipe.costmodel import MemoryOptions, estimate_memory
 from hf_ftpipe.graph import capture_model
-from hf_ftpipe.partition import MemoryOptions, estimate_memory
 from hf_ftpipe.runtime import PeakMemory, PipelineEngine
 
 from distributed import run_ranks, values_or_raise
-from test_engine import contiguous_placement
+from placements import contiguous_placement
 
 NUM_MICROBATCHES, MICROBATCH, SEQ, VOCAB = 4, 2, 64, 1024
 TOLERANCE = 0.10

@@ -10,7 +10,7 @@ from hf_ftpipe.runtime import PipelineEngine
 
 from distributed import run_ranks, values_or_raise
 from models import tiny_batch, tiny_model
-from test_engine import contiguous_placement
+from placements import contiguous_placement
 
 MICROBATCH = 2
 LR = 0.5

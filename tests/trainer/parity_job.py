@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from datasets import Dataset
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "helpers"))
 
 from models import SEQ, TARGET, VOCAB, tiny_model  # noqa: E402
 

@@ -12,7 +12,7 @@ import torch
 from accelerate import init_empty_weights
 from datasets import Dataset
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "helpers"))
 
 from hf_ftpipe import PipeTrainer, PipeTrainingArguments  # noqa: E402
 

@@ -11,7 +11,7 @@ from datasets import Dataset
 from transformers import TrainerCallback
 from transformers.trainer_callback import ProgressCallback
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "helpers"))
 
 from hf_ftpipe import PipeTrainer, PipeTrainingArguments  # noqa: E402
 

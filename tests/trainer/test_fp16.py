@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "helpers"))
 from distributed import REPO, accelerate_launch  # noqa: E402
 
 JOB = str(REPO / "tests" / "trainer" / "fp16_job.py")

@@ -28,8 +28,9 @@ from hf_ftpipe.errors import PipelineError
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from parity_job import KINDS, STEPS, compute_metrics, make_data, run  # noqa: E402
-from test_pipe_trainer import REPO, launch  # noqa: E402
 
+from distributed import REPO  # noqa: E402
+from distributed import accelerate_launch as launch
 from models import tiny_model  # noqa: E402
 
 LOADERS = {"gpt2": AutoModelForCausalLM, "t5": AutoModelForSeq2SeqLM, "bert": AutoModelForSequenceClassification}

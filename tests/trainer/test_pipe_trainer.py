@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
 from hf_ftpipe import PipeTrainingArguments
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "helpers"))
 from models import tiny_model  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]

@@ -15,9 +15,9 @@ from transformers import HfArgumentParser
 
 from hf_ftpipe import PipeTrainingArguments, get_profile
 from hf_ftpipe.graph.trace import capture_model
-from hf_ftpipe.partition.registry import get_partitioner
+from hf_ftpipe.partitioners.registry import get_partitioner
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "helpers"))
 from distributed import REPO, accelerate_launch  # noqa: E402
 from models import SEQ, tiny_batch, tiny_model  # noqa: E402
 

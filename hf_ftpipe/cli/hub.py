@@ -1,0 +1,123 @@
+"""``hf-ftpipe push``, ``pull`` and ``list``: share plans through a Hub dataset repo.
+
+::
+
+    hf-ftpipe push t5-3b-8x2080ti.json --repo my-org/ftpipe-partitions
+    hf-ftpipe list --repo my-org/ftpipe-partitions [--model T5ForConditionalGeneration] \\
+        [--gpu-profile rtx2080ti] [--json]
+    hf-ftpipe pull --repo my-org/ftpipe-partitions --model T5ForConditionalGeneration --gpu-profile rtx2080ti \\
+        --gpus 8 --schedule async -o plan.json
+    hf-ftpipe pull --repo my-org/ftpipe-partitions --key 869c3778 [--revision COMMIT] -o plan.json
+
+``pull`` takes the one plan that matches the filters (or ``--path`` in the repo) and refuses to
+guess between several. Environment: ``HF_ENDPOINT``, ``HF_TOKEN``, ``HF_HUB_OFFLINE``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict
+from typing import Any
+
+__all__ = ["add_hub_commands"]
+
+
+def add_hub_commands(commands: Any) -> None:
+    """Add ``push``, ``pull`` and ``list`` to the ``hf-ftpipe`` subparsers ``commands``."""
+    push = commands.add_parser(
+        "push", help="push a plan to a Hub dataset repo", description="Commit a partition file to a Hub dataset repo."
+    )
+    push.add_argument("plan", help="a partition JSON (from `hf-ftpipe partition -o` or a training run's cache)")
+    push.add_argument("--message", help="commit message (default: model, GPUs, schedule and predicted figures)")
+    push.add_argument("--branch", help="branch to commit to (default: main)")
+    push.set_defaults(run=_run_push)
+    pull = commands.add_parser(
+        "pull",
+        help="pull a plan from a Hub dataset repo",
+        description="Download one plan, chosen by model and profile filters, by --key or by --path.",
+    )
+    pull.add_argument("--path", help="the plan's path in the repo")
+    pull.add_argument("--key", help="the plan's key digest (or a prefix of it), as `list` shows")
+    pull.add_argument("--gpus", type=int, help="number of GPUs")
+    pull.add_argument("--schedule", help="pipeline schedule, e.g. gpipe or async")
+    pull.add_argument("--num-microbatches", type=int, help="micro-batches per step")
+    pull.add_argument("-o", "--output", help="write the plan here (default: print it)")
+    pull.set_defaults(run=_run_pull)
+    listing = commands.add_parser(
+        "list", help="list the plans in a Hub dataset repo", description="List the plans of a Hub dataset repo."
+    )
+    listing.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    listing.set_defaults(run=_run_list)
+    for command in (push, pull, listing):
+        command.add_argument("--repo", required=True, help="the dataset repo, 'namespace/name'")
+    for command in (pull, listing):
+        command.add_argument("--revision", help="branch or commit id (default: main)")
+        command.add_argument("--model", help="model class (e.g. T5ForConditionalGeneration) or fingerprint prefix")
+        command.add_argument("--gpu-profile", help="GPU profile name, e.g. rtx2080ti")
+
+
+def _run_push(args: argparse.Namespace) -> int:
+    from hf_ftpipe.hub.store import PartitionStore
+    from hf_ftpipe.plan.partition import Partition, user_file_fix, with_fix
+
+    with with_fix(user_file_fix(args.plan)):
+        plan = Partition.from_json(args.plan)
+    path, commit = PartitionStore(args.repo).push(plan, commit_message=args.message, branch=args.branch)
+    print(f"pushed hf://datasets/{args.repo}/{path} (commit {commit})")
+    return 0
+
+
+def _run_pull(args: argparse.Namespace) -> int:
+    from hf_ftpipe.errors import PartitionError
+    from hf_ftpipe.hub.store import PartitionStore
+
+    store = PartitionStore(args.repo, revision=args.revision)
+    path = args.path
+    if path is None:
+        filters = _filters(args, "schedule", "num_microbatches", "key")
+        entries = store.list(**filters)
+        if len(entries) != 1:
+            found = "no plan" if not entries else f"{len(entries)} plans"
+            described = ", ".join(f"{k}={v}" for k, v in filters.items() if v is not None) or "no filter"
+            lines = [f"{found} in {args.repo} match {described}"]
+            lines += [f"  {e.path}" for e in entries[:20]]
+            lines.append("Narrow it down with --model, --gpu-profile, --gpus, --schedule, --key or --path.")
+            raise PartitionError("\n".join(lines))
+        path = entries[0].path
+    pulled = store.pull_path(path)
+    if args.output:
+        pulled.partition.to_json(args.output)
+        print(f"pulled {pulled.location} (commit {pulled.commit}) to {args.output}")
+    else:
+        print(json.dumps(pulled.partition.to_dict(), indent=1))
+    return 0
+
+
+def _run_list(args: argparse.Namespace) -> int:
+    from hf_ftpipe.hub.store import PartitionStore
+
+    entries = PartitionStore(args.repo, revision=args.revision).list(**_filters(args))
+    if args.json:
+        print(json.dumps([asdict(e) for e in entries], indent=1))
+        return 0
+    rows = [["model", "fingerprint", "GPUs", "schedule", "micro-batches", "dtype", "key", "KiB"]]
+    for e in entries:
+        size = f"{e.size_bytes / 1024:.1f}" if e.size_bytes is not None else "?"
+        gpus = f"{e.num_gpus} × {e.gpu_profile}"
+        rows.append(
+            [e.model_class, e.model_fingerprint, gpus, e.schedule, str(e.num_microbatches), e.dtype, e.key_digest, size]
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    print("\n".join(lines))
+    print(f"{len(entries)} plan(s) in {args.repo}")
+    return 0
+
+
+def _filters(args: argparse.Namespace, *extra: str) -> dict[str, Any]:
+    """``PlanEntry.matches`` keywords from the command line (``--gpus`` is ``num_gpus``)."""
+    names = {"model": "model", "gpu_profile": "gpu_profile", "gpus": "num_gpus"}
+    names |= {name: name for name in extra if name != "gpus"}
+    return {field: getattr(args, name) for name, field in names.items() if getattr(args, name, None) is not None}

@@ -1,0 +1,67 @@
+"""The cost model: GPU profiles, the time of each op, the memory rules and the estimate of a plan.
+
+Pure arithmetic on plain data: no devices, no torch.distributed.
+"""
+
+from hf_ftpipe.costmodel.estimate import (
+    MemoryOptions,
+    Optimizer,
+    Schedule,
+    estimate,
+    estimate_memory,
+    gpu_cost_s,
+    usable_capacity,
+)
+from hf_ftpipe.costmodel.memory_rules import gradients_persist, in_flight, optimizer_state_bytes, weight_versions
+from hf_ftpipe.costmodel.op_time import (
+    NodeCost,
+    backward_factor,
+    backward_time_s,
+    comm_time_s,
+    compute_time_s,
+    edge_comm_s,
+    node_costs,
+)
+from hf_ftpipe.costmodel.prediction import GPUCost, Prediction, StageCost
+from hf_ftpipe.costmodel.profiles import (
+    BUILTIN_PROFILES,
+    DType,
+    GPUProfile,
+    canonical_dtype,
+    detect_profile,
+    get_profile,
+    list_profiles,
+    match_device_name,
+)
+
+__all__ = [
+    "BUILTIN_PROFILES",
+    "DType",
+    "GPUCost",
+    "GPUProfile",
+    "MemoryOptions",
+    "NodeCost",
+    "Optimizer",
+    "Prediction",
+    "Schedule",
+    "StageCost",
+    "backward_factor",
+    "backward_time_s",
+    "canonical_dtype",
+    "comm_time_s",
+    "compute_time_s",
+    "detect_profile",
+    "edge_comm_s",
+    "estimate",
+    "estimate_memory",
+    "get_profile",
+    "gpu_cost_s",
+    "gradients_persist",
+    "in_flight",
+    "list_profiles",
+    "match_device_name",
+    "node_costs",
+    "optimizer_state_bytes",
+    "usable_capacity",
+    "weight_versions",
+]

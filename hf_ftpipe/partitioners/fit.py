@@ -1,0 +1,303 @@
+"""What would fit when no plan does: one figure for the memory, one for the GPU count, and the
+changes that help, in the words of whoever asked.
+
+A partitioner that finds no plan within the GPUs' memory raises `PlanDoesNotFitError` with what it
+found and a `FitAdvice`, which says, once:
+
+- the memory per GPU that would fit on this many GPUs: the least that the fullest GPU of any plan
+  we know needs (the leanest contiguous split, or a partitioner's own plan), plus the headroom;
+- the fewest of these GPUs that would fit, or that none would and which ops are to blame;
+- which change would make it fit, when one of recomputation, a 1F1B schedule or Adafactor (or a
+  pair of them) does, with its GPU count; and the other changes worth trying.
+
+The figures come from seq-dp's chain and the memory rules every partitioner prices plans with
+(``seq_dp.contiguous_fit``): ``partition_seq_dp`` succeeds on the GPU count named and fails on one
+fewer. They take a fraction of a second on GPT2-XL, where running every partitioner at growing
+GPU counts took most of a minute and still named counts that did not fit.
+
+Fixes are named as the reader names them (``Caller``): ``memory=MemoryOptions(recompute=True)``
+for the partition API, ``activation_checkpointing=True`` for `PipeTrainingArguments`,
+``--recompute`` for ``hf-ftpipe``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+from itertools import combinations
+from typing import TYPE_CHECKING
+
+from hf_ftpipe.costmodel.estimate import MemoryOptions, Optimizer, Schedule, usable_capacity
+from hf_ftpipe.costmodel.profiles import GPUProfile, list_profiles
+from hf_ftpipe.errors import Caller, PartitionError
+from hf_ftpipe.graph.cost_graph import CostGraph
+from hf_ftpipe.plan.partition import Partition
+
+if TYPE_CHECKING:
+    from hf_ftpipe.partitioners.seq_dp import ContiguousFit
+
+__all__ = ["FitAdvice", "format_bytes"]
+
+# How each reader names a fix; {n}: a GPU count, {name}: a profile, {count}: the GPUs asked for,
+# {h}: a headroom. An empty entry: that reader has no such knob.
+_WORDS: dict[str, dict[Caller, str]] = {
+    "partitioner": {
+        "python": "`partition_auto`, which also runs the memory-aware seq-dp and mixed",
+        "trainer": '`partitioner="auto"`',
+        "cli": "`--partitioner auto`",
+    },
+    "gpus": {
+        "python": "`profile.with_count({n})`",
+        "trainer": "`accelerate launch --num_processes {n}`",
+        "cli": "`--gpus {n}`",
+    },
+    "gpu_profile": {
+        "python": '`get_profile("{name}", count={count})`',
+        "trainer": '`gpu_profile="{name}"`',
+        "cli": "`--gpu-profile {name}`",
+    },
+    "headroom": {
+        "python": "`memory=MemoryOptions(headroom={h})`",
+        "trainer": "`partition_memory_headroom={h}`",
+        "cli": "`--headroom {h}`",
+    },
+    "recompute": {
+        "python": "`memory=MemoryOptions(recompute=True)`",
+        "trainer": "`activation_checkpointing=True`",
+        "cli": "`--recompute`",
+    },
+    "1f1b": {"python": '`schedule="1f1b"`', "trainer": '`pipeline_schedule="1f1b"`', "cli": "`--schedule 1f1b`"},
+    "adafactor": {
+        "python": '`optimizer="adafactor"`',
+        "trainer": '`optim="adafactor"`',
+        "cli": "`--optimizer adafactor`",
+    },
+    "microbatches": {"python": "fewer `num_microbatches`", "trainer": "", "cli": "fewer `--num-microbatches`"},
+    "microbatch": {
+        "python": "a graph traced with a smaller micro-batch",
+        "trainer": "a smaller `per_device_train_batch_size`",
+        "cli": "a smaller `--batch-size`",
+    },
+}
+_CHANGES = ("recompute", "1f1b", "adafactor")
+"""Fixes whose effect is computed (they need no new trace), tried alone, then in pairs."""
+
+
+def format_bytes(num_bytes: float) -> str:
+    """``"11.00 GiB"``, ``"512.0 MiB"``, or exact ``"48 bytes"`` below a MiB (toy graphs)."""
+    if num_bytes >= 2**30:
+        return f"{num_bytes / 2**30:.2f} GiB"
+    if num_bytes >= 2**20:
+        return f"{num_bytes / 2**20:.1f} MiB"
+    return f"{math.ceil(num_bytes)} bytes"
+
+
+@dataclass(frozen=True)
+class _Figures:
+    need_bytes: float | None
+    """The least memory of the fullest GPU over the plans known, on the GPUs asked for."""
+    need_source: str
+    fit: ContiguousFit | None
+    change: _Change | None
+
+
+@dataclass(frozen=True)
+class _Change:
+    """Fixes of ``_CHANGES`` that make a contiguous split fit."""
+
+    fixes: tuple[str, ...]
+    num_gpus: int
+    """The fewest GPUs it then fits."""
+    fits_asked: bool
+    """It then fits the GPUs asked for (not implied by fitting fewer: 1F1B-like schedules hold
+    more micro-batches on longer pipelines)."""
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class FitAdvice:
+    """A request that no plan fits, and what would (figures computed on first use, once)."""
+
+    graph: CostGraph = field(repr=False)
+    profile: GPUProfile
+    num_microbatches: int
+    microbatch_size: int
+    schedule: Schedule
+    optimizer: Optimizer
+    dtype: str | None
+    memory: MemoryOptions
+    plans: tuple[tuple[str, Partition], ...] = field(default=(), repr=False)
+    """Plans already made, with their partitioner: the memory figure is the least of theirs too."""
+    memory_blind: bool = False
+    """The plan came from a partitioner that cuts by compute or parameters alone."""
+
+    @property
+    def usable_bytes(self) -> int:
+        return usable_capacity(self.profile, self.memory)
+
+    @property
+    def need_capacity_bytes(self) -> float | None:
+        """Memory per GPU (before the headroom) that would fit on ``profile.count`` GPUs."""
+        need = self.figures.need_bytes
+        return None if need is None else need / (1.0 - self.memory.headroom)
+
+    @property
+    def num_gpus(self) -> int | None:
+        """The fewest of these GPUs a contiguous split fits (None: no number, or unknown)."""
+        return self.figures.fit.num_gpus if self.figures.fit is not None else None
+
+    @cached_property
+    def figures(self) -> _Figures:
+        fit = self._contiguous_fit(self.memory, self.schedule, self.optimizer, least_peak=True)
+        candidates = [(p, f"{name}'s plan") for name, plan in self.plans if (p := _peak(plan)) is not None]
+        if fit is not None and fit.least_peak_bytes is not None:
+            candidates.insert(0, (fit.least_peak_bytes, "the leanest contiguous split"))
+        need, source = min(candidates, key=lambda c: c[0], default=(None, ""))
+        fits_here = need is not None and need <= self.usable_bytes
+        change = None if fits_here or fit is None else self._change(fit.num_gpus)
+        return _Figures(need, source, fit, change)
+
+    def text(self, caller: Caller) -> str:
+        """What would fit, then the fixes, as ``caller`` names them; each figure once."""
+        f, name, count = self.figures, self.profile.name, self.profile.count
+        usable = format_bytes(self.usable_bytes)
+        lines = []
+        if f.need_bytes is not None and f.need_bytes <= self.usable_bytes:  # a partitioner that ignores memory
+            lines.append(
+                f"seq-dp finds a plan that fits: {f.need_source} needs {format_bytes(f.need_bytes)} on its fullest "
+                f"GPU, within the {usable} usable."
+            )
+        elif f.need_bytes is not None:
+            plus = f", plus {self.memory.headroom:.0%} headroom" if self.memory.headroom else ""
+            lines.append(
+                f"It would fit on GPUs of at least {format_bytes(self.need_capacity_bytes or 0)} each "
+                f"({f.need_source} needs {format_bytes(f.need_bytes)} on its fullest GPU{plus})"
+                f"{self._bigger_gpus(caller)}."
+            )
+        if f.fit is not None and f.fit.num_gpus is not None and f.fit.num_gpus != count:
+            n = f.fit.num_gpus
+            lines.append(f"It would fit on {n} × {name} ({self._word('gpus', caller, n=n)}), the fewest that a "
+                         "contiguous split fits.")  # fmt: skip
+        elif f.fit is not None and f.fit.num_gpus is None:
+            lines.append(f"No number of {name} fits: {_piece(self.graph, f.fit, usable)}.")
+        if f.change is not None:
+            fixes = " and ".join(self._word(c, caller) for c in f.change.fixes)
+            n = f.change.num_gpus
+            where = (
+                f"it would fit these {count} × {name}"
+                if f.change.fits_asked
+                else f"{n} × {name} would fit ({self._word('gpus', caller, n=n)})"
+            )
+            lines.append(f"With {fixes}, {where}.")
+        if f.need_bytes is not None and f.need_bytes <= self.usable_bytes:  # only the partitioner was wrong
+            others = [self._word("partitioner", caller)] if self.memory_blind else []
+        else:
+            others = [self._word(c, caller) for c in self._applicable() if not f.change or c not in f.change.fixes]
+            if self.num_microbatches > 1:
+                others.append(self._word("microbatches", caller))
+            if self.microbatch_size > 1:
+                others.append(self._word("microbatch", caller))
+        others = [fix for fix in others if fix]
+        if others:
+            lines.append(f"{'Other changes' if f.change else 'Changes'} that help: {', '.join(others)}.")
+        return "\n".join(lines)
+
+    # -- helpers ---------------------------------------------------------------------------------
+
+    def _applicable(self) -> list[str]:
+        """The computed fixes that change this request."""
+        applies = (
+            not self.memory.recompute,
+            self.schedule == "gpipe" and self.num_microbatches > 1,
+            self.optimizer not in ("adafactor", "sgd"),
+        )
+        return [c for c, yes in zip(_CHANGES, applies) if yes]
+
+    def _change(self, num_gpus: int | None) -> _Change | None:
+        """The fewest fixes that fit the GPUs asked for, else the fewest GPUs if fewer than ``num_gpus``."""
+        found: list[_Change] = []
+        for size in (1, 2):
+            for fixes in combinations(self._applicable(), size):
+                memory = replace(self.memory, recompute=True) if "recompute" in fixes else self.memory
+                fit = self._contiguous_fit(
+                    memory,
+                    "1f1b" if "1f1b" in fixes else self.schedule,
+                    "adafactor" if "adafactor" in fixes else self.optimizer,
+                    least_peak=False,
+                )
+                if fit is not None and fit.num_gpus is not None:
+                    found.append(_Change(fixes, fit.num_gpus, fit.fits_count))
+            if any(c.fits_asked for c in found):
+                break
+        best = min(found, key=lambda c: (not c.fits_asked, len(c.fixes), c.num_gpus), default=None)
+        if best is None or not (best.fits_asked or num_gpus is None or best.num_gpus < num_gpus):
+            return None
+        return best
+
+    def _contiguous_fit(
+        self, memory: MemoryOptions, schedule: Schedule, optimizer: Optimizer, *, least_peak: bool
+    ) -> ContiguousFit | None:
+        from hf_ftpipe.partitioners.seq_dp import contiguous_fit  # seq-dp raises this module's errors
+
+        try:
+            return contiguous_fit(
+                self.graph, self.profile, num_microbatches=self.num_microbatches,
+                microbatch_size=self.microbatch_size, schedule=schedule, optimizer=optimizer, dtype=self.dtype,
+                memory=memory, least_peak=least_peak,
+            )  # fmt: skip
+        except PartitionError:  # e.g. more GPUs than ops: no figure, the reason says enough
+            return None
+
+    def _bigger_gpus(self, caller: Caller) -> str:
+        """``", e.g. l4 (--gpu-profile l4)"``: the smallest built-in profile that would hold the
+        plan, and a smaller headroom if the GPUs asked for would hold it with that."""
+        need = self.figures.need_bytes or 0.0
+        text = ""
+        bigger = [p for p in list_profiles() if usable_capacity(p, self.memory) >= need]
+        if bigger:
+            smallest = min(bigger, key=lambda p: p.memory_bytes).name
+            text += f", e.g. {smallest} ({self._word('gpu_profile', caller, name=smallest)})"
+        headroom = math.floor((1.0 - need / self.profile.memory_bytes) * 100) / 100
+        if 0.0 <= headroom < self.memory.headroom:
+            text += f", or these with less headroom ({self._word('headroom', caller, h=f'{headroom:g}')})"
+        return text
+
+    def _word(self, fix: str, caller: Caller, **values: object) -> str:
+        return _WORDS[fix][caller].format(count=self.profile.count, **values)
+
+
+def _peak(plan: Partition) -> float | None:
+    predicted = plan.predicted
+    return max((g.memory_bytes for g in predicted.gpus), default=0) if predicted is not None else None
+
+
+def _piece(graph: CostGraph, fit: ContiguousFit, usable: str) -> str:
+    """``"`linear` (lm_head) alone needs 10.55 GiB with 4 micro-batches in flight, ..."``."""
+    ops = fit.piece
+    scopes = [graph.node(n).get("scope", "") for n in ops]
+    scope = _common_scope(scopes)
+    where = f" ({scope})" if scope else ""
+    if len(ops) == 1:
+        what = f"`{ops[0]}`{where} alone needs {format_bytes(fit.piece_bytes)} on a GPU of its own"
+    else:
+        what = (
+            f"the {len(ops)} ops from `{ops[0]}` to `{ops[-1]}`{where}, which seq-dp keeps together, need "
+            f"{format_bytes(fit.piece_bytes)} on a GPU of their own"
+        )
+    flight = f"{fit.piece_in_flight} micro-batch{'es' if fit.piece_in_flight != 1 else ''} in flight"
+    where_in_pipeline = "the fewest it can hold" if fit.piece_anywhere else "in a pipeline of one such piece per GPU"
+    return f"{what} with {flight} ({where_in_pipeline}), more than the {usable} usable"
+
+
+def _common_scope(scopes: Sequence[str]) -> str:
+    """The module path every scope starts with: ``["a.b.c", "a.b.d"]`` → ``"a.b"``."""
+    parts = [s.split(".") for s in scopes if s]
+    if len(parts) < len(scopes) or not parts:
+        return ""
+    common = []
+    for names in zip(*parts):
+        if len(set(names)) > 1:
+            break
+        common.append(names[0])
+    return ".".join(common)

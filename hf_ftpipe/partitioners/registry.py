@@ -1,0 +1,46 @@
+"""Partitioners by name, so `auto`, the CLI and PipeTrainer can pick one from a string.
+
+Every partitioner has the same signature::
+
+    partition_<name>(graph: CostGraph, profile: GPUProfile, num_stages: int | None = None, *,
+                     num_microbatches: int, microbatch_size: int, schedule: Schedule = "gpipe",
+                     optimizer: Optimizer = "adamw", dtype: str | None = None,
+                     key: PartitionKey | None = None, memory: MemoryOptions | None = None) -> Partition
+
+``num_stages`` defaults to the partitioner's own choice (one per GPU for sequential ones).
+A partitioner raises `PartitionError` when it cannot produce a plan that fits memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from hf_ftpipe.errors import PartitionError
+from hf_ftpipe.plan.partition import Partition
+
+__all__ = ["Partitioner", "available_partitioners", "get_partitioner", "register_partitioner"]
+
+Partitioner = Callable[..., Partition]
+_PARTITIONERS: dict[str, Partitioner] = {}
+
+
+def register_partitioner(name: str) -> Callable[[Partitioner], Partitioner]:
+    """Decorator: make ``function`` available as ``name``."""
+
+    def register(function: Partitioner) -> Partitioner:
+        if name in _PARTITIONERS and _PARTITIONERS[name] is not function:
+            raise ValueError(f"a partitioner named {name!r} is already registered")
+        _PARTITIONERS[name] = function
+        return function
+
+    return register
+
+
+def get_partitioner(name: str) -> Partitioner:
+    if name not in _PARTITIONERS:
+        raise PartitionError(f"unknown partitioner {name!r}; choose one of {available_partitioners()}")
+    return _PARTITIONERS[name]
+
+
+def available_partitioners() -> list[str]:
+    return sorted(_PARTITIONERS)

@@ -1,0 +1,91 @@
+"""Seq-Pipe, greedy: contiguous stages along the execution order, cut by cumulative compute.
+
+The simplest of the partitioners FTPipe runs ("Seq pipe (greedy)", Eliad et al., ATC'21) and
+the baseline the others must beat. Steps:
+
+1. Walk the ops in execution order (a topological order) and weigh each by its forward +
+   backward time from the cost model.
+2. Cut before the op where the running total crosses k · total / num_stages, on whichever side
+   of that op the total is nearer the target; never leave a stage empty.
+3. Stage s runs on GPU s. Contiguous pieces of a topological order are numbered topologically.
+
+Parts of multi-output ops (``getitem``) and side-effect ops are not cut on: they join the latest
+stage among their producers (see ``_contiguous``).
+"""
+
+from __future__ import annotations
+
+from hf_ftpipe.costmodel.estimate import MemoryOptions, Optimizer, Schedule
+from hf_ftpipe.costmodel.profiles import GPUProfile
+from hf_ftpipe.graph.cost_graph import CostGraph
+from hf_ftpipe.partitioners.contiguous import Setup
+from hf_ftpipe.partitioners.registry import register_partitioner
+from hf_ftpipe.plan.partition import Partition, PartitionKey
+
+__all__ = ["greedy_cuts", "partition_seq_greedy"]
+
+NAME = "seq-greedy"
+
+
+@register_partitioner(NAME)
+def partition_seq_greedy(
+    graph: CostGraph,
+    profile: GPUProfile,
+    num_stages: int | None = None,
+    *,
+    num_microbatches: int,
+    microbatch_size: int,
+    schedule: Schedule = "gpipe",
+    optimizer: Optimizer = "adamw",
+    dtype: str | None = None,
+    key: PartitionKey | None = None,
+    memory: MemoryOptions | None = None,
+) -> Partition:
+    """Cut ``graph`` into ``num_stages`` contiguous stages of about equal compute, one per GPU.
+
+    Args:
+        num_stages (`int`, *optional*, defaults to ``profile.count``): at most ``profile.count``.
+        dtype (`str`, *optional*): compute dtype for costs (e.g. ``"bfloat16"`` under autocast);
+            by default each op's own, and the key records the parameters' dtype.
+        key (`PartitionKey`, *optional*): the key to record; by default built from ``graph``,
+            ``profile`` and the other arguments, which it must agree with.
+        memory (`MemoryOptions`, *optional*): headroom, recomputation, gradient accumulation.
+
+    Raises ``PartitionError`` when the plan does not fit the usable memory of a GPU: the cuts
+    ignore memory (use ``seq-dp`` for a memory-aware contiguous plan).
+    """
+    setup = Setup.of(
+        NAME, graph, profile, num_stages,
+        num_microbatches=num_microbatches, microbatch_size=microbatch_size, schedule=schedule,
+        optimizer=optimizer, dtype=dtype, key=key, memory=memory,
+    )  # fmt: skip
+    # Followers (see _contiguous) weigh nothing here; they join their producer's stage.
+    forward_again = 1.0 if setup.memory.recompute else 0.0
+    cost = setup.costs
+    weights = [cost[n].total_s + forward_again * cost[n].forward_s for n in setup.cut_order.cuttable]
+    if sum(weights) == 0:  # nothing to balance: balance op counts instead
+        weights = [1.0] * len(weights)
+    bounds = [0, *greedy_cuts(weights, setup.num_stages), len(weights)]
+    return setup.partition(bounds)
+
+
+def greedy_cuts(weights: list[float], num_stages: int) -> list[int]:
+    """Cut positions (``num_stages − 1`` indices, strictly increasing, in ``1..len − 1``).
+
+    Cut k is at the prefix whose sum is nearest k · total / num_stages, among the two prefixes
+    around the crossing, then moved just enough to leave every stage at least one item.
+    """
+    n, total = len(weights), float(sum(weights))
+    prefix = [0.0]
+    for w in weights:
+        prefix.append(prefix[-1] + w)
+    cuts: list[int] = []
+    i = 0  # prefix[i] < target <= prefix[i + 1] after the scan
+    for k in range(1, num_stages):
+        target = k * total / num_stages
+        while i < n and prefix[i + 1] < target:
+            i += 1
+        cut = i if i >= n or target - prefix[i] <= prefix[i + 1] - target else i + 1
+        lowest = cuts[-1] + 1 if cuts else 1
+        cuts.append(min(max(cut, lowest), n - (num_stages - k)))
+    return cuts

@@ -1,0 +1,11 @@
+"""PipeTrainer and what it adds to transformers' Trainer: arguments, plan sharing, evaluation,
+generation, checkpoints, float16 and loss weighting."""
+
+from hf_ftpipe._lazy import lazy_getattr
+
+_HOMES = {
+    "PipeTrainer": "hf_ftpipe.trainer.pipe_trainer",
+    "PipeTrainingArguments": "hf_ftpipe.trainer.arguments",
+}
+__all__ = sorted(_HOMES)
+__getattr__ = lazy_getattr(__name__, _HOMES)

@@ -1,0 +1,254 @@
+"""PipeTrainingArguments: `TrainingArguments` plus the pipeline's settings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from transformers import TrainingArguments
+
+__all__ = ["PipeTrainingArguments"]
+
+SUPPORTED_SCHEDULES = ("gpipe", "1f1b", "async", "2bw")
+
+
+@dataclass
+class PipeTrainingArguments(TrainingArguments):
+    """`TrainingArguments` for `PipeTrainer`.
+
+    Batch sizes: ``per_device_train_batch_size`` is the mini-batch of one pipeline step (one
+    optimizer update); it is split into ``num_microbatches`` equal micro-batches that flow through
+    the stages. Every rank reads the same mini-batch from its own data loader, so the effective
+    batch size is ``per_device_train_batch_size`` whatever the number of processes.
+    """
+
+    pipeline_schedule: Literal["gpipe", "1f1b", "async", "2bw"] = field(
+        default="gpipe",
+        metadata={
+            "help": "Pipeline schedule. 'gpipe': all forwards, then all backwards, one update per mini-batch. "
+            "'1f1b': the same update with less activation memory (backwards start as soon as they can). "
+            "'async': PipeDream: no flush between mini-batches, each stage updates every "
+            "`async_update_interval` micro-batches, weight stashing keeps each micro-batch on one weight "
+            "version (fastest; gradients are stale by the pipeline depth). '2bw': PipeDream-2BW: no flush, "
+            "one update per mini-batch applying the gradient of the weights one update older, two weight "
+            "copies. `activation_checkpointing=True` (formerly `gradient_checkpointing`) recomputes each "
+            "stage's activations under any schedule."
+        },
+    )
+    async_weight_prediction: bool = field(
+        default=False,
+        metadata={
+            "help": "'async' with SGD-momentum, Adam or AdamW: run each micro-batch on the weights its gradient "
+            "will be applied to, extrapolated along the optimizer's momentum (less staleness, one weight copy "
+            "per micro-batch in flight)."
+        },
+    )
+    async_update_interval: int = field(
+        default=1,
+        metadata={"help": "'async' only: micro-batches whose gradients each stage accumulates per weight update."},
+    )
+    num_microbatches: int = field(
+        default=4,
+        metadata={"help": "Micro-batches per mini-batch; per_device_train_batch_size must be a multiple of it."},
+    )
+    partitioner: str = field(
+        default="auto",
+        metadata={
+            "help": "How the model is cut into stages: a registered partitioner (hf_ftpipe.partitioners."
+            "available_partitioners()). 'auto': run them all and keep the fastest plan that fits memory; "
+            "'seq-greedy': contiguous stages of equal cost."
+        },
+    )
+    partition_memory_headroom: float = field(
+        default=0.1,
+        metadata={
+            "help": "Fraction of each GPU's memory the partition leaves free (allocator, CUDA context, buffers)."
+        },
+    )
+    gpu_profile: str = field(
+        default="auto",
+        metadata={
+            "help": "GPU profile for the cost model: 'auto' (detect), a built-in name (e.g. 'a100-80gb') "
+            "or a JSON file."
+        },
+    )
+    partition_file: str | None = field(
+        default=None,
+        metadata={
+            "help": "A partition JSON to use instead of computing one; refused if made for another model or setup."
+        },
+    )
+    partition_repo: str | None = field(
+        default=None,
+        metadata={
+            "help": "A Hub dataset repo ('namespace/name') of shared partitions: rank 0 pulls the plan made for this "
+            "model, input shapes, dtype, schedule and GPU profile instead of computing it. Unreachable Hub: "
+            "computed, with a warning. Honours HF_ENDPOINT, HF_TOKEN and HF_HUB_OFFLINE."
+        },
+    )
+    partition_revision: str | None = field(
+        default=None,
+        metadata={"help": "Branch or commit of `partition_repo` to pull from (default: main); skips the local cache."},
+    )
+    push_partition_to_hub: bool = field(
+        default=False,
+        metadata={"help": "Push a computed partition to `partition_repo` (created if needed; needs HF_TOKEN)."},
+    )
+    partition_cache: bool = field(
+        default=True,
+        metadata={"help": "Read and write plans in the local cache, $HF_HOME/hf_ftpipe/partitions."},
+    )
+    weights_path: str | None = field(
+        default=None,
+        metadata={
+            "help": "Checkpoint folder (safetensors) each rank reads its own stages' weights from. Needed when the "
+            "model was built with empty weights (accelerate.init_empty_weights); default: the model's "
+            "name_or_path when that is a local folder."
+        },
+    )
+    release_unused_weights: bool = field(
+        default=True,
+        metadata={"help": "Free, on each rank, the weights of stages other ranks run (one slice per process)."},
+    )
+    predict_with_generate: bool = field(
+        default=False,
+        metadata={
+            "help": "Encoder-decoder models: `evaluate()` and `predict()` return greedily generated token ids as "
+            "predictions (decoded through the pipeline, as `Seq2SeqTrainer` does with generate); `eval_loss` "
+            "still comes from the teacher-forced forward."
+        },
+    )
+    generation_max_length: int | None = field(
+        default=None,
+        metadata={
+            "help": "With `predict_with_generate`: the longest generated sequence, decoder start token included "
+            "(generate's `max_length`); at most the traced label length + 1, which is the default."
+        },
+    )
+    pipeline_timeout_s: float = field(
+        default=300.0,
+        metadata={"help": "Longest wait for any transfer between ranks before the whole job stops with an error."},
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.pipeline_schedule not in SUPPORTED_SCHEDULES:
+            raise ValueError(
+                f"`pipeline_schedule={self.pipeline_schedule!r}` is not available in this version; "
+                f"choose one of {list(SUPPORTED_SCHEDULES)}"
+            )
+        partitioners = _available_partitioners()
+        if self.partitioner not in partitioners:
+            raise ValueError(f"`partitioner={self.partitioner!r}` is not available; choose one of {partitioners}")
+        if not 0.0 <= self.partition_memory_headroom < 1.0:
+            raise ValueError(
+                f"`partition_memory_headroom` is the fraction of GPU memory kept free and must be in [0, 1), "
+                f"got {self.partition_memory_headroom}; e.g. 0.1 keeps 10% free"
+            )
+        if self.async_update_interval < 1:
+            raise ValueError(f"`async_update_interval` must be at least 1, got {self.async_update_interval}")
+        if self.async_update_interval > 1 and self.pipeline_schedule != "async":
+            raise ValueError(
+                f"`async_update_interval={self.async_update_interval}` only applies to pipeline_schedule='async' "
+                f"(got {self.pipeline_schedule!r}); the other schedules update once per mini-batch"
+            )
+        if self.async_weight_prediction and self.pipeline_schedule != "async":
+            raise ValueError(
+                f"`async_weight_prediction=True` only applies to pipeline_schedule='async' (got "
+                f"{self.pipeline_schedule!r}), whose gradients are stale; drop it or switch the schedule"
+            )
+        if self.num_microbatches < 1:
+            raise ValueError(f"`num_microbatches` must be at least 1, got {self.num_microbatches}")
+        for name in ("per_device_train_batch_size", "per_device_eval_batch_size"):
+            size = getattr(self, name)
+            if size % self.num_microbatches:
+                raise ValueError(
+                    f"`{name}={size}` is not a multiple of `num_microbatches={self.num_microbatches}`; "
+                    f"use e.g. {name}={max(1, size // self.num_microbatches) * self.num_microbatches}"
+                )
+        if self.gradient_accumulation_steps != 1:
+            raise ValueError(
+                f"`gradient_accumulation_steps={self.gradient_accumulation_steps}`: the pipeline accumulates "
+                "over micro-batches itself; set it to 1 and raise `per_device_train_batch_size` (and "
+                "`num_microbatches`) instead"
+            )
+        full_eval = "fp16_full_eval" if self.fp16_full_eval else "bf16_full_eval" if self.bf16_full_eval else None
+        if full_eval:
+            raise ValueError(
+                f"`{full_eval}=True` would cast the pipeline's stages to half precision in place, weights and "
+                "all, for evaluation; use `bf16=True` or `fp16=True` instead: evaluation runs under the same "
+                "autocast as training, and the weights stay float32"
+            )
+        unsupported = _unsupported_trainer_features(self)
+        if unsupported:
+            listed = "\n".join(f"  - {problem}" for problem in unsupported)
+            raise ValueError(f"PipeTrainer cannot honour these arguments:\n{listed}")
+        if self.fp16 and self.pipeline_schedule in ("async", "2bw"):
+            raise ValueError(
+                f"`fp16=True` with pipeline_schedule={self.pipeline_schedule!r}: float16 loss scaling skips a step "
+                "on every stage when any stage overflows, but this schedule updates each stage on its own inside "
+                "the pipeline; use `bf16=True` (no loss scaling), or fp16 with pipeline_schedule='gpipe' or '1f1b'"
+            )
+        if self.generation_max_length is not None and self.generation_max_length < 2:
+            raise ValueError(
+                f"`generation_max_length={self.generation_max_length}` leaves no room for a generated token "
+                "after the decoder start token; use 2 or more"
+            )
+        if self.push_partition_to_hub and not self.partition_repo:
+            raise ValueError(
+                "`push_partition_to_hub=True` needs `partition_repo`, the Hub dataset repo to push to, "
+                "e.g. partition_repo='my-org/ftpipe-partitions'"
+            )
+        if self.partition_revision and not self.partition_repo:
+            raise ValueError(
+                f"`partition_revision={self.partition_revision!r}` needs `partition_repo`, the Hub dataset repo to "
+                "pull from"
+            )
+        if self.partition_repo is not None and self.partition_repo.count("/") != 1:
+            raise ValueError(
+                f"`partition_repo={self.partition_repo!r}` is not a repo id; use 'namespace/name', "
+                "e.g. 'my-org/ftpipe-partitions'"
+            )
+        if self.pipeline_timeout_s <= 0:
+            raise ValueError(f"`pipeline_timeout_s` must be positive, got {self.pipeline_timeout_s}")
+
+
+def _unsupported_trainer_features(args: PipeTrainingArguments) -> list[str]:
+    """`Trainer` features that would be silently lost or break the pipeline, each with what to do."""
+    problems = []
+    other_split = "splits the model another way than pipeline stages and cannot be combined with them; remove it"
+    if args.deepspeed:
+        problems.append(f"`deepspeed` {other_split}")
+    if args.fsdp:
+        problems.append(f"`fsdp={args.fsdp!r}` {other_split}")
+    if args.parallelism_config is not None:
+        problems.append(f"`parallelism_config` {other_split}")
+    if args.torch_compile:
+        problems.append(
+            "`torch_compile=True` would compile a model the pipeline never calls (each rank runs its traced "
+            "stages); remove it"
+        )
+    if args.neftune_noise_alpha is not None:
+        problems.append(
+            f"`neftune_noise_alpha={args.neftune_noise_alpha}` adds noise through a hook on the model's input "
+            "embeddings, which the traced stages do not run; remove it"
+        )
+    if args.use_liger_kernel:
+        problems.append(
+            "`use_liger_kernel=True` patches the model's modules after the pipeline traced them, so the stages "
+            "would not use the kernels; remove it"
+        )
+    if args.auto_find_batch_size:
+        problems.append(
+            "`auto_find_batch_size=True` retries with smaller batches, but the pipeline is traced for one "
+            "micro-batch shape; set `per_device_train_batch_size` (a multiple of `num_microbatches`) yourself"
+        )
+    return problems
+
+
+def _available_partitioners() -> list[str]:
+    """Every registered partitioner name; importing the package registers the built-in ones."""
+    import hf_ftpipe.partitioners  # noqa: F401
+    from hf_ftpipe.partitioners.registry import available_partitioners
+
+    return available_partitioners()

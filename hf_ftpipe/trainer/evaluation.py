@@ -1,0 +1,189 @@
+"""Evaluation, prediction and generation of `PipeTrainer`: `Trainer`'s numbers, through the pipeline.
+
+`Trainer.evaluation_loop` stays in charge (metrics, callbacks, padding across batches); what
+changes is the step. An eval batch runs through the pipeline in pieces of the traced mini-batch
+(the last one padded with ignored labels); the loss is recombined the way the model computes it on
+the whole batch on one process, micro-batch by micro-batch, weighted by label tokens (see
+`hf_ftpipe.trainer.loss_weighting`); predictions are the model's outputs less ``loss`` and
+``keys_to_ignore_at_inference``, or, with ``predict_with_generate``, greedily generated tokens
+(`hf_ftpipe.trainer.generation`). Every rank gets the same whole outputs, so nothing is gathered.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from transformers.trainer_pt_utils import find_batch_size, nested_truncate
+
+from hf_ftpipe.errors import PipelineError
+from hf_ftpipe.trainer.generation import greedy_decode
+from hf_ftpipe.trainer.loss_weighting import label_counts
+
+__all__ = ["PipeEvaluation"]
+
+
+class PipeEvaluation:
+    """`PipeTrainer`'s evaluation steps, as a mixin placed before `Trainer` (it needs the
+    pipeline engine, `_ensure_engine`, `_trainer_count` and `_model_loss_shifts` of `PipeTrainer`)."""
+
+    def evaluation_loop(self, dataloader: Any, *args: Any, **kwargs: Any) -> Any:
+        self._ensure_engine(self._first_batch(dataloader))
+        # Outputs are already whole and identical on every rank: gathering would duplicate them. Like
+        # gather_for_metrics on one process, keep only the batch's real rows of what is "gathered":
+        # the loop repeats a short last batch's loss `eval_batch_size` times. Padding across ranks
+        # has nothing to even out either, and it is a collective that a stopped rank would hang.
+        self.gather_function = self._keep_batch_rows
+        self.accelerator.pad_across_processes = _unpadded
+        try:
+            # Batches (a random collator's masks too) come from the data's own random state, as in training.
+            with self.data_randomness.active():
+                return super().evaluation_loop(dataloader, *args, **kwargs)
+        finally:
+            del self.accelerator.pad_across_processes  # the Accelerator's own method again
+
+    def prediction_step(
+        self, model: nn.Module, inputs: dict[str, Any], prediction_loss_only: bool, ignore_keys: list[str] | None = None
+    ) -> tuple[torch.Tensor | None, Any, Any]:
+        """`Trainer.prediction_step` through the pipeline: the model's loss over this eval batch (its
+        mean over the batch's label tokens, as the model computes it on the whole batch), the model's
+        outputs less ``loss`` and ``ignore_keys`` (or, with ``predict_with_generate``, greedily
+        generated tokens), and the labels. Identical on every rank."""
+        engine = self._ensure_engine(inputs)
+        inputs = self._prepare_inputs(inputs)
+        self._batch_rows = find_batch_size(inputs)
+        if ignore_keys is None:
+            config = getattr(self.model, "config", None)
+            ignore_keys = list(getattr(config, "keys_to_ignore_at_inference", None) or []) if config else []
+        generating = self.args.predict_with_generate and not prediction_loss_only
+        names = ["loss"]
+        if not prediction_loss_only and not generating:
+            names += [n for n in engine.graph.output_names if n != "loss" and n not in ignore_keys]
+        losses, counts, pieces = [], [], {name: [] for name in names[1:]}
+        for real, chunk in self._chunks(inputs):
+            outputs = engine.eval_step(chunk, output_names=tuple(names))
+            if outputs.get("loss") is not None:
+                losses.append(outputs["loss"])
+                counts.append(self._microbatch_counts(chunk, real))
+            for name in pieces:
+                if outputs.get(name) is not None:
+                    pieces[name].append(outputs[name][:real])
+        loss = _weighted_mean(torch.cat(losses), torch.cat(counts), self._trainer_count(inputs)) if losses else None
+        if prediction_loss_only:
+            return loss, None, None
+        labels = inputs.get("labels")
+        if generating:
+            generated = self.generate(inputs, max_length=self.args.generation_max_length, pad_to_max_length=True)
+            return loss, generated, labels
+        predictions = tuple(torch.cat(parts) for parts in pieces.values() if parts)
+        return loss, (predictions[0] if len(predictions) == 1 else predictions or None), labels
+
+    def _keep_batch_rows(self, value: Any) -> Any:
+        rows = getattr(self, "_batch_rows", None)
+        return value if rows is None else nested_truncate(value, rows)
+
+    @torch.no_grad()
+    def generate(
+        self, inputs: dict[str, Any], max_length: int | None = None, pad_to_max_length: bool = False
+    ) -> torch.Tensor:
+        """Greedy decoding through the pipeline for an encoder-decoder model (every rank must call it).
+
+        Returns what ``model.generate(**inputs, do_sample=False, num_beams=1, max_length=max_length)``
+        returns: ``(batch, length)`` token ids, the decoder start token first (``pad_to_max_length``:
+        padded with the pad token to ``max_length``, as `Seq2SeqTrainer` does). ``max_length``
+        defaults to the traced label length + 1. See `hf_ftpipe.trainer.generation` for how and what it costs.
+        """
+        config = getattr(self.model, "config", None)
+        if not getattr(config, "is_encoder_decoder", False):
+            raise PipelineError(
+                f"generation through the pipeline is for encoder-decoder models (T5, BART); "
+                f"{type(self.model).__name__} is not one: drop `predict_with_generate`"
+            )
+        engine = self._ensure_engine(inputs)
+        inputs = self._prepare_inputs(inputs)
+        if "labels" not in engine.graph.inputs:
+            raise PipelineError(
+                "generation feeds the tokens so far to the pipeline as `labels`, but it was traced on a batch "
+                "without labels; train or evaluate on batches with (padded) labels before generating"
+            )
+        label_length = engine.graph.inputs["labels"].shape[-1]
+        max_length = label_length + 1 if max_length is None else max_length
+        settings = getattr(self.model, "generation_config", None) or config
+        start = getattr(settings, "decoder_start_token_id", None)
+        start = config.decoder_start_token_id if start is None else start
+        pad = settings.pad_token_id if settings.pad_token_id is not None else config.pad_token_id
+
+        def logits_of(batch: dict[str, Any]) -> torch.Tensor:
+            return engine.eval_step(batch, output_names=("logits",))["logits"]
+
+        pieces = []
+        for real, chunk in self._chunks({k: v for k, v in inputs.items() if k != "labels"}, labels_like=label_length):
+            tokens = greedy_decode(
+                logits_of,
+                chunk,
+                label_length=label_length,
+                max_new_tokens=max_length - 1,
+                decoder_start_token_id=start,
+                pad_token_id=pad,
+                eos_token_id=settings.eos_token_id,
+                rows=real,
+            )
+            pieces.append(tokens[:real])
+        width = max_length if pad_to_max_length else max(p.shape[1] for p in pieces)
+        return torch.cat([nn.functional.pad(p, (0, width - p.shape[1]), value=pad) for p in pieces])
+
+    def _chunks(self, inputs: dict[str, Any], labels_like: int | None = None) -> Any:
+        """``(real rows, batch)`` pieces of ``inputs`` of the traced mini-batch size, the last padded.
+
+        ``labels_like``: add placeholder ``labels`` of that length (generation replaces them)."""
+        size = self.args.per_device_train_batch_size  # the traced mini-batch
+        rows = next(v.shape[0] for v in inputs.values() if isinstance(v, torch.Tensor))
+        for start in range(0, rows, size):
+            chunk = {k: v[start : start + size] if _is_batched(v, rows) else v for k, v in inputs.items()}
+            if labels_like is not None:
+                real = min(size, rows - start)
+                chunk["labels"] = torch.zeros(real, labels_like, dtype=torch.long, device=self.args.device)
+            yield self._pad_batch(chunk, size)
+
+    def _pad_batch(self, inputs: dict[str, Any], size: int) -> tuple[int, dict[str, Any]]:
+        """Pad a short batch to the traced mini-batch size; padded rows carry ignored labels."""
+        real = next(v.shape[0] for v in inputs.values() if isinstance(v, torch.Tensor))
+        if real >= size:
+            return real, inputs
+        padded = {}
+        for name, value in inputs.items():
+            if isinstance(value, torch.Tensor) and value.shape[:1] == (real,):
+                filler = value[-1:].expand(size - real, *value.shape[1:]).clone()
+                if name == "labels":
+                    filler.fill_(-100)
+                value = torch.cat([value, filler])
+            padded[name] = value
+        return real, padded
+
+    def _microbatch_counts(self, chunk: dict[str, Any], real: int) -> torch.Tensor:
+        """What each micro-batch's loss is a mean over: its label tokens, or (no labels to count) its real rows."""
+        num_microbatches = self.engine.num_microbatches
+        labels = chunk.get("labels")
+        if isinstance(labels, torch.Tensor) and labels.dim() > 0:
+            counts = label_counts(labels, num_microbatches, shifted=self._model_loss_shifts)
+        else:
+            rows = self.args.per_device_train_batch_size // num_microbatches
+            counts = [min(rows, max(0, real - m * rows)) for m in range(num_microbatches)]
+        return torch.tensor(counts, dtype=torch.float64)
+
+
+def _unpadded(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+    return tensor
+
+
+def _is_batched(value: Any, rows: int) -> bool:
+    return isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == rows
+
+
+def _weighted_mean(losses: torch.Tensor, counts: torch.Tensor, total: int | None) -> torch.Tensor:
+    """sum(count * loss) / total (default: sum(count)); a micro-batch of count 0 (NaN loss: nothing
+    to average) is left out."""
+    counts = counts.to(losses.device, torch.float64)
+    terms = torch.where(counts > 0, losses.double() * counts, torch.zeros_like(counts))
+    return (terms.sum() / (total or counts.sum())).to(losses.dtype)

@@ -1,0 +1,460 @@
+"""PipeTrainer: Hugging Face `Trainer`, with the model run as a pipeline across the launched processes.
+
+Swap ``Trainer`` for ``PipeTrainer`` and ``TrainingArguments`` for ``PipeTrainingArguments``;
+launch with ``accelerate launch`` (or ``torchrun``). On the first batch every rank traces the
+model, rank 0 makes (or loads) the partition and shares it, and each rank keeps only its stages.
+
+Stock `Trainer` goes quietly wrong when each rank holds a slice of the model: it would wrap the
+slice in DDP, shard the batches across ranks, count the ranks as data-parallel replicas, clip by
+a local gradient norm and save rank 0's slice only. Each override below undoes one of those.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+from functools import partial
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from transformers import Trainer
+from transformers.trainer_utils import get_last_checkpoint, seed_worker
+
+from hf_ftpipe.errors import CheckpointError, PipelineError
+from hf_ftpipe.graph.trace import capture_model
+from hf_ftpipe.plan import Partition
+from hf_ftpipe.runtime import PipelineEngine, Watchdog
+from hf_ftpipe.runtime.weights import release_foreign_weights
+from hf_ftpipe.trainer import checkpoint_format as checkpoint
+from hf_ftpipe.trainer.arguments import PipeTrainingArguments
+from hf_ftpipe.trainer.batch_check import check_same_batch
+from hf_ftpipe.trainer.checkpoint_hooks import PipeCheckpointing
+from hf_ftpipe.trainer.data_randomness import DataRandomness
+from hf_ftpipe.trainer.evaluation import PipeEvaluation
+from hf_ftpipe.trainer.float16 import Float16Training
+from hf_ftpipe.trainer.loss_weighting import label_counts, model_loss_shifts_labels
+from hf_ftpipe.trainer.plan_sharing import share_partition
+
+__all__ = ["PipeTrainer"]
+
+logger = logging.getLogger(__name__)
+
+_trainer_counter = itertools.count()
+"""Names each PipeTrainer's keys in the rendezvous store alike on every rank (made in the same order)."""
+
+
+class _StagesModule(nn.Module):
+    """What `Trainer` sees as the model being trained: this rank's stages, unwrapped."""
+
+    def __init__(self, engine: PipelineEngine) -> None:
+        super().__init__()
+        self.stages = engine.module
+
+
+class PipeTrainer(PipeEvaluation, PipeCheckpointing, Trainer):
+    """`Trainer` that trains and evaluates ``model`` as a pipeline (see `PipeTrainingArguments`).
+
+    ``self.model`` stays the user's model object: `Trainer` reads its config and signature, and
+    `save_model()` writes it with the pipeline's trained weights. Batches must have fixed shapes
+    (pad to a fixed length, e.g. ``padding="max_length"``), since the pipeline is traced once.
+    """
+
+    args: PipeTrainingArguments
+
+    def __init__(
+        self, model: nn.Module | None = None, args: PipeTrainingArguments | None = None, **kwargs: Any
+    ) -> None:
+        if args is not None and not isinstance(args, PipeTrainingArguments):
+            raise TypeError(
+                f"PipeTrainer needs `PipeTrainingArguments`, got {type(args).__name__}; "
+                "replace TrainingArguments(...) with PipeTrainingArguments(...)"
+            )
+        if args is None:  # Trainer would make plain TrainingArguments, which lack the pipeline's fields
+            args = PipeTrainingArguments(output_dir="trainer_output")
+        super().__init__(model=model, args=args, **kwargs)
+        self.engine: PipelineEngine | None = None
+        self.partition: Partition | None = None
+        self._resume_from: str | None = None
+        self._built_from: str | None = None
+        """The checkpoint the pipeline read its weights from (a model built with empty weights)."""
+        if self.label_smoother is not None or self.compute_loss_func is not None:
+            # The pipeline trains on the loss the traced model computes; either would be ignored.
+            what = "label_smoothing_factor" if self.label_smoother is not None else "compute_loss_func"
+            raise PipelineError(
+                f"PipeTrainer trains on the model's own loss and cannot apply `{what}`; drop it, or compute that "
+                "loss inside the model's forward (the pipeline traces the forward, loss included)"
+            )
+        self.float16 = Float16Training() if self.args.fp16 else None
+        """``fp16=True``: the loss scale all ranks agree on (``trainer.float16.scaler``)."""
+        if self.float16 is not None:
+            self.accelerator.scaler = None  # accelerate's decides per process; see hf_ftpipe/float16.py
+        self.partition_source: str | None = None
+        """Rank 0: where the plan came from: 'file', 'cache', 'hub' or 'computed'."""
+        self.data_randomness = DataRandomness(self.args.seed)
+        """What data loading and collation draw from, on every rank alike (see `hf_ftpipe.trainer.data_randomness`)."""
+        self.batch_digest: str | None = None
+        """The digest of the last training batch, equal on every rank (see `hf_ftpipe.trainer.batch_check`)."""
+        self._watchdog: Watchdog | None = None
+
+    # -- building the pipeline ----------------------------------------------------------------
+
+    def _ensure_engine(self, inputs: dict[str, Any]) -> PipelineEngine:
+        if self.engine is not None:
+            return self.engine
+        if not dist.is_initialized():
+            raise PipelineError(
+                "PipeTrainer runs one process per pipeline device; start the script with "
+                "`accelerate launch --num_processes N script.py` (CPU: `accelerate launch --multi_gpu "
+                "--num_processes N script.py` with use_cpu=True) or `torchrun --nproc_per_node N script.py`"
+            )
+        if dist.get_world_size() < 2:
+            raise PipelineError(
+                "PipeTrainer found a single process: a pipeline needs one process per stage device. Launch "
+                "`accelerate launch --multi_gpu --num_processes N script.py` (on a CPU-only machine add "
+                "use_cpu=True to the arguments; `accelerate launch --cpu` starts one process) or "
+                "`torchrun --nproc_per_node N script.py`, with N >= 2"
+            )
+        size = self.args.per_device_train_batch_size // self.args.num_microbatches
+        # An evaluation batch may hold fewer rows than a micro-batch: only the shapes are traced.
+        _, padded = self._pad_batch(inputs, size)
+        microbatch = {
+            name: value[:size] if isinstance(value, torch.Tensor) else value for name, value in padded.items()
+        }
+        if any(p.is_meta for p in self.model.parameters()) and hasattr(self.model, "tie_weights"):
+            # accelerate.init_empty_weights registers a new tensor per name, untying shared weights.
+            self.model.tie_weights()
+        traced = capture_model(self.model, microbatch)
+        shared = share_partition(self.args, traced, microbatch, self.watchdog)
+        self.partition, self.partition_source = shared.partition, shared.source
+        self._built_from = self._weights_path()
+        self.engine = PipelineEngine(
+            traced,
+            self.partition,
+            num_microbatches=self.args.num_microbatches,
+            schedule=self.args.pipeline_schedule,
+            gradient_accumulation_steps=self.args.async_update_interval,
+            recompute=bool(self.args.activation_checkpointing),
+            weight_prediction=self.args.async_weight_prediction,
+            device=self.args.device,
+            timeout_s=self.args.pipeline_timeout_s,
+            weights_path=self._built_from,
+            autocast_dtype=torch.bfloat16 if self.args.bf16 else torch.float16 if self.args.fp16 else None,
+            watchdog=self.watchdog,
+        )
+        if self.args.release_unused_weights:
+            freed = release_foreign_weights(self.model, self.engine.parameters())
+            logger.info("rank %d released %.1f MB of weights other ranks run", self.engine.rank, freed / 2**20)
+        stages = self.partition.stages_on(self.engine.rank)
+        params = sum(p.numel() for p in self.engine.parameters())
+        logger.info(
+            "rank %d runs stages %s (%d parameters) of %d", self.engine.rank, stages, params, self.partition.num_stages
+        )
+        return self.engine
+
+    @property
+    def watchdog(self) -> Watchdog:
+        """Bounds every wait of this rank by ``pipeline_timeout_s``: the pipeline's transfers and the
+        trainer's own collectives (partition, batch check, checkpoint barriers). Made on first use,
+        once the process group exists."""
+        if self._watchdog is None:
+            self._watchdog = Watchdog(
+                dist.get_rank(),
+                dist.get_world_size(),
+                self.args.pipeline_timeout_s,
+                run_id=f"trainer-{next(_trainer_counter)}",
+            )
+        return self._watchdog
+
+    def barrier(self, what: str) -> None:
+        """`dist.barrier`, bounded: a rank that never arrives stops every other one, named."""
+        if dist.is_initialized():
+            with self.watchdog.waiting(what, collective=True):
+                dist.barrier()
+
+    def _weights_path(self) -> str | None:
+        """Where a model built with empty weights reads them from (None: the model has its weights)."""
+        if not any(p.is_meta for p in self.model.parameters()):
+            return None
+        if self.args.weights_path:
+            return self.args.weights_path
+        if self._resume_from:  # the checkpoint being resumed holds the whole model
+            return self._resume_from
+        name = getattr(getattr(self.model, "config", None), "_name_or_path", "")
+        if name and os.path.isdir(name):
+            return name
+        raise PipelineError(
+            "the model has empty (meta) weights and no checkpoint to read them from; pass "
+            "`weights_path` (a folder written by save_pretrained) in PipeTrainingArguments, or "
+            "`resume_from_checkpoint` to train()"
+        )
+
+    # -- data: the same batches on every rank -------------------------------------------------
+
+    def _get_dataloader(self, dataset: Any, description: str, batch_size: int, *args: Any, **kwargs: Any) -> Any:
+        is_training = kwargs.get("is_training", len(args) > 1 and args[1])
+        drop_last = self.args.dataloader_drop_last
+        # Training steps need whole mini-batches (the pipeline is traced for one shape);
+        # evaluation pads its last batch instead, so no sample is lost.
+        self.args.dataloader_drop_last = bool(is_training) or drop_last
+        try:
+            dataloader = super()._get_dataloader(dataset, description, batch_size, *args, **kwargs)
+        finally:
+            self.args.dataloader_drop_last = drop_last
+        _unshard(dataloader)
+        # Trainer seeds workers apart by rank, as replicas want; stages need the same batches.
+        for loader in {id(x): x for x in (dataloader, getattr(dataloader, "base_dataloader", None))}.values():
+            if getattr(loader, "worker_init_fn", None) is not None:
+                loader.worker_init_fn = partial(seed_worker, num_workers=self.args.dataloader_num_workers, rank=0)
+        return dataloader
+
+    def get_batch_samples(self, epoch_iterator: Any, num_batches: int, device: torch.device) -> tuple[list, Any]:
+        # The loader's first batch of an epoch also starts its iterator: accelerate broadcasts the
+        # sampler's generator there, so the wait is bounded like any other collective.
+        with self.data_randomness.active(), self.watchdog.waiting("loading the next training batch", collective=True):
+            return super().get_batch_samples(epoch_iterator, num_batches, device)
+
+    def get_total_train_batch_size(self, args: Any) -> int:
+        return self._train_batch_size * args.gradient_accumulation_steps  # ranks are stages, not replicas
+
+    def _get_num_items_in_batch(self, batch_samples: list, device: torch.device) -> None:
+        return None  # the pipeline weighs the micro-batch losses itself (see `_loss_weights`)
+
+    # -- training -----------------------------------------------------------------------------
+
+    def _wrap_model(self, model: nn.Module, training: bool = True, dataloader: Any = None) -> nn.Module:
+        # Never `self.model`, so Trainer neither DDP-wraps nor prepares it.
+        if self.engine is None:
+            return _Placeholder()
+        return _StagesModule(self.engine)
+
+    def _move_model_to_device(self, model: nn.Module, device: torch.device) -> None:
+        pass  # each rank moves only its own stages
+
+    def create_optimizer(self, model: nn.Module | None = None) -> torch.optim.Optimizer:
+        if self.engine is None:
+            raise PipelineError("internal: the optimizer is created before the pipeline is built")
+        optimizer = super().create_optimizer(self.engine.module)
+        if self.engine.streaming:  # async / 2bw update inside the pipeline, stage by stage
+            self.engine.attach_optimizer(optimizer, max_grad_norm=self.args.max_grad_norm or None)
+        if self.float16 is not None:
+            self.float16.guard_optimizer(optimizer)
+        return optimizer
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any) -> Any:
+        if resume_from_checkpoint is True:
+            # Trainer's meaning (the last checkpoint in output_dir), resolved early: a model built
+            # with empty weights reads them from it.
+            last = get_last_checkpoint(self.args.output_dir) if os.path.isdir(self.args.output_dir) else None
+            if last is None:
+                raise CheckpointError(
+                    f"No valid checkpoint found in output directory ({self.args.output_dir}) for "
+                    "`resume_from_checkpoint=True`; pass a checkpoint's path, or train without resuming"
+                )
+            resume_from_checkpoint = last
+        if isinstance(resume_from_checkpoint, str):
+            checkpoint.check_resumable(resume_from_checkpoint)  # before any rank builds on it
+        self._resume_from = resume_from_checkpoint if isinstance(resume_from_checkpoint, str) else None
+        if self.engine is None:
+            self._check_enough_training_data()
+            self._ensure_engine(self._first_batch(self.get_train_dataloader()))
+        output = super().train(resume_from_checkpoint, *args, **kwargs)
+        self.sync_model()
+        return output
+
+    def sync_model(self) -> None:
+        """Put the pipeline's current weights into ``self.model`` on rank 0 (all ranks must call it).
+
+        `train()` does it at its end and `save_model()` before writing, so rank 0's ``trainer.model``
+        is the trained model, usable as any transformers model. On other ranks it keeps only the
+        weights of their own stages.
+        """
+        if self.engine is None:
+            return
+        state = self.engine.gather_state_dict(dst=0)
+        if state is None:
+            return
+        missing, unexpected = self.model.load_state_dict(state, strict=False, assign=True)
+        if unexpected:
+            raise PipelineError(f"gathered weights unknown to the model: {unexpected[:5]}")
+        if hasattr(self.model, "tie_weights"):
+            self.model.tie_weights()  # assign=True put new tensors in; re-tie the shared ones
+        still_empty = [name for name, p in self.model.named_parameters() if p.is_meta]
+        if still_empty:
+            raise PipelineError(f"weights missing after gathering the stages: {still_empty[:5]}")
+
+    def training_step(self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None) -> torch.Tensor:
+        engine = self._ensure_engine(inputs)
+        inputs = self._prepare_inputs(inputs)
+        self.batch_digest = check_same_batch(inputs, self.state.global_step + 1, self.watchdog, self.args.device)
+        if self.float16 is not None:
+            self.float16.start_step(engine)
+        loss = engine.train_step(inputs, loss_weights=self._loss_weights(inputs))
+        return loss.detach().to(self.args.device)
+
+    def _loss_weights(self, inputs: dict[str, Any]) -> list[float] | None:
+        """Each micro-batch's weight in the loss `Trainer` would compute on the whole mini-batch.
+
+        Where Trainer passes ``num_items_in_batch`` (the model takes loss kwargs), its loss is the
+        sum of token losses over the mini-batch's label tokens: micro-batch m weighs its own token
+        count over that count (see `hf_ftpipe.trainer.loss_weighting`). Otherwise: the plain mean of the
+        equal micro-batches (``None``).
+        """
+        total = self._trainer_count(inputs)
+        if not total:
+            return None
+        counts = label_counts(inputs["labels"], self.engine.num_microbatches, shifted=self._model_loss_shifts)
+        return [count / total for count in counts]
+
+    def _trainer_count(self, inputs: dict[str, Any]) -> int | None:
+        """The ``num_items_in_batch`` `Trainer` passes the model for ``inputs`` (training and
+        evaluation alike), or ``None`` where it passes none."""
+        labels = inputs.get("labels")
+        if not self.model_accepts_loss_kwargs or not isinstance(labels, torch.Tensor) or labels.dim() == 0:
+            return None
+        return sum(label_counts(labels, 1, shifted=getattr(self, "_loss_shifts_labels", False)))
+
+    @property
+    def _model_loss_shifts(self) -> bool:
+        if not hasattr(self, "_model_loss_shifts_value"):
+            self._model_loss_shifts_value = model_loss_shifts_labels(self.model)
+        return self._model_loss_shifts_value
+
+    def _clip_grad_norm(self, model: nn.Module) -> torch.Tensor:
+        return self._pipeline_grad_norm(self.args.max_grad_norm)
+
+    def _get_grad_norm(self, model: nn.Module, grad_norm: Any = None) -> Any:
+        return grad_norm if grad_norm is not None else self._pipeline_grad_norm(float("inf"))
+
+    def _pipeline_grad_norm(self, max_norm: float) -> torch.Tensor:
+        """The step's global gradient norm, clipped to ``max_norm`` (fp16: unscaled first)."""
+        if self.engine.streaming:  # clipped per stage update inside the step
+            return self.engine.step_grad_norm()
+        if self.float16 is not None:
+            self.float16.unscale(self.engine, self.optimizer)
+        return self.engine.clip_grad_norm_(max_norm)
+
+    def _track_num_input_tokens(self, inputs: dict[str, Any]) -> None:
+        # Trainer sums the count over ranks; every rank here reads the same batch, so count it once.
+        setting = self.args.include_num_input_tokens_seen
+        if setting in (False, "no", None):
+            return
+        name = getattr(self.model, "main_input_name", "input_ids")
+        if name not in inputs:
+            return
+        if setting == "non_padding" and "attention_mask" in inputs:
+            tokens = int(torch.as_tensor(inputs["attention_mask"]).sum())
+        elif setting == "non_padding" and getattr(self.processing_class, "pad_token_id", None) is not None:
+            tokens = int((torch.as_tensor(inputs[name]) != self.processing_class.pad_token_id).sum())
+        else:
+            tokens = int(torch.as_tensor(inputs[name]).numel())
+        self.state.num_input_tokens_seen += tokens
+
+    def floating_point_ops(self, inputs: dict[str, Any]) -> int:
+        # Every rank counts the whole model once, by Trainer's own formula; `store_flos` adds no other rank's.
+        return super().floating_point_ops(inputs)
+
+    def store_flos(self) -> None:
+        # Trainer sums the count over ranks as if they were replicas, in a collective of its own.
+        self.state.total_flos += self.current_flos
+        self.current_flos = 0
+
+    def _maybe_log_save_evaluate(
+        self,
+        tr_loss: torch.Tensor,
+        grad_norm: torch.Tensor | float | None,
+        model: nn.Module,
+        trial: Any,
+        epoch: float,
+        ignore_keys_for_eval: list[str] | None,
+        start_time: float,
+        learning_rate: float | None = None,
+    ) -> None:
+        if self.control.should_log and self.state.global_step > self._globalstep_last_logged:
+            self._log_training_loss(tr_loss, grad_norm, start_time, learning_rate)
+        super()._maybe_log_save_evaluate(
+            tr_loss, grad_norm, model, trial, epoch, ignore_keys_for_eval, start_time, learning_rate
+        )
+
+    def _log_training_loss(
+        self, tr_loss: torch.Tensor, grad_norm: torch.Tensor | float | None, start_time: float, learning_rate: Any
+    ) -> None:
+        """Trainer's logging step without its all-gather of the loss: every rank holds the pipeline's
+        whole loss already, and a gather that a stopped rank never joins would hang the others."""
+        tr_loss_scalar = tr_loss.item()
+        tr_loss -= tr_loss
+        logs: dict[str, float] = {"loss": tr_loss_scalar / (self.state.global_step - self._globalstep_last_logged)}
+        if grad_norm is not None:
+            logs["grad_norm"] = grad_norm.item() if isinstance(grad_norm, torch.Tensor) else grad_norm
+        logs["learning_rate"] = learning_rate if learning_rate is not None else self._get_learning_rate()
+        self._total_loss_scalar += tr_loss_scalar
+        self._globalstep_last_logged = self.state.global_step
+        self.store_flos()
+        self.log(logs, start_time)
+
+    # -- saving -------------------------------------------------------------------------------
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """Write one standard checkpoint (rank 0) holding every stage's trained weights; all ranks must call it."""
+        self.sync_model()
+        super().save_model(output_dir, _internal_call=_internal_call)
+        self.barrier("waiting for rank 0 to write the model")
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    def _first_batch(self, dataloader: Any) -> dict[str, Any]:
+        """The batch the pipeline is traced on (only its shapes matter): looked at, not consumed, so
+        the data's random state does not advance."""
+        if self.engine is not None:
+            return {}
+        with self.data_randomness.forked():
+            batch = next(iter(dataloader), None)
+        if batch is None:
+            raise PipelineError(f"{_samples_of(dataloader)}, so there is no batch to trace the pipeline on")
+        return batch
+
+    def _check_enough_training_data(self) -> None:
+        """The pipeline trains on whole mini-batches (it is traced for one shape): a training set
+        smaller than one gets a clear error instead of an empty epoch."""
+        dataset = self.train_dataset
+        if dataset is None or not hasattr(dataset, "__len__"):
+            return
+        samples, batch = len(dataset), self.args.per_device_train_batch_size
+        if samples >= batch:
+            return
+        microbatches = self.args.num_microbatches
+        if samples >= microbatches:
+            usable = samples - samples % microbatches
+            fits = f"per_device_train_batch_size={usable} (a multiple of num_microbatches={microbatches})"
+        else:
+            fits = f"per_device_train_batch_size={max(samples, 1)} with num_microbatches={max(samples, 1)}"
+        raise PipelineError(
+            f"the training set has {samples} samples, fewer than one mini-batch of per_device_train_batch_size="
+            f"{batch}; the pipeline trains on whole mini-batches only (it is traced for one batch shape, and "
+            f"an incomplete last batch is dropped). Use {fits}, or more data"
+        )
+
+
+class _Placeholder(nn.Module):
+    """Stands in for the model before the pipeline exists (Trainer wraps early, then re-wraps)."""
+
+
+def _samples_of(dataloader: Any) -> str:
+    dataset = getattr(dataloader, "dataset", None)
+    size = len(dataset) if dataset is not None and hasattr(dataset, "__len__") else "unknown number of"
+    batch = getattr(dataloader, "total_batch_size", None) or getattr(dataloader, "batch_size", None)
+    return f"the data loader yields no batch from its {size} samples (batch size {batch})"
+
+
+def _unshard(dataloader: Any) -> None:
+    """Make accelerate's sharded loader yield every batch on every rank (ranks are stages, not replicas)."""
+    batch_sampler = getattr(dataloader, "batch_sampler", None)
+    if batch_sampler is not None and hasattr(batch_sampler, "num_processes"):
+        batch_sampler.num_processes, batch_sampler.process_index = 1, 0
+        if hasattr(batch_sampler, "even_batches"):
+            batch_sampler.even_batches = False
+    dataset = getattr(dataloader, "dataset", None)
+    if dataset is not None and hasattr(dataset, "num_processes") and hasattr(dataset, "process_index"):
+        dataset.num_processes, dataset.process_index = 1, 0

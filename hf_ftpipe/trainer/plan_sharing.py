@@ -1,0 +1,159 @@
+"""How PipeTrainer gets its plan: rank 0 resolves it, every rank receives it and checks it.
+
+Rank 0 looks for a plan in ``partition_file``, then the local cache, then ``partition_repo``,
+and else runs the partitioner (``hub.resolve``); the plan travels to every rank as JSON text and
+each checks it against its own trace. Only rank 0 plans, so the ranks cannot disagree; when it
+fails the others receive the error instead of waiting for a plan that never comes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from hf_ftpipe.costmodel import GPUProfile, get_profile
+from hf_ftpipe.costmodel.estimate import MemoryOptions, Optimizer
+from hf_ftpipe.errors import PipelineError, PlanDoesNotFitError
+from hf_ftpipe.graph.trace import TracedModel
+from hf_ftpipe.partitioners.auto import PartitionerResult, reason_line
+from hf_ftpipe.partitioners.registry import get_partitioner
+from hf_ftpipe.plan import Partition, check_fits_run, validate_partition
+from hf_ftpipe.runtime.watchdog import Watchdog
+from hf_ftpipe.trainer.arguments import PipeTrainingArguments
+
+__all__ = ["SharedPlan", "memory_options", "planned_optimizer", "share_partition"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SharedPlan:
+    partition: Partition
+    source: str | None
+    """Rank 0: where the plan came from ('file', 'cache', 'hub' or 'computed'); None elsewhere."""
+
+
+def share_partition(
+    args: PipeTrainingArguments, traced: TracedModel, microbatch: dict[str, Any], watchdog: Watchdog
+) -> SharedPlan:
+    """Rank 0 makes or loads the plan; every rank gets it as JSON text and checks it against its own trace.
+
+    The other ranks wait for it at most ``pipeline_timeout_s`` (``watchdog``), planning included."""
+    profile = get_profile(args.gpu_profile, count=dist.get_world_size())
+    payload: list[str | None] = [None]
+    source = None
+    if dist.get_rank() == 0:
+        try:
+            partition, source = _make_partition(args, traced, profile, microbatch)
+            payload[0] = json.dumps(partition.to_dict())
+        except Exception as error:  # the other ranks must not wait for a plan that never comes
+            payload[0] = json.dumps({"error": f"{type(error).__name__}: {error}"})
+            _broadcast_plan(payload, watchdog)
+            raise
+    _broadcast_plan(payload, watchdog)
+    data = json.loads(payload[0] or "{}")
+    if "error" in data:
+        raise PipelineError(f"[rank {dist.get_rank()}] rank 0 could not make the partition: {data['error']}")
+    partition = Partition.from_dict(data, source="the partition from rank 0")
+    partition.check_matches(traced.cost_graph, source="the partition from rank 0")
+    return SharedPlan(partition, source)
+
+
+def _broadcast_plan(payload: list[str | None], watchdog: Watchdog) -> None:
+    with watchdog.waiting("sharing the partition from rank 0", collective=True):
+        dist.broadcast_object_list(payload, src=0)
+
+
+def planned_optimizer(args: PipeTrainingArguments) -> Optimizer:
+    """The optimizer whose state the memory model counts: Adafactor's factored state, else
+    Adam's two moments (an upper bound for SGD)."""
+    return "adafactor" if "adafactor" in str(args.optim) else "adamw"
+
+
+def memory_options(args: PipeTrainingArguments) -> MemoryOptions:
+    return MemoryOptions(
+        headroom=args.partition_memory_headroom,
+        recompute=bool(args.activation_checkpointing),
+        gradient_accumulation_steps=args.async_update_interval,
+    )
+
+
+def _make_partition(
+    args: PipeTrainingArguments, traced: TracedModel, profile: GPUProfile, microbatch: dict[str, Any]
+) -> tuple[Partition, str]:
+    """``partition_file``, else the local cache, else ``partition_repo``, else the partitioner."""
+    from hf_ftpipe.hub.resolve import resolve_partition
+    from hf_ftpipe.plan.keys import resolve_key
+
+    graph = traced.cost_graph
+    key = resolve_key(
+        graph, profile, None, schedule=args.pipeline_schedule, num_microbatches=args.num_microbatches, dtype=None
+    )
+    resolved = resolve_partition(
+        graph,
+        key,
+        lambda: _compute_partition(args, traced, profile, microbatch),
+        partition_file=args.partition_file,
+        repo_id=args.partition_repo,
+        revision=args.partition_revision,
+        push=args.push_partition_to_hub,
+        use_cache=args.partition_cache,
+        check=lambda plan: validate_partition(plan, graph, memory_capacity_bytes=profile.memory_bytes),
+        check_stored=lambda plan: check_fits_run(
+            plan, graph, profile.memory_bytes, optimizer=planned_optimizer(args), memory=memory_options(args)
+        ),
+        partitioner=args.partitioner,
+    )
+    logger.info("partition: %s %s", resolved.source, resolved.location)
+    return resolved.partition, resolved.source
+
+
+def _compute_partition(
+    args: PipeTrainingArguments, traced: TracedModel, profile: GPUProfile, microbatch: dict[str, Any]
+) -> Partition:
+    microbatch_size = next(v.shape[0] for v in microbatch.values() if isinstance(v, torch.Tensor))
+    options: dict[str, Any] = {}
+    report: list[PartitionerResult] = []
+    if args.partitioner == "auto":
+        options["report"] = report
+    try:
+        partition = get_partitioner(args.partitioner)(
+            traced.cost_graph,
+            profile,
+            num_microbatches=args.num_microbatches,
+            microbatch_size=microbatch_size,
+            schedule=args.pipeline_schedule,
+            optimizer=planned_optimizer(args),
+            memory=memory_options(args),
+            **options,
+        )
+    except PlanDoesNotFitError as error:  # name the fixes as PipeTrainingArguments fields
+        raise error.worded_for("trainer") from error
+    for result in report:
+        logger.info("partitioner %s: %s", result.partitioner, _summary(result))
+    predicted = partition.predicted
+    if predicted is not None:
+        logger.info(
+            "partition by %s: %d stages on %d GPUs, %.3g samples/s predicted, worst GPU / ideal %.3f",
+            partition.partitioner,
+            partition.num_stages,
+            partition.num_devices,
+            predicted.throughput_samples_per_s,
+            predicted.imbalance,
+        )
+    return partition
+
+
+def _summary(result: PartitionerResult) -> str:
+    if result.step_time_s is None:
+        return f"no plan ({reason_line(result)})"
+    verdict = "fits" if result.feasible else f"does not fit ({reason_line(result)})"
+    return (
+        f"{result.throughput_samples_per_s:.3g} samples/s, worst GPU / ideal {result.worst_over_ideal:.3f}, "
+        f"peak memory {result.max_memory_fraction:.0%}, {result.time_s:.2f} s, {verdict}"
+    )

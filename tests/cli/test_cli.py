@@ -1,0 +1,159 @@
+"""`hf-ftpipe partition` and `hf-ftpipe compare` on the shipped T5-3B config, offline.
+
+T5-3B is traced once for the module (several seconds); every command line reuses that graph.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import huggingface_hub.constants
+import pytest
+
+from hf_ftpipe.cli import parser as cli
+from hf_ftpipe.partitioners.registry import available_partitioners
+from hf_ftpipe.plan import Partition, validate_partition
+
+# FTPipe's BoolQ setting: micro-batch 4, input 512, target 4, on 8 RTX 2080 Ti.
+T5_BOOLQ = ["t5-3b", "--gpus", "8", "--gpu-profile", "rtx2080ti", "--batch-size", "4", "--seq-len", "512"]
+T5_BOOLQ += ["--target-len", "4", "--schedule", "async"]
+FITS = ["--recompute", "--optimizer", "adafactor", "--num-microbatches", "8"]
+KEYS = {
+    "partitioner",
+    "feasible",
+    "throughput_samples_per_s",
+    "worst_over_ideal",
+    "max_memory_fraction",
+    "num_stages",
+    "stages_per_gpu",
+    "time_s",
+}
+
+
+@pytest.fixture(scope="module")
+def traces() -> dict:
+    """Offline, and every trace of one model and shape made once (the first command line traces)."""
+    cache: dict = {}
+    trace = cli._Request.trace
+
+    def cached(request: cli._Request):
+        a = request.args
+        key = (a.model, a.task, a.batch_size, a.seq_len, a.target_len, a.attention_mask)
+        if key not in cache:
+            cache[key] = trace(request)
+        return cache[key]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+        patch.setattr(cli._Request, "trace", cached)
+        yield cache
+
+
+def run(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli.main(list(argv))
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.mark.usefixtures("traces")
+def test_compare_json_has_one_row_per_registered_partitioner() -> None:
+    code, out, err = run("compare", *T5_BOOLQ, *FITS, "--json")
+    assert code == 0, err
+    rows = json.loads(out)
+    assert sorted(row["partitioner"] for row in rows) == available_partitioners()  # auto included
+    for row in rows:
+        assert KEYS <= set(row), row["partitioner"]
+    auto = next(row for row in rows if row["partitioner"] == "auto")
+    feasible = [row for row in rows if row["feasible"] and row["partitioner"] != "auto"]
+    assert auto["feasible"] and auto["chosen"] in {row["partitioner"] for row in feasible}
+    assert auto["throughput_samples_per_s"] == max(row["throughput_samples_per_s"] for row in feasible)
+    assert all(row["max_memory_fraction"] <= 0.9 for row in feasible)
+
+
+@pytest.mark.usefixtures("traces")
+def test_compare_prints_a_table_and_says_what_would_fit_when_nothing_does() -> None:
+    # Without recomputation T5-3B is too big for 8 GPUs; a short budget keeps the search for what fits short.
+    code, out, _ = run("compare", *T5_BOOLQ, "--time-budget-s", "1")
+    assert code == 0
+    assert out.splitlines()[1].split()[:3] == ["partitioner", "fits", "samples/s"]
+    assert "auto: no partitioner found a plan that fits 8 × rtx2080ti" in out and "It would fit on" in out
+
+
+def test_partition_writes_a_plan_that_loads_and_validates(traces: dict, tmp_path: Path) -> None:
+    path = tmp_path / "plan.json"
+    code, out, err = run("partition", *T5_BOOLQ, *FITS, "--partitioner", "seq-dp", "-o", str(path))
+    assert code == 0, err
+    assert "partitioner: seq-dp" in out and f"wrote {path}" in out
+    plan = Partition.from_json(path)
+    graph = next(iter(traces.values()))
+    validate_partition(plan, graph, memory_capacity_bytes=11 * 2**30)
+    assert plan.key.schedule == "async" and plan.key.num_gpus == 8 and plan.key.input_shapes["labels"] == [4, 4]
+
+    code, out, _ = run("partition", *T5_BOOLQ, *FITS, "--json")
+    summary = json.loads(out)
+    assert code == 0 and summary["chosen_by_auto"] and len(summary["gpus"]) == summary["num_gpus"] == 8
+
+
+@pytest.mark.usefixtures("traces")
+def test_nothing_fits_is_exit_status_2_with_what_would_fit() -> None:
+    code, out, err = run("partition", *T5_BOOLQ, "--time-budget-s", "1")
+    assert code == 2 and out == ""
+    assert "error: no partitioner found a plan that fits" in err and "It would fit on" in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (["--partitioner", "magic"], "unknown partitioner 'magic'; choose one of ['auto',"),
+        (["--gpu-profile", "gtx-480"], "unknown GPU profile 'gtx-480'; use one of ["),
+        (["--gpus", "0"], "--gpus must be at least 1"),
+        (["--headroom", "1.5"], "`headroom`"),
+    ],
+)
+def test_user_errors_are_exit_status_2_with_the_valid_choices(change: list[str], message: str) -> None:
+    argv = [*T5_BOOLQ]
+    for flag, value in zip(change[::2], change[1::2]):
+        if flag in argv:
+            argv[argv.index(flag) + 1] = value
+        else:
+            argv += [flag, value]
+    code, out, err = run("partition", *argv)
+    assert code == 2 and out == "" and message in err, err
+    assert "Traceback" not in err
+
+
+@pytest.mark.usefixtures("traces")
+def test_an_unknown_model_lists_the_names_that_work_offline() -> None:
+    code, _, err = run("compare", "someone/no-such-model", *T5_BOOLQ[1:])
+    assert code == 2
+    assert "cannot find model 'someone/no-such-model' offline" in err and "bert-large, gpt2-xl, t5-3b" in err
+
+
+def test_argparse_errors_and_help() -> None:
+    code, _, err = run("compare", *T5_BOOLQ, "--schedule", "zero-bubble")
+    assert code == 2 and "invalid choice: 'zero-bubble'" in err
+    result = subprocess.run([sys.executable, "-m", "hf_ftpipe", "--help"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and "partition" in result.stdout and "compare" in result.stdout
+
+
+def test_schedule_prints_each_ranks_actions(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["schedule", "--placement", "0,1", "--schedule", "1f1b", "--num-microbatches", "4"]) == 0
+    assert capsys.readouterr().out == (
+        "step:\n  rank 0: 0F0 0F1 0B0 0F2 0B1 0F3 0B2 0B3\n  rank 1: 1F0 1B0 1F1 1B1 1F2 1B2 1F3 1B3\n"
+    )
+    assert cli.main(["schedule", "--placement", "0,1", "--schedule", "2bw", "--num-microbatches", "2"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("step 0:\n  rank 0: 0F0 0F1 0B0\n  rank 1: 1F0 1B0 1F1 1B1 1U1\nstep 1:\n"), out
+    assert out.endswith("drain:\n  rank 0: 0B3 0U3\n  rank 1: \n"), out
+
+
+def test_schedule_refuses_a_placement_with_an_idle_rank(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["schedule", "--placement", "0,2"]) == 2
+    assert "ranks must be 0..N-1, each holding a stage; got [0, 2]" in capsys.readouterr().err

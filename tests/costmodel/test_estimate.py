@@ -1,0 +1,398 @@
+"""estimate: FTPipe's cost of a GPU (CCO) and the memory of a GPU, on hand-computed examples."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hf_ftpipe.costmodel import (
+    MemoryOptions,
+    estimate,
+    estimate_memory,
+    gpu_cost_s,
+    gradients_persist,
+    in_flight,
+    optimizer_state_bytes,
+    usable_capacity,
+    weight_versions,
+)
+from hf_ftpipe.errors import PartitionError
+
+from toy_graphs import UNIT, chain, make_graph, param
+
+
+def test_cco_two_gpus_hand_computed():
+    # a (10 FLOP) → b (5) → c (5); UNIT: 1 FLOP/s, parameter-free ops cost as much backward,
+    # 1 B/s links without latency. Stage 0 = {a} on GPU 0, stage 1 = {b, c} on GPU 1.
+    graph = make_graph({"a": {"flops": 10.0, "output_bytes": 30}, "b": 5.0, "c": 5.0}, [("a", "b"), ("b", "c")])
+    plan = estimate(graph, {"a": 0, "b": 1, "c": 1}, [0, 1], UNIT, num_microbatches=4, microbatch_size=8)
+    gpu0, gpu1 = plan.gpus
+    assert (gpu0.compute_s, gpu1.compute_s) == (20.0, 20.0)  # 10 + 10 backward; 2 × (5 + 5)
+    # GPU 0 sends 30 B forward (30 s) and receives their 30 B of gradients back (30 s):
+    # each is 10 s longer than the 20 s of compute it hides behind.
+    assert (gpu0.comm_fwd_out_s, gpu0.comm_bwd_in_s) == (30.0, 30.0)
+    assert gpu0.cost_s == 20.0 + 10.0 + 10.0
+    assert gpu1.cost_s == 20.0  # receiving forward and sending backward are the sender's cost
+    assert plan.stages[1].comm_fwd_in_s == 30.0 and plan.stages[1].comm_bwd_out_s == 30.0
+    assert plan.step_time_s == 40.0
+    assert plan.ideal_step_time_s == 40.0 / UNIT.count  # 4 GPUs in the profile
+    assert plan.throughput_samples_per_s == 8 / 40.0
+
+
+def test_cco_hides_communication_shorter_than_compute():
+    graph = make_graph({"a": {"flops": 10.0, "output_bytes": 15}, "b": 10.0}, [("a", "b")])
+    plan = estimate(graph, {"a": 0, "b": 1}, [0, 1], UNIT, num_microbatches=1, microbatch_size=1)
+    assert [g.cost_s for g in plan.gpus] == [20.0, 20.0]
+    assert gpu_cost_s(20.0, 15.0, 25.0) == 25.0
+
+
+def test_gradients_only_for_outputs_that_require_grad():
+    mask = {"flops": 1.0, "requires_grad": False, "output_bytes": 50}
+    graph = make_graph({"mask": mask, "b": 1.0}, [("mask", "b")])
+    plan = estimate(graph, {"mask": 0, "b": 1}, [0, 1], UNIT, num_microbatches=1, microbatch_size=1)
+    assert plan.gpus[0].comm_fwd_out_s == 50.0 and plan.gpus[0].comm_bwd_in_s == 0.0
+
+
+def test_output_sent_once_per_destination_stage_and_not_within_a_gpu():
+    # a feeds b and c (both stage 1, GPU 1) and d (stage 2, back on GPU 0)
+    graph = make_graph({"a": 1.0, "b": 1.0, "c": 1.0, "d": 1.0}, [("a", "b"), ("a", "c"), ("a", "d"), ("c", "d")])
+    node_stage = {"a": 0, "b": 1, "c": 1, "d": 2}
+    plan = estimate(graph, node_stage, [0, 1, 0], UNIT, num_microbatches=1, microbatch_size=1)
+    assert [s.fwd_out_bytes for s in plan.stages] == [16, 16, 0]  # a → stage 1 once; c → 2
+    assert [s.fwd_in_bytes for s in plan.stages] == [0, 16, 16]  # a → d stays on GPU 0
+    assert [g.comm_fwd_out_s for g in plan.gpus] == [16.0, 16.0]
+
+
+def test_stage_edges_are_the_stage_graph_with_bytes_same_gpu_included():
+    # a (stage 0) feeds b and c (stage 1) once and d (stage 2) directly; c feeds d. Stages 0 and
+    # 2 share GPU 0: their edge carries no traffic but is still part of the stage graph.
+    graph = make_graph(
+        {"a": 1.0, "b": 1.0, "c": {"flops": 1.0, "output_bytes": 40}, "d": 1.0},
+        [("a", "b"), ("a", "c"), ("a", "d"), ("c", "d")],
+    )
+    plan = estimate(graph, {"a": 0, "b": 1, "c": 1, "d": 2}, [0, 1, 0], UNIT, num_microbatches=1, microbatch_size=1)
+    assert plan.stage_edges == [[0, 1, 16], [0, 2, 16], [1, 2, 40]]
+
+
+def test_memory_gpipe_with_tied_weight_and_adamw():
+    params = {"emb": param("emb", (10, 10)), "buf": param("buf", (5,), trainable=False)}
+    graph = make_graph(
+        {
+            "e": {"flops": 1.0, "params": ("emb", "buf")},
+            "m": 1.0,
+            "head": {"flops": 1.0, "params": ("emb",)},
+        },
+        [("e", "m"), ("m", "head")],
+        params=params,
+    )
+    # tied weight on two stages of GPU 0: stored once; GPU 1 has no weights. Every op saves its
+    # 16 B output and every output leaves its stage (head's is the model's), so each stage keeps
+    # 32 B per micro-batch, all 3 in flight; a backward works with 2 × 16 B.
+    node_stage = {"e": 0, "m": 1, "head": 2}
+    plan = estimate(graph, node_stage, [0, 1, 0], UNIT, num_microbatches=3, microbatch_size=1)
+    gpu0 = plan.gpus[0]
+    # GPU 0 runs two stages: under gpipe their backwards interleave, so the gradients persist
+    assert (gpu0.weights_bytes, gpu0.gradient_bytes, gpu0.optimizer_bytes) == (420, 400, 800)
+    assert gpu0.activation_bytes == 2 * 32 * 3 + 2 * 16
+    assert gpu0.memory_bytes == 420 + 400 + 800 + 224 and gpu0.capacity_bytes == UNIT.memory_bytes
+    assert plan.gpus[1].memory_bytes == 32 * 3 + 2 * 16
+    # On two GPUs each keeps its copy. A stage alone under gpipe runs every forward before its
+    # first backward: its gradients replace the activations the backward frees, and only what
+    # they exceed those by counts (400 B of gradients against 32 B and 16 B saved), beside the
+    # backward's working tensors.
+    node_stage = {"e": 0, "m": 0, "head": 1}
+    split = estimate_memory(graph, node_stage, [0, 1], num_microbatches=3, optimizer="sgd")
+    assert split == [420 + (16 + 16 + 16) * 3 + 32 + (400 - 32), 400 + (16 + 16) * 3 + 32 + (400 - 16)]
+
+
+def test_1f1b_holds_fewer_microbatches():
+    graph = chain([1, 1, 1])
+    plan = estimate(
+        graph, {"n0": 0, "n1": 1, "n2": 2}, [0, 1, 2], UNIT, num_microbatches=8, microbatch_size=1, schedule="1f1b"
+    )
+    # per micro-batch: 16 B saved and the 16 B output kept; plus 2 × 16 B for the backward
+    assert [g.activation_bytes for g in plan.gpus] == [32 * 3 + 32, 32 * 2 + 32, 32 * 1 + 32]
+    assert in_flight("1f1b", 0, [0, 1, 2], 2) == 2 and in_flight("gpipe", 2, [0, 1, 2], 8) == 8
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "async", "2bw"])
+def test_in_flight_counts_stages_not_gpus(schedule):
+    # GPU 1 runs stages 1 and 2 one action at a time: a micro-batch queues at both, so stage 0
+    # needs one in flight per stage after it (runtime.schedule's limits), not per GPU.
+    assert [in_flight(schedule, s, [0, 1, 1, 0], 8) for s in range(4)] == [4, 3, 2, 1]
+    assert [in_flight(schedule, s, [0, 1, 1, 0], 3) for s in range(4)] == [3, 3, 2, 1]  # M caps it
+    assert [in_flight("gpipe", s, [0, 1, 1, 0], 8) for s in range(4)] == [8, 8, 8, 8]
+
+
+def test_in_flight_of_a_16_stage_zigzag_on_8_gpus():
+    zigzag = [*range(8), *reversed(range(8))]  # GPU g runs stages g and 15 − g
+    assert [in_flight("1f1b", s, zigzag, 16) for s in range(16)] == list(range(16, 0, -1))
+    assert [in_flight("async", s, zigzag, 8) for s in range(16)] == [8] * 9 + [7, 6, 5, 4, 3, 2, 1]
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.integers(0, 5), min_size=1, max_size=12),
+    st.integers(1, 16),
+    st.sampled_from(["gpipe", "1f1b", "async", "2bw"]),
+)
+def test_in_flight_is_the_depth_in_stages_capped_by_the_microbatches(stage_device, m, schedule):
+    num_stages = len(stage_device)
+    held = [in_flight(schedule, s, stage_device, m) for s in range(num_stages)]
+    if schedule == "gpipe":
+        assert held == [m] * num_stages
+    else:
+        assert held == [min(m, num_stages - s) for s in range(num_stages)]
+
+
+def test_in_flight_names_a_stage_outside_the_plan():
+    with pytest.raises(PartitionError, match=r"`stage_index` 3 is outside the plan's stages 0..2"):
+        in_flight("1f1b", 3, [0, 1, 0], 4)
+
+
+def test_stages_sharing_a_gpu_hold_what_they_hold_on_their_own_gpus():
+    # Four stages of one op each, one 16 B weight, 16 B saved and its 16 B output kept per op;
+    # async, SGD: gradients applied right after each backward (no more than what it frees).
+    params = {f"w{i}": param(f"w{i}", (2, 2)) for i in range(4)}
+    nodes = {f"n{i}": {"flops": 1.0, "params": (f"w{i}",)} for i in range(4)}
+    graph = make_graph(nodes, [("n0", "n1"), ("n1", "n2"), ("n2", "n3")], params=params)
+    node_stage = {f"n{i}": i for i in range(4)}
+    args = {"num_microbatches": 8, "schedule": "async", "optimizer": "sgd"}
+    # One stage per GPU: 4 3 2 1 micro-batches in flight and as many weight versions.
+    alone = estimate_memory(graph, node_stage, [0, 1, 2, 3], **args)
+    assert alone == [16 * k + 32 * k + 2 * 16 for k in (4, 3, 2, 1)]
+    # GPUs [0, 1, 1, 0]: still 4 3 2 1 (the depth is in stages); GPU 0 = stages 0 and 3, which
+    # run one backward at a time.
+    mixed = estimate_memory(graph, node_stage, [0, 1, 1, 0], **args)
+    assert mixed == [alone[0] + alone[3] - 32, alone[1] + alone[2] - 32]
+
+
+def test_recompute_charges_a_gpu_one_stage_recomputed_at_a_time():
+    # a → b → c → d, one stage each, on GPUs [0, 1, 1, 0]; 1F1B, 8 micro-batches: 4 3 2 1 in flight.
+    graph = make_graph(
+        {
+            "a": {"flops": 1.0, "output_bytes": 10, "saved_bytes": 500},
+            "b": {"flops": 1.0, "output_bytes": 20, "saved_bytes": 300},
+            "c": {"flops": 1.0, "output_bytes": 30, "saved_bytes": 700},
+            "d": {"flops": 1.0, "output_bytes": 40, "saved_bytes": 100},
+        },
+        [("a", "b"), ("b", "c"), ("c", "d")],
+    )
+    node_stage = {"a": 0, "b": 1, "c": 2, "d": 3}
+    sizes = {"num_microbatches": 8, "microbatch_size": 1, "schedule": "1f1b"}
+    plan = estimate(graph, node_stage, [0, 1, 1, 0], UNIT, **sizes, memory=MemoryOptions(recompute=True))
+    # Each stage keeps its inputs and its output per micro-batch in flight (stage 0 reads only the
+    # batch); the GPU runs one backward at a time, which recomputes one micro-batch of its stage
+    # and works with twice its largest tensor: the largest of those, not the sum.
+    kept = [(0 + 10) * 4, (10 + 20) * 3, (20 + 30) * 2, (30 + 40) * 1]
+    backward = [500 + 2 * 10, 300 + 2 * 20, 700 + 2 * 30, 100 + 2 * 40]
+    gpu0 = kept[0] + kept[3] + max(backward[0], backward[3])
+    gpu1 = kept[1] + kept[2] + max(backward[1], backward[2])
+    assert [g.activation_bytes for g in plan.gpus] == [gpu0, gpu1]
+    # A stage alone still needs its own full micro-batch.
+    assert [s.memory_bytes for s in plan.stages] == [k + b for k, b in zip(kept, backward)]
+    # Without recomputation every stage keeps all it saves, per micro-batch in flight.
+    plain = estimate(graph, node_stage, [0, 1, 1, 0], UNIT, **sizes)
+    gpu0 = (500 + 10) * 4 + (100 + 40) * 1 + 2 * 40
+    gpu1 = (300 + 20) * 3 + (700 + 30) * 2 + 2 * 30
+    assert [g.activation_bytes for g in plain.gpus] == [gpu0, gpu1]
+
+
+def test_async_stashes_weight_versions():
+    params = {"w": param("w", (2, 2))}
+    a = {"flops": 1.0, "params": ("w",)}
+    graph = make_graph({"a": a, "b": 1.0}, [("a", "b")], params=params)
+    plan = estimate(
+        graph, {"a": 0, "b": 1}, [0, 1], UNIT, num_microbatches=4, microbatch_size=1, schedule="async", optimizer="sgd"
+    )
+    assert plan.gpus[0].weights_bytes == 2 * 16  # stage 0 of 2: two versions in flight
+
+
+def test_optimizer_state():
+    assert optimizer_state_bytes("sgd", (4, 4), 64) == 0
+    assert optimizer_state_bytes("sgd-momentum", (4, 4), 64) == 64
+    assert optimizer_state_bytes("adam", (4, 4), 64) == 128
+    assert optimizer_state_bytes("adafactor", (100, 50), 20_000) == 600  # (100 + 50) × 4 B
+    assert optimizer_state_bytes("adafactor", (7,), 28) == 28
+
+
+def test_unknown_choices_list_the_valid_ones():
+    graph, sizes = chain([1]), {"num_microbatches": 1, "microbatch_size": 1}
+    with pytest.raises(PartitionError, match=r"unknown `optimizer` 'lamb'; use one of \['sgd'"):
+        estimate(graph, {"n0": 0}, [0], UNIT, **sizes, optimizer="lamb")
+    with pytest.raises(PartitionError, match="unknown `schedule` 'zb'"):
+        estimate(graph, {"n0": 0}, [0], UNIT, **sizes, schedule="zb")
+    with pytest.raises(PartitionError, match="in no stage"):
+        estimate(chain([1, 1]), {"n0": 0}, [0], UNIT, **sizes)
+    with pytest.raises(PartitionError, match="`num_microbatches` must be a positive integer"):
+        estimate(graph, {"n0": 0}, [0], UNIT, num_microbatches=0, microbatch_size=1)
+
+
+def test_activations_are_saved_bytes_and_output_bytes_only_without_them():
+    graph = make_graph(
+        {"a": {"flops": 1.0, "output_bytes": 100, "saved_bytes": 7}, "b": {"flops": 1.0, "output_bytes": 5}},
+        [("a", "b")],
+    )
+    plan = estimate(graph, {"a": 0, "b": 0}, [0], UNIT, num_microbatches=2, microbatch_size=1)
+    # b has no saved_bytes: its output; b's output is the model's, kept too; a backward through b
+    # works with twice a's 100 B output
+    assert plan.gpus[0].activation_bytes == (7 + 5) * 2 + 5 * 2 + 2 * 100
+
+
+def test_recompute_keeps_stage_inputs_per_microbatch_and_runs_forward_twice():
+    # a → b → c, a → c; stage 0 = {a}, stage 1 = {b, c}; 1F1B with 4 micro-batches: stage 0
+    # holds 2 in flight, stage 1 one.
+    graph = make_graph(
+        {
+            "a": {"flops": 3.0, "output_bytes": 10, "saved_bytes": 50},
+            "b": {"flops": 2.0, "output_bytes": 20, "saved_bytes": 60},
+            "c": {"flops": 1.0, "output_bytes": 30, "saved_bytes": 70},
+        },
+        [("a", "b"), ("b", "c"), ("a", "c")],
+    )
+    sizes = {"num_microbatches": 4, "microbatch_size": 1, "schedule": "1f1b"}
+    plain = estimate(graph, {"a": 0, "b": 1, "c": 1}, [0, 1], UNIT, **sizes)
+    # each stage also keeps the output that leaves it; backward working tensors 2 × 10, 2 × 30
+    assert [g.activation_bytes for g in plain.gpus] == [(50 + 10) * 2 + 20, (60 + 70 + 30) * 1 + 60]
+    again = estimate(graph, {"a": 0, "b": 1, "c": 1}, [0, 1], UNIT, **sizes, memory=MemoryOptions(recompute=True))
+    # stage 0 reads only the batch; stage 1 keeps a's output (once, though two ops read it)
+    assert [g.activation_bytes for g in again.gpus] == [(0 + 10) * 2 + 50 + 20, (10 + 30) * 1 + (60 + 70) + 60]
+    assert [s.backward_s for s in again.stages] == [3.0 + 3.0, 3.0 + 3.0]  # backward + forward again
+    assert [g.compute_s for g in again.gpus] == [9.0, 9.0]
+    assert again.ideal_step_time_s == 18.0 / UNIT.count
+
+
+@pytest.mark.parametrize(
+    ("schedule", "stage_index", "accumulation", "expected"),
+    [
+        ("gpipe", 0, 1, 1),
+        ("1f1b", 0, 1, 1),
+        ("2bw", 0, 1, 2),
+        ("2bw", 3, 1, 2),
+        ("async", 0, 1, 4),  # 4 micro-batches in flight, one version each
+        ("async", 3, 1, 1),  # the last stage updates right after each backward
+        ("async", 0, 2, 3),  # micro-batches 5 6 7 8 used versions 2 3 3 4
+        ("async", 0, 4, 2),
+        ("async", 0, 100, 2),
+        ("async", 2, 2, 2),
+    ],
+)
+def test_weight_versions(schedule, stage_index, accumulation, expected):
+    got = weight_versions(
+        schedule, stage_index, [0, 1, 2, 3], num_microbatches=8, gradient_accumulation_steps=accumulation
+    )
+    assert got == expected
+
+
+def test_async_versions_capped_by_microbatches_in_flight():
+    assert weight_versions("async", 0, range(8), num_microbatches=3) == 3
+    assert weight_versions("async", 0, range(8)) == 8
+
+
+def test_async_versions_count_stages_from_the_stage_on():
+    zigzag = [*range(8), *reversed(range(8))]
+    assert weight_versions("async", 0, zigzag) == 16  # 16 stages deep, though on 8 GPUs
+    assert weight_versions("async", 0, zigzag, num_microbatches=8) == 8
+    assert [weight_versions("async", s, [0, 1, 1, 0], num_microbatches=8) for s in range(4)] == [4, 3, 2, 1]
+    assert weight_versions("async", 0, zigzag, gradient_accumulation_steps=2) == 9  # ⌈15/2⌉ + 1
+
+
+def test_async_with_gradient_accumulation_stashes_fewer_versions():
+    params = {"w": param("w", (2, 2))}
+    a = {"flops": 1.0, "params": ("w",)}
+    graph = make_graph({"a": a, "b": 1.0, "c": 1.0}, [("a", "b"), ("b", "c")], params=params)
+    args = {"num_microbatches": 8, "microbatch_size": 1, "schedule": "async", "optimizer": "sgd"}
+    node_stage = {"a": 0, "b": 1, "c": 2}
+    each = estimate(graph, node_stage, [0, 1, 2], UNIT, **args)
+    grouped = estimate(graph, node_stage, [0, 1, 2], UNIT, **args, memory=MemoryOptions(gradient_accumulation_steps=2))
+    assert each.gpus[0].weights_bytes == 3 * 16 and grouped.gpus[0].weights_bytes == 2 * 16
+
+
+def test_headroom_capacity_and_memory_fraction():
+    graph = chain([1, 1])
+    plan = estimate(graph, {"n0": 0, "n1": 1}, [0, 1], UNIT, num_microbatches=10, microbatch_size=1)
+    assert [g.capacity_bytes for g in plan.gpus] == [10_000, 10_000]  # raw
+    assert plan.max_memory_fraction == ((16 + 16) * 10 + 32) / 10_000
+    assert plan.worst_over_ideal == plan.imbalance
+    assert usable_capacity(UNIT) == 9_000  # 10% headroom by default
+    assert usable_capacity(UNIT, MemoryOptions(headroom=0.25)) == 7_500
+    assert usable_capacity(UNIT, MemoryOptions(headroom=0)) == 10_000
+
+
+def test_memory_options_are_checked():
+    with pytest.raises(PartitionError, match=r"`headroom` .* in \[0, 1\), got 1.5"):
+        MemoryOptions(headroom=1.5)
+    with pytest.raises(PartitionError, match="`gradient_accumulation_steps` must be a positive integer"):
+        MemoryOptions(gradient_accumulation_steps=0)
+
+
+def test_estimate_memory_takes_memory_options():
+    graph = make_graph({"a": {"flops": 1.0, "saved_bytes": 40}, "b": {"flops": 1.0, "saved_bytes": 40}}, [("a", "b")])
+    plain = estimate_memory(graph, {"a": 0, "b": 1}, [0, 1], num_microbatches=3)
+    again = estimate_memory(graph, {"a": 0, "b": 1}, [0, 1], num_microbatches=3, memory=MemoryOptions(recompute=True))
+    # per micro-batch 40 B saved (recomputed: the stage's input) and the 16 B output; 2 × 16 B
+    assert plain == [(40 + 16) * 3 + 32] * 2 and again == [16 * 3 + 40 + 32, (16 + 16) * 3 + 40 + 32]
+
+
+@pytest.mark.parametrize(
+    ("schedule", "stage_device", "num_microbatches", "accumulation", "recompute", "expected"),
+    [
+        ("async", [0, 1], 4, 1, False, [False, False]),  # applied right after each backward
+        ("async", [0, 1], 4, 1, True, [False, False]),
+        ("async", [0, 1], 4, 2, False, [True, True]),  # kept across the forwards between two backwards
+        ("2bw", [0, 1], 4, 1, False, [True, True]),
+        ("gpipe", [0, 1], 4, 1, False, [False, False]),  # every forward of the step before any backward
+        ("gpipe", [0, 1], 4, 1, True, [True, True]),  # beside what the second backward recomputes
+        ("gpipe", [0, 1], 1, 1, True, [False, False]),  # one backward per step
+        ("gpipe", [0, 1, 0], 4, 1, False, [True, False, True]),  # GPU 0's two stages interleave backwards
+        ("1f1b", [0, 1], 4, 1, False, [True, True]),
+        ("1f1b", [0, 1, 2], 2, 1, False, [False, False, True]),  # stages 0, 1 hold both micro-batches
+    ],
+)
+def test_gradients_persist(schedule, stage_device, num_microbatches, accumulation, recompute, expected):
+    got = [
+        gradients_persist(
+            schedule,
+            s,
+            stage_device,
+            num_microbatches=num_microbatches,
+            gradient_accumulation_steps=accumulation,
+            recompute=recompute,
+        )
+        for s in range(len(stage_device))
+    ]
+    assert got == expected
+
+
+def test_gradients_that_do_not_persist_count_beyond_the_activations_a_backward_frees():
+    # a (a 400 B weight, 16 B saved) → b; async updates right after each backward, 1f1b keeps the
+    # gradients for the whole step. Stage 0 holds 2 micro-batches (saved + kept output: 32 B each).
+    params = {"w": param("w", (10, 10))}
+    graph = make_graph({"a": {"flops": 1.0, "params": ("w",)}, "b": 1.0}, [("a", "b")], params=params)
+    args = {"num_microbatches": 4, "microbatch_size": 1, "optimizer": "sgd"}
+    streamed = estimate(graph, {"a": 0, "b": 1}, [0, 1], UNIT, schedule="async", **args).gpus[0]
+    assert (streamed.weights_bytes, streamed.gradient_bytes) == (2 * 400, 0)  # two versions in flight
+    assert streamed.activation_bytes == 32 * 2 + 2 * 16 + (400 - 16)  # the gradient beyond the 16 B it frees
+    flushed = estimate(graph, {"a": 0, "b": 1}, [0, 1], UNIT, schedule="1f1b", **args).gpus[0]
+    assert (flushed.weights_bytes, flushed.gradient_bytes) == (400, 400)
+    assert flushed.activation_bytes == 32 * 2 + 2 * 16  # backward working tensors only
+
+
+def test_a_loss_stage_keeps_the_logits_and_works_with_two_of_their_size():
+    # logits (800 B, saved by nobody) → loss (scalar, saves 800 B of log-probabilities); the
+    # model returns both. Its backward holds the gradients of the log-probabilities and of the
+    # logits at once: on top of 800 saved + 800 kept logits + 4 B loss, 2 × 800.
+    graph = make_graph(
+        {
+            "h": {"flops": 1.0, "output_bytes": 100},
+            "logits": {"flops": 1.0, "output_bytes": 800, "saved_bytes": 100},
+            "loss": {"flops": 1.0, "output_bytes": 4, "saved_bytes": 800},
+        },
+        [("h", "logits"), ("logits", "loss")],
+        outputs=("loss", "logits"),
+    )
+    args = {"num_microbatches": 2, "optimizer": "sgd", "schedule": "async"}
+    assert estimate_memory(graph, {"h": 0, "logits": 1, "loss": 1}, [0, 1], **args)[1] == (
+        (100 + 800) + (800 + 4) + 2 * 800
+    )

@@ -1,0 +1,132 @@
+"""The plans shipped in ``partitions/``: every one validates against its model's graph and is what
+the current partitioner computes for its key; the index and the card describe exactly them.
+
+The full check traces T5-3B (two shapes), GPT2-XL and BERT-large on the meta device, each once,
+and re-runs each plan's winning partitioner: about a minute on 2 cores. When it fails after a
+change to tracing, costs or a partitioner, run ``hf-ftpipe regenerate-partitions`` and commit
+the result (its README table shows what changed).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import hf_ftpipe.partitioners  # noqa: F401  (registers the partitioners)
+from hf_ftpipe.costmodel.estimate import usable_capacity
+from hf_ftpipe.errors import FtpipeError
+from hf_ftpipe.hub.catalog import (
+    INDEX_FILE,
+    GraphCache,
+    partitioner_options,
+    plan_spec,
+    profile_of,
+    read_index,
+    render_card,
+)
+from hf_ftpipe.hub.setups import SHIPPED_PLANS
+from hf_ftpipe.partitioners.registry import get_partitioner
+from hf_ftpipe.plan.keys import resolve_key
+from hf_ftpipe.plan.partition import Partition
+from hf_ftpipe.plan.validate import validate_partition
+
+FOLDER = Path(__file__).resolve().parents[2] / "partitions"
+ENTRIES = read_index(FOLDER)
+PLANNED = [e for e in ENTRIES if e["file"]]
+
+
+def test_index_lists_every_shipped_spec_with_its_options() -> None:
+    assert [e["name"] for e in ENTRIES] == [s.name for s in SHIPPED_PLANS]
+    for entry in ENTRIES:
+        spec = plan_spec(entry["name"])
+        assert (entry["model"], entry["task"], entry["gpu_profile"], entry["num_gpus"]) == (
+            spec.setup.model,
+            spec.setup.name,
+            spec.gpu_profile,
+            spec.num_gpus,
+        )
+        assert (entry["seq_len"], entry["target_len"], entry["microbatch_size"], entry["optimizer"]) == (
+            spec.setup.seq_len,
+            spec.setup.target_len,
+            spec.setup.microbatch_size,
+            spec.setup.optimizer,
+        )
+        assert (entry["schedule"], entry["num_microbatches"], entry["recompute"], entry["headroom"]) == (
+            spec.schedule,
+            spec.num_microbatches,
+            spec.recompute,
+            spec.headroom,
+        )
+        assert (entry["file"] is None) == (entry["predicted"] is None) == (entry["does_not_fit"] is not None)
+
+
+def test_folder_holds_exactly_the_indexed_plans_and_the_generated_card() -> None:
+    plan_files = {p.relative_to(FOLDER).as_posix() for p in FOLDER.glob("*/*.json") if p.parent.name != "configs"}
+    assert plan_files == {e["file"] for e in PLANNED}
+    assert (FOLDER / "README.md").read_text(encoding="utf-8") == render_card(ENTRIES)
+
+
+def test_the_card_names_what_does_not_fit_and_what_would() -> None:
+    card = (FOLDER / "README.md").read_text(encoding="utf-8")
+    assert card.startswith("---\n") and "\n---\n" in card  # YAML front matter of a Hub dataset card
+    for entry in ENTRIES:
+        if entry["file"] is None:
+            # e.g. T5-3B WiC on 8 × 11 GB: the GPU memory or the GPU count that would fit.
+            assert entry["would_fit"] and "GiB" in entry["would_fit"] and entry["gpu_profile"] in entry["would_fit"]
+            assert f"needs {entry['would_fit']}" in card
+        else:
+            assert entry["file"] in card
+
+
+@pytest.fixture(scope="module")
+def graphs() -> GraphCache:
+    return GraphCache()
+
+
+@pytest.mark.slow
+def test_every_shipped_plan_validates_and_matches_the_current_partitioner(graphs: GraphCache) -> None:
+    problems: list[str] = []
+    remade: dict[tuple[str, str, str], Partition] = {}  # equal keys (BoolQ, MultiRC) are planned once
+    for entry in PLANNED:
+        try:
+            problem = _check_plan(entry, graphs, remade)
+        except FtpipeError as error:  # another graph (key, ops) or a plan that no longer fits
+            problem = str(error)
+        if problem:
+            problems.append(f"{entry['name']}: {problem}")
+    assert not problems, "run `hf-ftpipe regenerate-partitions` and commit the result:\n" + "\n".join(problems)
+
+
+def _check_plan(entry: dict[str, Any], graphs: GraphCache, remade: dict) -> str | None:
+    """What is wrong with the shipped plan of ``entry`` (None: nothing)."""
+    spec = plan_spec(entry["name"])
+    graph = graphs(spec.setup)
+    profile, options = profile_of(spec), partitioner_options(spec)
+    expected_key = resolve_key(
+        graph, profile, None, schedule=spec.schedule, num_microbatches=spec.num_microbatches, dtype=None
+    )
+    plan = Partition.from_json(FOLDER / entry["file"], expected_key=expected_key)
+    assert plan.key.digest() == entry["key_digest"] and plan.partitioner == entry["partitioner"]
+    validate_partition(plan, graph, memory_capacity_bytes=usable_capacity(profile, options["memory"]))
+
+    cache_key = (expected_key.digest(), plan.partitioner, json.dumps(_plain(options), sort_keys=True))
+    if cache_key not in remade:
+        remade[cache_key] = get_partitioner(plan.partitioner)(graph, profile, **options)
+    again = remade[cache_key]
+    if (again.node_stage, again.stage_device) != (plan.node_stage, plan.stage_device):
+        return f"{plan.partitioner} now makes another plan"
+    assert again.predicted.throughput_samples_per_s == pytest.approx(entry["predicted"]["throughput_samples_per_s"])
+    assert again.predicted.stage_edges == plan.predicted.stage_edges
+    return None
+
+
+def _plain(options: dict[str, Any]) -> dict[str, Any]:
+    return {k: (v.__dict__ if hasattr(v, "__dict__") else v) for k, v in options.items()}
+
+
+def test_index_file_is_plain_json() -> None:
+    data = json.loads((FOLDER / INDEX_FILE).read_text(encoding="utf-8"))
+    assert data["format"] == "hf_ftpipe.partitions_index" and len(data["plans"]) == len(SHIPPED_PLANS)

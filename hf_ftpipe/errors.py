@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
-
-if TYPE_CHECKING:
-    from hf_ftpipe.partitioners.fit import FitAdvice
+from typing import Literal, Protocol
 
 Caller = Literal["python", "trainer", "cli"]
 """Who reads a fix: the partition API (keyword arguments), PipeTrainer (`PipeTrainingArguments`
 fields), or the ``hf-ftpipe`` command (flags)."""
+
+
+class Advice(Protocol):
+    """What would fit and what to change (``partitioners.fit.FitAdvice``), worded for its reader.
+
+    A protocol, so that the errors every package raises depend on no package.
+    """
+
+    def text(self, caller: Caller) -> str: ...
 
 
 class FtpipeError(Exception):
@@ -37,7 +43,7 @@ class PlanDoesNotFitError(PartitionError):
     `--recompute` on the command line. ``str()`` words it for ``caller``.
     """
 
-    def __init__(self, reason: str, advice: FitAdvice | None = None, caller: Caller = "python") -> None:
+    def __init__(self, reason: str, advice: Advice | None = None, caller: Caller = "python") -> None:
         super().__init__(reason)
         self.reason, self.advice, self.caller = reason, advice, caller
 

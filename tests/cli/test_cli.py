@@ -16,6 +16,7 @@ import huggingface_hub.constants
 import pytest
 
 from hf_ftpipe.cli import parser as cli
+from hf_ftpipe.cli.partition import _Request
 from hf_ftpipe.partitioners.registry import available_partitioners
 from hf_ftpipe.plan import Partition, validate_partition
 
@@ -39,9 +40,9 @@ KEYS = {
 def traces() -> dict:
     """Offline, and every trace of one model and shape made once (the first command line traces)."""
     cache: dict = {}
-    trace = cli._Request.trace
+    trace = _Request.trace
 
-    def cached(request: cli._Request):
+    def cached(request: _Request):
         a = request.args
         key = (a.model, a.task, a.batch_size, a.seq_len, a.target_len, a.attention_mask)
         if key not in cache:
@@ -50,7 +51,7 @@ def traces() -> dict:
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-        patch.setattr(cli._Request, "trace", cached)
+        patch.setattr(_Request, "trace", cached)
         yield cache
 
 

@@ -1,22 +1,32 @@
-"""What a plan predicts, per GPU and per stage, as JSON-ready data and as the tables ``hf-ftpipe
-show`` prints; and the built-in GPU profiles as ``hf-ftpipe profiles`` lists them.
+"""What ``hf-ftpipe`` prints: tables, a plan's predictions, the GPU profiles, ``partition`` and ``compare``.
 
-Everything here reads a `Partition` alone (no model, no trace): a plan file from the Hub can be
-judged before anything is downloaded or launched.
+A plan's figures come as JSON-ready data (``plan_summary``) and as the tables ``hf-ftpipe show``
+prints; they read a `Partition` alone (no model, no trace), so a plan file from the Hub can be
+judged before anything is downloaded or launched. Every table goes through `table`.
 """
 
 from __future__ import annotations
 
+import argparse
 from typing import Any
 
-from hf_ftpipe.costmodel.profiles import list_profiles
+from hf_ftpipe._units import GiB, MiB
+from hf_ftpipe.costmodel.profiles import GPUProfile, list_profiles
 from hf_ftpipe.errors import PartitionError
+from hf_ftpipe.graph.cost_graph import CostGraph
 from hf_ftpipe.plan.partition import Partition
 
-__all__ = ["format_plan", "format_profiles", "plan_summary", "profile_rows", "table"]
-
-_GiB = 2**30
-_MiB = 2**20
+__all__ = [
+    "format_compare",
+    "format_partition",
+    "format_plan",
+    "format_profiles",
+    "gpu_rows",
+    "plan_summary",
+    "profile_rows",
+    "setup_line",
+    "table",
+]
 
 
 def plan_summary(plan: Partition) -> dict[str, Any]:
@@ -44,12 +54,12 @@ def plan_summary(plan: Partition) -> dict[str, Any]:
                 "cost_ms": gpu.cost_s * 1e3,
                 "cost_over_ideal": gpu.cost_s / p.ideal_step_time_s if p.ideal_step_time_s > 0 else 1.0,
                 "bottleneck": g == bottleneck,
-                "weights_gib": gpu.weights_bytes / _GiB,
-                "gradients_gib": gpu.gradient_bytes / _GiB,
-                "optimizer_gib": gpu.optimizer_bytes / _GiB,
-                "activations_gib": gpu.activation_bytes / _GiB,
-                "memory_gib": gpu.memory_bytes / _GiB,
-                "capacity_gib": gpu.capacity_bytes / _GiB,
+                "weights_gib": gpu.weights_bytes / GiB,
+                "gradients_gib": gpu.gradient_bytes / GiB,
+                "optimizer_gib": gpu.optimizer_bytes / GiB,
+                "activations_gib": gpu.activation_bytes / GiB,
+                "memory_gib": gpu.memory_bytes / GiB,
+                "capacity_gib": gpu.capacity_bytes / GiB,
                 "memory_fraction": gpu.memory_bytes / gpu.capacity_bytes if gpu.capacity_bytes else 0.0,
             }
         )
@@ -60,13 +70,13 @@ def plan_summary(plan: Partition) -> dict[str, Any]:
             "num_ops": ops[s],
             "forward_ms": st.forward_s * 1e3,
             "backward_ms": st.backward_s * 1e3,
-            "recv_mib": st.fwd_in_bytes / _MiB,
-            "send_mib": st.fwd_out_bytes / _MiB,
+            "recv_mib": st.fwd_in_bytes / MiB,
+            "send_mib": st.fwd_out_bytes / MiB,
             "comm_fwd_in_ms": st.comm_fwd_in_s * 1e3,
             "comm_fwd_out_ms": st.comm_fwd_out_s * 1e3,
             "comm_bwd_in_ms": st.comm_bwd_in_s * 1e3,
             "comm_bwd_out_ms": st.comm_bwd_out_s * 1e3,
-            "memory_gib": st.memory_bytes / _GiB,
+            "memory_gib": st.memory_bytes / GiB,
         }
         for s, st in enumerate(p.stages)
     ]
@@ -87,7 +97,7 @@ def plan_summary(plan: Partition) -> dict[str, Any]:
         "num_gpus_used": plan.num_devices,
         "gpus": gpus,
         "stages": stages,
-        "stage_edges": [{"source": s, "destination": t, "mib": b / _MiB} for s, t, b in p.stage_edges],
+        "stage_edges": [{"source": s, "destination": t, "mib": b / MiB} for s, t, b in p.stage_edges],
         "versions": dict(plan.versions),
     }
 
@@ -200,7 +210,7 @@ def format_profiles() -> str:
         rows.append(
             [
                 p.name,
-                f"{p.memory_bytes / _GiB:.0f}",
+                f"{p.memory_bytes / GiB:.0f}",
                 f"{flops['float32']:.3g}",
                 f"{flops['float16']:.3g}",
                 f"{flops['bfloat16']:.3g}",
@@ -216,6 +226,98 @@ def format_profiles() -> str:
         "direction between two GPUs (PCIe or NVLink).\nUse a name with --gpu-profile, or write your own with "
         "GPUProfile.to_json and pass its path."
     )
+
+
+# -- hf-ftpipe partition and compare ------------------------------------------------------------
+
+
+def gpu_rows(plan: Partition) -> list[dict[str, Any]]:
+    """``hf-ftpipe partition``'s per-GPU figures: stages, compute and cost in ms, memory in GiB."""
+    predicted = plan.predicted
+    return [
+        {
+            "gpu": g,
+            "stages": plan.stages_on(g),
+            "compute_ms": gpu.compute_s * 1e3,
+            "cost_ms": gpu.cost_s * 1e3,
+            "memory_gib": gpu.memory_bytes / GiB,
+            "capacity_gib": gpu.capacity_bytes / GiB,
+            "memory_fraction": gpu.memory_bytes / gpu.capacity_bytes,
+        }
+        for g, gpu in enumerate(predicted.gpus)
+    ]
+
+
+def setup_line(args: argparse.Namespace, graph: CostGraph, profile: GPUProfile) -> str:
+    """``hf-ftpipe compare``'s first line: the model, the GPUs and the options it was planned with."""
+    shape = f"{args.seq_len}" + (f"/{args.target_len}" if args.target_len else "")
+    extras = ", recompute" if args.recompute else ""
+    return (
+        f"{args.model} ({graph.model_class}, {graph.num_nodes} ops) on {profile.count} × {profile.name} "
+        f"({profile.memory_bytes / GiB:.1f} GiB, {args.headroom:.0%} kept free); micro-batch {args.batch_size} "
+        f"× {args.num_microbatches}, length {shape}, {args.schedule}, {args.optimizer}{extras}"
+    )
+
+
+def format_partition(summary: dict[str, Any], report: list) -> str:
+    """``hf-ftpipe partition``'s text: the setup, the winner, its prediction and a GPU table."""
+    lines = [
+        f"{summary['model']} ({summary['model_class']}, {summary['num_ops']} ops) on {summary['num_gpus']} × "
+        f"{summary['gpu_profile']}",
+        f"partitioner: {summary['partitioner']}"
+        + (f" (chosen by auto among {len(report)})" if summary["chosen_by_auto"] else ""),
+        f"predicted: {summary['throughput_samples_per_s']:.2f} samples/s, worst GPU / ideal "
+        f"{summary['worst_over_ideal']:.3f}, {summary['num_stages']} stages, peak memory "
+        f"{summary['max_memory_fraction']:.0%} of capacity",
+    ]
+    cells = [["GPU", "stages", "compute ms", "cost ms", "memory GiB", "of capacity"]]
+    for row in summary["gpus"]:
+        cells.append(
+            [
+                str(row["gpu"]),
+                ",".join(map(str, row["stages"])),
+                f"{row['compute_ms']:.1f}",
+                f"{row['cost_ms']:.1f}",
+                f"{row['memory_gib']:.2f} / {row['capacity_gib']:.1f}",
+                f"{row['memory_fraction']:.0%}",
+            ]
+        )
+    lines.append(table(cells))
+    if summary["output"]:
+        lines.append(f"wrote {summary['output']}")
+    return "\n".join(lines)
+
+
+def format_compare(rows: list[dict[str, Any]]) -> str:
+    """``hf-ftpipe compare``'s table: one row per partitioner, then `auto` and what it chose."""
+    cells = [
+        ["partitioner", "fits", "samples/s", "worst/ideal", "peak GiB", "of capacity", "stages", "per GPU", "time s"]
+    ]
+    for row in rows:
+        has_plan = row["step_time_s"] is not None
+        name = row["partitioner"] + (" *" if row["best"] else "")
+        if row["partitioner"] == "auto" and row.get("chosen"):
+            name = f"auto ({row['chosen']})"
+        cells.append(
+            [
+                name,
+                "yes" if row["feasible"] else ("skipped" if row["skipped"] else "no"),
+                f"{row['throughput_samples_per_s']:.2f}" if has_plan else "-",
+                f"{row['worst_over_ideal']:.3f}" if has_plan else "-",
+                f"{max(row['memory_gib_per_gpu']):.2f}" if has_plan else "-",
+                f"{row['max_memory_fraction']:.0%}" if has_plan else "-",
+                str(row["num_stages"]) if has_plan else "-",
+                _stages_per_gpu(row["stages_per_gpu"]) if has_plan else "-",
+                f"{row['time_s']:.2f}",
+            ]
+        )
+    return table(cells)
+
+
+def _stages_per_gpu(counts: list[int]) -> str:
+    """``[1, 1, 1]`` → ``"1"``; ``[2, 1, 3]`` → ``"1-3"``."""
+    low, high = min(counts, default=0), max(counts, default=0)
+    return str(low) if low == high else f"{low}-{high}"
 
 
 def table(rows: list[list[str]]) -> str:

@@ -95,6 +95,7 @@ def _run_pull(args: argparse.Namespace) -> int:
 
 
 def _run_list(args: argparse.Namespace) -> int:
+    from hf_ftpipe.cli.format import table
     from hf_ftpipe.hub.store import PartitionStore
 
     entries = PartitionStore(args.repo, revision=args.revision).list(**_filters(args))
@@ -108,10 +109,7 @@ def _run_list(args: argparse.Namespace) -> int:
         rows.append(
             [e.model_class, e.model_fingerprint, gpus, e.schedule, str(e.num_microbatches), e.dtype, e.key_digest, size]
         )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    print("\n".join(lines))
+    print(table(rows))
     print(f"{len(entries)} plan(s) in {args.repo}")
     return 0
 

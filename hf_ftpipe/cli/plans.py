@@ -1,11 +1,61 @@
 """``hf-ftpipe show``, ``profiles``, ``regenerate-partitions`` and ``publish-partitions``: commands
-that read plans and profiles rather than trace a model (the parser lives in ``cli.py``)."""
+that read plans and profiles rather than trace a model.
+
+::
+
+    hf-ftpipe show t5-3b-8x2080ti.json [--json] [--plot load.png]
+    hf-ftpipe profiles [--json]
+    hf-ftpipe regenerate-partitions [--folder partitions] [--only t5-3b/rtx2080ti-x8-rte ...]
+    hf-ftpipe publish-partitions USER/hf-ftpipe-partitions [--folder partitions] [--private]
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from typing import Any
+
+__all__ = ["add_plan_commands"]
+
+
+def add_plan_commands(commands: Any) -> None:
+    """Add ``show``, ``profiles``, ``regenerate-partitions`` and ``publish-partitions`` to ``commands``."""
+    show = commands.add_parser(
+        "show",
+        help="print a plan's per-GPU and per-stage predictions; --plot draws them",
+        description="Print what the cost model predicts for a partition file: per GPU and per stage compute, "
+        "communication, memory, and the predicted throughput.",
+    )
+    show.add_argument("plan", help="a partition JSON file (hf-ftpipe partition -o, or partitions/...)")
+    show.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    show.add_argument("--plot", metavar="PNG", help="also draw the per-GPU load and the stage graph to this image")
+    show.set_defaults(run=run_show)
+    profiles = commands.add_parser(
+        "profiles",
+        help="list the built-in GPU profiles",
+        description="The built-in GPU profiles (datasheet speeds) that --gpu-profile names.",
+    )
+    profiles.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    profiles.set_defaults(run=run_profiles)
+    regenerate = commands.add_parser(
+        "regenerate-partitions",
+        help="recompute the shipped plans in partitions/ with their index and card",
+        description="Trace each shipped setup's model (meta device) and rewrite its plan, index.json and README.md.",
+    )
+    regenerate.add_argument("--folder", default="partitions", help="default: partitions")
+    regenerate.add_argument("--only", nargs="+", metavar="NAME", help="only these plans, e.g. t5-3b/rtx2080ti-x8-rte")
+    regenerate.set_defaults(run=run_regenerate)
+    publish = commands.add_parser(
+        "publish-partitions",
+        help="upload the partitions/ folder to a Hub dataset repository",
+        description="Upload the plans, index and card to a Hub dataset repository (created when missing).",
+    )
+    publish.add_argument("repo_id", help="the dataset repository, e.g. USER/hf-ftpipe-partitions")
+    publish.add_argument("--folder", default="partitions", help="default: partitions")
+    publish.add_argument("--private", action="store_true", help="create the repository private")
+    publish.add_argument("--revision", help="branch to commit to (default: main)")
+    publish.set_defaults(run=run_publish)
 
 
 def run_show(args: argparse.Namespace) -> int:

@@ -28,13 +28,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from hf_ftpipe._units import GiB, format_bytes
 from hf_ftpipe.costmodel.estimate import MemoryOptions
 from hf_ftpipe.costmodel.profiles import GPUProfile, get_profile
 from hf_ftpipe.errors import PartitionError
 from hf_ftpipe.graph.cost_graph import CostGraph
 from hf_ftpipe.hub.setups import SHIPPED_PLANS, PlanSpec, Setup
 from hf_ftpipe.partitioners.auto import best_result, compare_partitioners, no_plan_fits
-from hf_ftpipe.partitioners.fit import format_bytes
 from hf_ftpipe.plan.keys import resolve_key
 from hf_ftpipe.plan.partition import Partition
 
@@ -55,7 +55,6 @@ __all__ = [
 INDEX_FILE = "index.json"
 CARD_FILE = "README.md"
 _INDEX_VERSION = 1
-_GiB = 2**30
 _NO_BUDGET_S = math.inf  # `auto` with a budget could skip a partitioner on a slow machine
 
 
@@ -135,7 +134,7 @@ def make_entry(spec: PlanSpec, graph: CostGraph) -> tuple[dict[str, Any], Partit
         "step_time_ms": predicted.step_time_s * 1e3,
         "ideal_step_time_ms": predicted.ideal_step_time_s * 1e3,
         "worst_over_ideal": predicted.worst_over_ideal,
-        "max_memory_gib": max(g.memory_bytes for g in predicted.gpus) / _GiB,
+        "max_memory_gib": max(g.memory_bytes for g in predicted.gpus) / GiB,
         "max_memory_fraction": predicted.max_memory_fraction,
         "num_stages": plan.num_stages,
         "stages_per_gpu": [len(plan.stages_on(g)) for g in range(plan.num_devices)],

@@ -5,13 +5,18 @@ empty weights (``accelerate.init_empty_weights()``, parameters on the meta devic
 reads only the tensors its stages use from the checkpoint's safetensors files. A model built
 with real weights works as well; `release_foreign_weights` then frees the parameters this rank
 does not run, so each process keeps one slice.
+
+`find_weights` is hf_ftpipe's one reader of a model's safetensors checkpoint: stage weights
+here, and a training checkpoint's weights on resume (``trainer.checkpoint_format``).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Mapping
+from collections import defaultdict
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -21,7 +26,7 @@ from torch import nn
 from hf_ftpipe.errors import PipelineError
 from hf_ftpipe.graph.cost_graph import CostGraph
 
-__all__ = ["checkpoint_files", "load_stage_weights", "release_foreign_weights"]
+__all__ = ["StoredWeights", "checkpoint_files", "find_weights", "load_stage_weights", "release_foreign_weights"]
 
 _SINGLE = "model.safetensors"
 _INDEX = "model.safetensors.index.json"
@@ -59,23 +64,52 @@ def load_stage_weights(
                     wanted.setdefault(name, []).append((owner, leaf))
     if not wanted:
         return 0
+    found = find_weights(folder, wanted, graph)
+    if found.missing:
+        raise PipelineError(
+            f"{len(found.missing)} weights of this rank's stages are not in the checkpoint {folder}, e.g. "
+            f"{found.missing[:5]}; is it the checkpoint of this model?"
+        )
+    for name, _, value in found.read():
+        _place(wanted[name], value, device)
+    return len(wanted)
+
+
+@dataclass(frozen=True)
+class StoredWeights:
+    """Where a checkpoint stores each wanted tensor, and the wanted names it stores nowhere."""
+
+    by_file: dict[Path, list[tuple[str, str]]]
+    """File → (wanted name, the name it is stored under) for each tensor that file holds."""
+    missing: list[str]
+
+    def read(self) -> Iterator[tuple[str, Path, torch.Tensor]]:
+        """(wanted name, file, tensor on the CPU) for every stored tensor, each file opened once."""
+        for path, entries in self.by_file.items():
+            with safe_open(path, framework="pt", device="cpu") as handle:
+                for name, stored in entries:
+                    yield name, path, handle.get_tensor(stored)
+
+
+def find_weights(folder: str | os.PathLike, names: Iterable[str], graph: CostGraph) -> StoredWeights:
+    """Look up ``names`` in the safetensors checkpoint in ``folder`` (nothing is read yet).
+
+    A tied weight may be stored under any of its names (``lm_head.weight`` or
+    ``transformer.wte.weight``: ``graph.params[name].aliases``), so callers check ``missing``
+    before reading and name the checkpoint in their own words.
+    """
     files = checkpoint_files(folder)
+    by_file: dict[Path, list[tuple[str, str]]] = defaultdict(list)
     missing = []
-    for name, places in wanted.items():
-        aliases = graph.params[name].aliases if name in graph.params else (name,)
+    for name in names:
+        info = graph.params.get(name)
+        aliases = info.aliases if info is not None else (name,)
         stored = next((alias for alias in aliases if alias in files), None)
         if stored is None:
             missing.append(name)
-            continue
-        with safe_open(files[stored], framework="pt", device="cpu") as handle:
-            value = handle.get_tensor(stored)
-        _place(places, value, device)
-    if missing:
-        raise PipelineError(
-            f"{len(missing)} weights of this rank's stages are not in the checkpoint {folder}, e.g. "
-            f"{missing[:5]}; is it the checkpoint of this model?"
-        )
-    return len(wanted)
+        else:
+            by_file[files[stored]].append((name, stored))
+    return StoredWeights(dict(by_file), missing)
 
 
 def _place(places: list[tuple[nn.Module, str]], value: torch.Tensor, device: torch.device) -> None:

@@ -41,7 +41,7 @@ from hf_ftpipe._json_depth import check_json_depth
 from hf_ftpipe.errors import CheckpointError, PipelineError
 from hf_ftpipe.graph.cost_graph import CostGraph
 from hf_ftpipe.runtime.weight_sync import WeightSync
-from hf_ftpipe.runtime.weights import checkpoint_files
+from hf_ftpipe.runtime.weights import checkpoint_files, find_weights
 
 __all__ = [
     "OPTIMIZER_FOLDER",
@@ -112,34 +112,23 @@ def load_engine_weights(engine: _Engine, folder: str | os.PathLike) -> int:
     under any of its names. Every rank must call it.
     """
     engine.drain()
-    files = checkpoint_files(folder)
-    by_file: dict[Path, list[tuple[str, str, torch.Tensor]]] = defaultdict(list)
-    missing = []
-    for name, tensor in engine.state_dict().items():
-        info = engine.graph.params.get(name)
-        aliases = info.aliases if info is not None else (name,)
-        stored = next((alias for alias in aliases if alias in files), None)
-        if stored is None:
-            missing.append(name)
-        else:
-            by_file[files[stored]].append((name, stored, tensor))
-    if missing:
+    tensors = engine.state_dict()
+    found = find_weights(folder, tensors, engine.graph)
+    if found.missing:
         raise CheckpointError(
-            f"[rank {engine.rank}] {len(missing)} weights of this rank's stages are not in the checkpoint "
-            f"{folder}, e.g. {missing[:5]}; is it a checkpoint of this model?"
+            f"[rank {engine.rank}] {len(found.missing)} weights of this rank's stages are not in the checkpoint "
+            f"{folder}, e.g. {found.missing[:5]}; is it a checkpoint of this model?"
         )
     count = 0
-    for path, entries in by_file.items():
-        with safe_open(path, framework="pt", device="cpu") as handle:
-            for name, stored, tensor in entries:
-                value = handle.get_tensor(stored)
-                if value.shape != tensor.shape:
-                    raise CheckpointError(
-                        f"[rank {engine.rank}] {name!r} has shape {tuple(value.shape)} in {path} but "
-                        f"{tuple(tensor.shape)} in the model; is it a checkpoint of this model?"
-                    )
-                tensor.copy_(value)
-                count += 1
+    for name, path, value in found.read():
+        tensor = tensors[name]
+        if value.shape != tensor.shape:
+            raise CheckpointError(
+                f"[rank {engine.rank}] {name!r} has shape {tuple(value.shape)} in {path} but "
+                f"{tuple(tensor.shape)} in the model; is it a checkpoint of this model?"
+            )
+        tensor.copy_(value)
+        count += 1
     if engine.streaming:
         engine.weight_sync.remember_tied(dict(engine.named_parameters()))
     return count

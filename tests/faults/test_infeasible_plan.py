@@ -21,6 +21,7 @@ import torch
 
 import hf_ftpipe.partitioners  # noqa: F401  (registers the partitioners)
 from hf_ftpipe.cli import parser as cli
+from hf_ftpipe.cli.partition import _Request
 from hf_ftpipe.costmodel import MemoryOptions, estimate_memory, get_profile, usable_capacity
 from hf_ftpipe.errors import PartitionError, PlanDoesNotFitError
 from hf_ftpipe.graph import trace_model
@@ -46,7 +47,7 @@ def graph() -> Iterator[CostGraph]:
     traced = trace_model(model, sample_inputs_for(model, 8, 1024, None))
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-        patch.setattr(cli._Request, "trace", lambda request: traced)
+        patch.setattr(_Request, "trace", lambda request: traced)
         yield traced
 
 

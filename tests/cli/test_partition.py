@@ -16,6 +16,7 @@ import huggingface_hub.constants
 import pytest
 
 from hf_ftpipe.cli import parser as cli
+from hf_ftpipe.cli.partition import _Request
 from hf_ftpipe.partitioners.registry import available_partitioners
 from hf_ftpipe.plan import Partition, validate_partition
 
@@ -39,9 +40,9 @@ KEYS = {
 def traces() -> dict:
     """Offline, and every trace of one model and shape made once (the first command line traces)."""
     cache: dict = {}
-    trace = cli._Request.trace
+    trace = _Request.trace
 
-    def cached(request: cli._Request):
+    def cached(request: _Request):
         a = request.args
         key = (a.model, a.task, a.batch_size, a.seq_len, a.target_len, a.attention_mask)
         if key not in cache:
@@ -50,7 +51,7 @@ def traces() -> dict:
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-        patch.setattr(cli._Request, "trace", cached)
+        patch.setattr(_Request, "trace", cached)
         yield cache
 
 
@@ -141,19 +142,3 @@ def test_argparse_errors_and_help() -> None:
     assert code == 2 and "invalid choice: 'zero-bubble'" in err
     result = subprocess.run([sys.executable, "-m", "hf_ftpipe", "--help"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and "partition" in result.stdout and "compare" in result.stdout
-
-
-def test_schedule_prints_each_ranks_actions(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["schedule", "--placement", "0,1", "--schedule", "1f1b", "--num-microbatches", "4"]) == 0
-    assert capsys.readouterr().out == (
-        "step:\n  rank 0: 0F0 0F1 0B0 0F2 0B1 0F3 0B2 0B3\n  rank 1: 1F0 1B0 1F1 1B1 1F2 1B2 1F3 1B3\n"
-    )
-    assert cli.main(["schedule", "--placement", "0,1", "--schedule", "2bw", "--num-microbatches", "2"]) == 0
-    out = capsys.readouterr().out
-    assert out.startswith("step 0:\n  rank 0: 0F0 0F1 0B0\n  rank 1: 1F0 1B0 1F1 1B1 1U1\nstep 1:\n"), out
-    assert out.endswith("drain:\n  rank 0: 0B3 0U3\n  rank 1: \n"), out
-
-
-def test_schedule_refuses_a_placement_with_an_idle_rank(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["schedule", "--placement", "0,2"]) == 2
-    assert "ranks must be 0..N-1, each holding a stage; got [0, 2]" in capsys.readouterr().err

@@ -1,0 +1,194 @@
+"""``hf-ftpipe partition`` and ``compare``: trace a model on the meta device and plan it for the GPUs named.
+
+::
+
+    hf-ftpipe partition t5-3b --gpus 8 --gpu-profile rtx2080ti --batch-size 4 --seq-len 512 \\
+        --target-len 4 --schedule async --num-microbatches 8 -o t5-3b-8x2080ti.json
+    hf-ftpipe compare t5-3b --gpus 8 --gpu-profile rtx2080ti --batch-size 4 --seq-len 512 \\
+        --target-len 4 --schedule async [--json]
+
+``--batch-size`` is the micro-batch, the batch of one trace. `_Request` turns the shared flags
+into a profile, a traced graph and the options every partitioner takes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any, get_args
+
+__all__ = ["add_partition_commands"]
+
+
+def add_partition_commands(commands: Any) -> None:
+    """Add ``partition`` and ``compare`` to the ``hf-ftpipe`` subparsers ``commands``."""
+    from hf_ftpipe.costmodel.estimate import Optimizer, Schedule
+
+    partition = commands.add_parser(
+        "partition", help="make a partition and print its summary", description="Make a partition plan."
+    )
+    compare = commands.add_parser(
+        "compare",
+        help="run every partitioner and print them side by side",
+        description="Run every registered partitioner on the model and print their predictions side by side.",
+    )
+    for command in (partition, compare):
+        command.add_argument(
+            "model",
+            help="a shipped short name (t5-3b, gpt2-xl, bert-large: offline), a folder with config.json, "
+            "a config JSON file, or a Hub model id",
+        )
+        command.add_argument("--gpus", type=int, required=True, help="number of GPUs (pipeline ranks)")
+        command.add_argument(
+            "--gpu-profile", required=True, help="built-in GPU profile (e.g. rtx2080ti, a100-80gb) or a JSON file"
+        )
+        command.add_argument("--batch-size", type=int, required=True, help="samples per micro-batch")
+        command.add_argument("--seq-len", type=int, required=True, help="input length in tokens")
+        command.add_argument("--target-len", type=int, help="target length of an encoder-decoder (default: seq-len)")
+        command.add_argument(
+            "--task",
+            choices=["seq2seq-lm", "causal-lm", "masked-lm", "question-answering", "sequence-classification"],
+            help="head to put on the model instead of the config's `architectures`",
+        )
+        command.add_argument("--attention-mask", action="store_true", help="trace with an attention_mask input")
+        command.add_argument("--schedule", choices=get_args(Schedule), default="gpipe", help="default: gpipe")
+        command.add_argument("--num-microbatches", type=int, default=4, help="micro-batches per step (default: 4)")
+        command.add_argument("--optimizer", choices=get_args(Optimizer), default="adamw", help="default: adamw")
+        command.add_argument("--dtype", help="compute dtype for the costs, e.g. bfloat16 (default: the weights')")
+        command.add_argument("--recompute", action="store_true", help="plan with activation recomputation")
+        command.add_argument(
+            "--headroom", type=float, default=0.1, help="fraction of GPU memory kept free (default: 0.1)"
+        )
+        command.add_argument(
+            "--time-budget-s", type=float, default=60.0, help="auto/compare: start no partitioner after this"
+        )
+        command.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    partition.add_argument("--partitioner", default="auto", help="a registered partitioner (default: auto)")
+    partition.add_argument("-o", "--output", help="write the plan to this JSON file")
+    partition.set_defaults(run=_run_partition)
+    compare.set_defaults(run=_run_compare)
+
+
+def _run_partition(args: argparse.Namespace) -> int:
+    from hf_ftpipe.cli.format import format_partition, gpu_rows
+    from hf_ftpipe.costmodel.estimate import usable_capacity
+    from hf_ftpipe.partitioners.auto import partition_auto, result_of
+    from hf_ftpipe.partitioners.registry import get_partitioner
+    from hf_ftpipe.plan.validate import validate_partition
+
+    request = _Request(args)
+    get_partitioner(args.partitioner)  # an unknown name fails before the trace
+    graph = request.trace()
+    started = time.perf_counter()
+    report: list = []
+    if args.partitioner == "auto":
+        plan = partition_auto(
+            graph, request.profile, **request.options, time_budget_s=args.time_budget_s, report=report
+        )
+    else:
+        plan = get_partitioner(args.partitioner)(graph, request.profile, **request.options)
+    time_s = time.perf_counter() - started
+    validate_partition(plan, graph, memory_capacity_bytes=usable_capacity(request.profile, request.options["memory"]))
+    result = result_of(plan.partitioner, plan, time_s)
+    if args.output:
+        plan.to_json(args.output)
+    summary = {
+        "model": args.model,
+        "model_class": graph.model_class,
+        "num_ops": graph.num_nodes,
+        "gpu_profile": request.profile.name,
+        "num_gpus": request.profile.count,
+        "partitioner": plan.partitioner,
+        "chosen_by_auto": args.partitioner == "auto",
+        **{k: v for k, v in result.to_dict().items() if k not in ("partitioner", "error", "skipped")},
+        "gpus": gpu_rows(plan),
+        "output": args.output,
+    }
+    if args.json:
+        print(json.dumps(summary, indent=1))
+    else:
+        print(format_partition(summary, report))
+    return 0
+
+
+def _run_compare(args: argparse.Namespace) -> int:
+    from hf_ftpipe.cli.format import format_compare, setup_line
+    from hf_ftpipe.partitioners.auto import (
+        PartitionerResult,
+        best_result,
+        compare_partitioners,
+        no_plan_fits,
+        reason_line,
+    )
+
+    request = _Request(args)
+    graph = request.trace()
+    started = time.perf_counter()
+    report = compare_partitioners(
+        graph, request.profile, **request.options, time_budget_s=args.time_budget_s, unlimited_figures=True
+    )
+    best = best_result(report)
+    if best is not None:  # auto is the best of the others, timed as running them all
+        auto = PartitionerResult(**{**best.__dict__, "partitioner": "auto", "time_s": time.perf_counter() - started})
+        why = None
+    else:
+        why = no_plan_fits(graph, request.profile, report, **request.options).message("cli")
+        auto = PartitionerResult(partitioner="auto", feasible=False, time_s=time.perf_counter() - started, error=why)
+    rows = [{**r.to_dict(), "best": r is best} for r in report]
+    rows.append({**auto.to_dict(), "best": False, "chosen": best.partitioner if best else None})
+    if args.json:
+        print(json.dumps(rows, indent=1))
+    else:
+        print(setup_line(args, graph, request.profile))
+        print(format_compare(rows))
+        if best is not None:  # else auto's message lists every reason
+            print("\n".join(f"  {reason_line(r)}" for r in report if r.error))
+        print(f"auto chooses {best.partitioner}" if best else f"auto: {why}")
+    return 0
+
+
+class _Request:
+    """The profile, the traced graph and the partitioner options that a command line asks for."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        import hf_ftpipe.partitioners  # noqa: F401  (registers the partitioners it imports)
+        import hf_ftpipe.partitioners.auto  # noqa: F401
+        from hf_ftpipe.costmodel import get_profile
+        from hf_ftpipe.costmodel.estimate import MemoryOptions
+        from hf_ftpipe.errors import PartitionError
+        from hf_ftpipe.partitioners.registry import available_partitioners
+
+        self.args = args
+        if getattr(args, "partitioner", "auto") not in available_partitioners():
+            raise PartitionError(f"unknown partitioner {args.partitioner!r}; choose one of {available_partitioners()}")
+        for name in ("gpus", "batch_size", "seq_len", "num_microbatches"):
+            if getattr(args, name) < 1:
+                raise PartitionError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+        self.profile = get_profile(args.gpu_profile, count=args.gpus)
+        self.options: dict[str, Any] = {
+            "num_microbatches": args.num_microbatches,
+            "microbatch_size": args.batch_size,
+            "schedule": args.schedule,
+            "optimizer": args.optimizer,
+            "dtype": args.dtype,
+            "memory": MemoryOptions(headroom=args.headroom, recompute=args.recompute),
+        }
+
+    def trace(self) -> Any:
+        from hf_ftpipe.graph import trace_model
+        from hf_ftpipe.graph.sources import load_model_for_planning, sample_inputs_for
+
+        args = self.args
+        started = time.perf_counter()
+        model = load_model_for_planning(args.model, task=args.task)
+        inputs = sample_inputs_for(
+            model, args.batch_size, args.seq_len, args.target_len, attention_mask=args.attention_mask
+        )
+        graph = trace_model(model, inputs)
+        print(
+            f"traced {graph.model_class} ({graph.num_nodes} ops) in {time.perf_counter() - started:.1f} s",
+            file=sys.stderr,
+        )
+        return graph

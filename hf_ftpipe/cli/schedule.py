@@ -1,0 +1,70 @@
+"""``hf-ftpipe schedule``: print the actions each rank runs under a pipeline schedule, checked, no process started.
+
+::
+
+    hf-ftpipe schedule --placement 0,1,1,0 --schedule 1f1b --num-microbatches 4
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any, get_args
+
+__all__ = ["add_schedule_command"]
+
+
+def add_schedule_command(commands: Any) -> None:
+    """Add ``schedule`` to the ``hf-ftpipe`` subparsers ``commands``."""
+    from hf_ftpipe.costmodel.estimate import Schedule
+
+    schedule = commands.add_parser(
+        "schedule",
+        help="print the actions each rank runs under a pipeline schedule",
+        description="Print, per rank, the actions of a pipeline schedule (1F0: stage 1 forward of micro-batch 0; "
+        "0B3: backward; 0U3: stage 0 updates its weights), checked for order without starting any process.",
+    )
+    schedule.add_argument(
+        "--placement",
+        required=True,
+        help="the rank of each stage, stages feeding each other in order, e.g. 0,1,1,0 (rank 0 runs stages 0 and 3)",
+    )
+    schedule.add_argument("--schedule", choices=get_args(Schedule), default="gpipe", help="default: gpipe")
+    schedule.add_argument("--num-microbatches", type=int, default=4, help="micro-batches per step (default: 4)")
+    schedule.add_argument("--steps", type=int, default=2, help="async/2bw: steps to print before the drain")
+    schedule.add_argument("--async-update-interval", type=int, default=1, help="async: backwards per update")
+    schedule.set_defaults(run=_run_schedule)
+
+
+def _run_schedule(args: argparse.Namespace) -> int:
+    from hf_ftpipe.errors import PipelineError
+    from hf_ftpipe.schedules.orders import StreamingSchedule, check_order, format_actions, make_schedule
+
+    try:
+        stage_rank = [int(rank) for rank in args.placement.split(",")]
+    except ValueError:
+        raise PipelineError(
+            f"--placement takes ranks separated by commas, e.g. 0,1,1,0; got {args.placement!r}"
+        ) from None
+    if sorted(set(stage_rank)) != list(range(max(stage_rank) + 1)):
+        raise PipelineError(f"ranks must be 0..N-1, each holding a stage; got {stage_rank}")
+    try:
+        schedule = make_schedule(
+            args.schedule,
+            stage_rank,
+            args.num_microbatches,
+            gradient_accumulation_steps=args.async_update_interval,
+        )
+    except ValueError as error:
+        raise PipelineError(str(error)) from error
+    if isinstance(schedule, StreamingSchedule):
+        steps = [(f"step {t}", schedule.next_step()) for t in range(args.steps)] + [("drain", schedule.drain())]
+        total = args.steps * args.num_microbatches
+    else:
+        steps, total = [("step", schedule.global_order())], args.num_microbatches
+    check_order([a for _, order in steps for a in order], stage_rank, schedule.edges, range(total))
+    ranks = range(max(stage_rank) + 1)
+    for title, order in steps:
+        print(f"{title}:")
+        for rank in ranks:
+            print(f"  rank {rank}: {format_actions([a for a in order if stage_rank[a.stage_index] == rank])}")
+    return 0

@@ -1,0 +1,168 @@
+"""The places a plan can come from, each a small object that finds the plan for a key or says it has none.
+
+`resolve_partition` walks them in order (``PlanFile``; else ``CachedPlans``, ``HubPlans``,
+``Partitioner``) and takes the first plan found. A source that cannot serve (a refused file in
+the cache, an unreachable Hub) warns and answers None, so the next one is tried; only
+``PlanFile``, the file the user named, raises: the message then says to fix that file.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from hf_ftpipe.errors import HubError, PartitionError
+from hf_ftpipe.graph.cost_graph import CostGraph
+from hf_ftpipe.hub.store import PartitionStore
+from hf_ftpipe.plan.partition import Partition, PartitionKey, user_file_fix, with_fix
+
+__all__ = ["CachedPlans", "HubPlans", "Partitioner", "PlanFile", "PlanSource", "Resolved", "StoredPlanCheck"]
+
+logger = logging.getLogger(__name__)
+
+Source = Literal["file", "cache", "hub", "computed"]
+
+_CACHED_FILE_FIX = "Delete the file so that the partition is recomputed."
+
+
+@dataclass(frozen=True)
+class Resolved:
+    partition: Partition
+    source: Source
+    location: str
+    """The file, cache path or ``hf://`` location the plan came from ("" when computed)."""
+
+
+class PlanSource(Protocol):
+    """One link of the chain: the plan for ``key``, or None to let the next source try."""
+
+    name: Source
+
+    def find(self, key: PartitionKey) -> Resolved | None: ...
+
+
+@dataclass(frozen=True)
+class StoredPlanCheck:
+    """What a plan from the cache or the Hub must pass: this graph, this key, and the run's checks.
+
+    With a ``partitioner`` other than ``"auto"``, a plan made by another partitioner is refused:
+    the key does not record it. ``check`` applies to every plan; ``check_stored`` only to stored
+    ones (e.g. that they fit this run's memory budget, which the key does not record either).
+    """
+
+    graph: CostGraph
+    partitioner: str = "auto"
+    check: Callable[[Partition], None] | None = None
+    check_stored: Callable[[Partition], None] | None = None
+
+    def __call__(self, partition: Partition, key: PartitionKey, source: str) -> None:
+        """Raise `PartitionError` if ``partition`` (read from ``source``) does not serve this run."""
+        if self.partitioner != "auto" and partition.partitioner != self.partitioner:
+            raise PartitionError(
+                f"{source}: made by the {partition.partitioner!r} partitioner, not the {self.partitioner!r} asked "
+                "for (`partitioner='auto'` takes a stored plan by any partitioner)"
+            )
+        partition.check_key(key, source=source)
+        partition.check_matches(self.graph, source=source)
+        for stored_check in (self.check, self.check_stored):
+            if stored_check is not None:
+                stored_check(partition)
+
+
+@dataclass(frozen=True)
+class PlanFile:
+    """``partition_file``: the user asked for this file, so a wrong one is an error, not a fallback."""
+
+    path: str
+    graph: CostGraph
+    check: Callable[[Partition], None] | None = None
+    name: Source = "file"
+
+    def find(self, key: PartitionKey) -> Resolved:
+        fix = (
+            f"{user_file_fix(self.path)} Or drop `partition_file` so that a plan is taken from the cache "
+            "or `partition_repo`, or computed."
+        )
+        with with_fix(fix):
+            partition = Partition.from_json(self.path, expected_key=key)
+            partition.check_matches(self.graph, source=self.path)
+        if self.check is not None:
+            self.check(partition)
+        return Resolved(partition, "file", self.path)
+
+
+@dataclass(frozen=True)
+class CachedPlans:
+    """The local cache (``$HF_HOME/hf_ftpipe/partitions``); a refused file there is skipped with a warning."""
+
+    store: PartitionStore
+    fits: StoredPlanCheck
+    name: Source = "cache"
+
+    def find(self, key: PartitionKey) -> Resolved | None:
+        path = self.store.cache_path(key)
+        try:
+            with with_fix(_CACHED_FILE_FIX):
+                cached = self.store.load_cached(key)
+                if cached is not None:
+                    self.fits(cached, key, str(path))
+                    logger.info("partition from the local cache: %s", path)
+                    return Resolved(cached, "cache", str(path))
+        except PartitionError as e:
+            logger.warning("refused the cached partition (%s); looking further", e)
+        return None
+
+
+@dataclass(frozen=True)
+class HubPlans:
+    """A Hub dataset repo. Unreachable, failing or refused: a warning, and the plan is computed instead;
+    under ``HF_HUB_OFFLINE`` it serves only plans downloaded before."""
+
+    store: PartitionStore
+    repo_id: str
+    fits: StoredPlanCheck
+    revision: str | None = None
+    name: Source = "hub"
+
+    def find(self, key: PartitionKey) -> Resolved | None:
+        if self.store.offline:  # huggingface_hub's download cache still serves a plan pulled before
+            logger.warning(
+                "HF_HUB_OFFLINE is set, so the Hub is skipped: `partition_repo` %s serves only a plan downloaded "
+                "from it before (unset HF_HUB_OFFLINE to pull)",
+                self.repo_id,
+            )
+        try:
+            pulled = self.store.pull(key, revision=self.revision)
+            if pulled is None:
+                logger.info("no partition for this model and setup in %s; computing one", self.repo_id)
+                return None
+            self.fits(pulled.partition, key, pulled.location)
+        except HubError as e:
+            logger.warning("could not read the partition from the Hub (%s); computing it instead", e)
+            return None
+        except PartitionError as e:
+            logger.warning("refused the partition from the Hub: %s\nComputing it instead.", e)
+            return None
+        logger.info("partition from the Hub: %s (commit %s)", pulled.location, pulled.commit)
+        return Resolved(pulled.partition, "hub", pulled.location)
+
+
+@dataclass(frozen=True)
+class Partitioner:
+    """The last source: run the partitioner (``compute``); it always has a plan, or raises why none fits."""
+
+    compute: Callable[[], Partition]
+    check: Callable[[Partition], None] | None = None
+    name: Source = "computed"
+
+    def find(self, key: PartitionKey) -> Resolved:
+        partition = self.compute()
+        if self.check is not None:
+            self.check(partition)
+        if partition.key != key:
+            logger.warning(
+                "the partitioner recorded key %s, expected %s: it will not be found again", partition.key, key
+            )
+        return Resolved(partition, "computed", "")

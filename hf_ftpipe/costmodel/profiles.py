@@ -17,6 +17,7 @@ from dataclasses import MISSING, asdict, dataclass, fields, replace
 from typing import Any, Literal, get_args
 
 from hf_ftpipe._json_depth import check_json_depth
+from hf_ftpipe._units import GiB
 from hf_ftpipe.errors import ProfileError
 
 __all__ = [
@@ -38,7 +39,6 @@ _DTYPE_ALIASES = {"float": "float32", "fp32": "float32", "half": "float16", "fp1
 # A missing half-precision peak falls back along this chain (the next-slower kind of unit).
 _FALLBACK = {"bfloat16": "float16", "float16": "float32"}
 _JSON_VERSION = 1
-_GiB = 2**30
 
 
 def canonical_dtype(dtype: object) -> str:
@@ -227,7 +227,7 @@ def _gpu(
     return GPUProfile(
         name=name,
         count=1,
-        memory_bytes=gib * _GiB,
+        memory_bytes=gib * GiB,
         peak_flops={"float32": fp32, "float16": fp16, "bfloat16": bf16},
         memory_bandwidth_bytes_per_s=mem_bw,
         link_bandwidth_bytes_per_s=link_bw,
@@ -260,7 +260,7 @@ BUILTIN_PROFILES: dict[str, GPUProfile] = {
         GPUProfile(
             name="cpu",
             count=1,
-            memory_bytes=16 * _GiB,
+            memory_bytes=16 * GiB,
             peak_flops={"float32": 0.5e12, "float16": 0.1e12, "bfloat16": 0.25e12},
             memory_bandwidth_bytes_per_s=20e9,
             link_bandwidth_bytes_per_s=5e9,

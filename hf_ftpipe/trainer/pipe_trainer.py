@@ -6,7 +6,10 @@ model, rank 0 makes (or loads) the partition and shares it, and each rank keeps 
 
 Stock `Trainer` goes quietly wrong when each rank holds a slice of the model: it would wrap the
 slice in DDP, shard the batches across ranks, count the ranks as data-parallel replicas, clip by
-a local gradient norm and save rank 0's slice only. Each override below undoes one of those.
+a local gradient norm and save rank 0's slice only. Each override undoes one of those: here the
+pipeline's building, training step and saving; in mixins, one job each, data loading
+(`data_loading`), logs and counts (`reporting`), evaluation (`evaluation`) and checkpoints
+(`checkpoint_hooks`).
 """
 
 from __future__ import annotations
@@ -14,14 +17,13 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-from functools import partial
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from transformers import Trainer
-from transformers.trainer_utils import get_last_checkpoint, seed_worker
+from transformers.trainer_utils import get_last_checkpoint
 
 from hf_ftpipe.errors import CheckpointError, PipelineError
 from hf_ftpipe.graph.trace import capture_model
@@ -32,11 +34,13 @@ from hf_ftpipe.trainer import checkpoint_format as checkpoint
 from hf_ftpipe.trainer.arguments import PipeTrainingArguments
 from hf_ftpipe.trainer.batch_check import check_same_batch
 from hf_ftpipe.trainer.checkpoint_hooks import PipeCheckpointing
+from hf_ftpipe.trainer.data_loading import PipeDataLoading
 from hf_ftpipe.trainer.data_randomness import DataRandomness
 from hf_ftpipe.trainer.evaluation import PipeEvaluation
 from hf_ftpipe.trainer.float16 import Float16Training
 from hf_ftpipe.trainer.loss_weighting import label_counts, model_loss_shifts_labels
 from hf_ftpipe.trainer.plan_sharing import share_partition
+from hf_ftpipe.trainer.reporting import PipeReporting
 
 __all__ = ["PipeTrainer"]
 
@@ -54,7 +58,7 @@ class _StagesModule(nn.Module):
         self.stages = engine.module
 
 
-class PipeTrainer(PipeEvaluation, PipeCheckpointing, Trainer):
+class PipeTrainer(PipeEvaluation, PipeCheckpointing, PipeDataLoading, PipeReporting, Trainer):
     """`Trainer` that trains and evaluates ``model`` as a pipeline (see `PipeTrainingArguments`).
 
     ``self.model`` stays the user's model object: `Trainer` reads its config and signature, and
@@ -191,37 +195,6 @@ class PipeTrainer(PipeEvaluation, PipeCheckpointing, Trainer):
             "`resume_from_checkpoint` to train()"
         )
 
-    # -- data: the same batches on every rank -------------------------------------------------
-
-    def _get_dataloader(self, dataset: Any, description: str, batch_size: int, *args: Any, **kwargs: Any) -> Any:
-        is_training = kwargs.get("is_training", len(args) > 1 and args[1])
-        drop_last = self.args.dataloader_drop_last
-        # Training steps need whole mini-batches (the pipeline is traced for one shape);
-        # evaluation pads its last batch instead, so no sample is lost.
-        self.args.dataloader_drop_last = bool(is_training) or drop_last
-        try:
-            dataloader = super()._get_dataloader(dataset, description, batch_size, *args, **kwargs)
-        finally:
-            self.args.dataloader_drop_last = drop_last
-        _unshard(dataloader)
-        # Trainer seeds workers apart by rank, as replicas want; stages need the same batches.
-        for loader in {id(x): x for x in (dataloader, getattr(dataloader, "base_dataloader", None))}.values():
-            if getattr(loader, "worker_init_fn", None) is not None:
-                loader.worker_init_fn = partial(seed_worker, num_workers=self.args.dataloader_num_workers, rank=0)
-        return dataloader
-
-    def get_batch_samples(self, epoch_iterator: Any, num_batches: int, device: torch.device) -> tuple[list, Any]:
-        # The loader's first batch of an epoch also starts its iterator: accelerate broadcasts the
-        # sampler's generator there, so the wait is bounded like any other collective.
-        with self.data_randomness.active(), self.watchdog.waiting("loading the next training batch", collective=True):
-            return super().get_batch_samples(epoch_iterator, num_batches, device)
-
-    def get_total_train_batch_size(self, args: Any) -> int:
-        return self._train_batch_size * args.gradient_accumulation_steps  # ranks are stages, not replicas
-
-    def _get_num_items_in_batch(self, batch_samples: list, device: torch.device) -> None:
-        return None  # the pipeline weighs the micro-batch losses itself (see `_loss_weights`)
-
     # -- training -----------------------------------------------------------------------------
 
     def _wrap_model(self, model: nn.Module, training: bool = True, dataloader: Any = None) -> nn.Module:
@@ -336,64 +309,6 @@ class PipeTrainer(PipeEvaluation, PipeCheckpointing, Trainer):
             self.float16.unscale(self.engine, self.optimizer)
         return self.engine.clip_grad_norm_(max_norm)
 
-    def _track_num_input_tokens(self, inputs: dict[str, Any]) -> None:
-        # Trainer sums the count over ranks; every rank here reads the same batch, so count it once.
-        setting = self.args.include_num_input_tokens_seen
-        if setting in (False, "no", None):
-            return
-        name = getattr(self.model, "main_input_name", "input_ids")
-        if name not in inputs:
-            return
-        if setting == "non_padding" and "attention_mask" in inputs:
-            tokens = int(torch.as_tensor(inputs["attention_mask"]).sum())
-        elif setting == "non_padding" and getattr(self.processing_class, "pad_token_id", None) is not None:
-            tokens = int((torch.as_tensor(inputs[name]) != self.processing_class.pad_token_id).sum())
-        else:
-            tokens = int(torch.as_tensor(inputs[name]).numel())
-        self.state.num_input_tokens_seen += tokens
-
-    def floating_point_ops(self, inputs: dict[str, Any]) -> int:
-        # Every rank counts the whole model once, by Trainer's own formula; `store_flos` adds no other rank's.
-        return super().floating_point_ops(inputs)
-
-    def store_flos(self) -> None:
-        # Trainer sums the count over ranks as if they were replicas, in a collective of its own.
-        self.state.total_flos += self.current_flos
-        self.current_flos = 0
-
-    def _maybe_log_save_evaluate(
-        self,
-        tr_loss: torch.Tensor,
-        grad_norm: torch.Tensor | float | None,
-        model: nn.Module,
-        trial: Any,
-        epoch: float,
-        ignore_keys_for_eval: list[str] | None,
-        start_time: float,
-        learning_rate: float | None = None,
-    ) -> None:
-        if self.control.should_log and self.state.global_step > self._globalstep_last_logged:
-            self._log_training_loss(tr_loss, grad_norm, start_time, learning_rate)
-        super()._maybe_log_save_evaluate(
-            tr_loss, grad_norm, model, trial, epoch, ignore_keys_for_eval, start_time, learning_rate
-        )
-
-    def _log_training_loss(
-        self, tr_loss: torch.Tensor, grad_norm: torch.Tensor | float | None, start_time: float, learning_rate: Any
-    ) -> None:
-        """Trainer's logging step without its all-gather of the loss: every rank holds the pipeline's
-        whole loss already, and a gather that a stopped rank never joins would hang the others."""
-        tr_loss_scalar = tr_loss.item()
-        tr_loss -= tr_loss
-        logs: dict[str, float] = {"loss": tr_loss_scalar / (self.state.global_step - self._globalstep_last_logged)}
-        if grad_norm is not None:
-            logs["grad_norm"] = grad_norm.item() if isinstance(grad_norm, torch.Tensor) else grad_norm
-        logs["learning_rate"] = learning_rate if learning_rate is not None else self._get_learning_rate()
-        self._total_loss_scalar += tr_loss_scalar
-        self._globalstep_last_logged = self.state.global_step
-        self.store_flos()
-        self.log(logs, start_time)
-
     # -- saving -------------------------------------------------------------------------------
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
@@ -402,59 +317,6 @@ class PipeTrainer(PipeEvaluation, PipeCheckpointing, Trainer):
         super().save_model(output_dir, _internal_call=_internal_call)
         self.barrier("waiting for rank 0 to write the model")
 
-    # -- helpers ------------------------------------------------------------------------------
-
-    def _first_batch(self, dataloader: Any) -> dict[str, Any]:
-        """The batch the pipeline is traced on (only its shapes matter): looked at, not consumed, so
-        the data's random state does not advance."""
-        if self.engine is not None:
-            return {}
-        with self.data_randomness.forked():
-            batch = next(iter(dataloader), None)
-        if batch is None:
-            raise PipelineError(f"{_samples_of(dataloader)}, so there is no batch to trace the pipeline on")
-        return batch
-
-    def _check_enough_training_data(self) -> None:
-        """The pipeline trains on whole mini-batches (it is traced for one shape): a training set
-        smaller than one gets a clear error instead of an empty epoch."""
-        dataset = self.train_dataset
-        if dataset is None or not hasattr(dataset, "__len__"):
-            return
-        samples, batch = len(dataset), self.args.per_device_train_batch_size
-        if samples >= batch:
-            return
-        microbatches = self.args.num_microbatches
-        if samples >= microbatches:
-            usable = samples - samples % microbatches
-            fits = f"per_device_train_batch_size={usable} (a multiple of num_microbatches={microbatches})"
-        else:
-            fits = f"per_device_train_batch_size={max(samples, 1)} with num_microbatches={max(samples, 1)}"
-        raise PipelineError(
-            f"the training set has {samples} samples, fewer than one mini-batch of per_device_train_batch_size="
-            f"{batch}; the pipeline trains on whole mini-batches only (it is traced for one batch shape, and "
-            f"an incomplete last batch is dropped). Use {fits}, or more data"
-        )
-
 
 class _Placeholder(nn.Module):
     """Stands in for the model before the pipeline exists (Trainer wraps early, then re-wraps)."""
-
-
-def _samples_of(dataloader: Any) -> str:
-    dataset = getattr(dataloader, "dataset", None)
-    size = len(dataset) if dataset is not None and hasattr(dataset, "__len__") else "unknown number of"
-    batch = getattr(dataloader, "total_batch_size", None) or getattr(dataloader, "batch_size", None)
-    return f"the data loader yields no batch from its {size} samples (batch size {batch})"
-
-
-def _unshard(dataloader: Any) -> None:
-    """Make accelerate's sharded loader yield every batch on every rank (ranks are stages, not replicas)."""
-    batch_sampler = getattr(dataloader, "batch_sampler", None)
-    if batch_sampler is not None and hasattr(batch_sampler, "num_processes"):
-        batch_sampler.num_processes, batch_sampler.process_index = 1, 0
-        if hasattr(batch_sampler, "even_batches"):
-            batch_sampler.even_batches = False
-    dataset = getattr(dataloader, "dataset", None)
-    if dataset is not None and hasattr(dataset, "num_processes") and hasattr(dataset, "process_index"):
-        dataset.num_processes, dataset.process_index = 1, 0

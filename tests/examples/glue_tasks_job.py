@@ -14,8 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from example_modules import DATA, load_example  # noqa: E402
+from example_modules import DATA, load_example
 
 # case -> the flags that make it; "rte_glue" is RTE in GLUE's columns (sentence1, sentence2).
 CASES: dict[str, list[str]] = {

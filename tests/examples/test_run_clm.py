@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 import time
 from pathlib import Path
 from types import ModuleType
@@ -14,9 +13,8 @@ import torch
 from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "helpers"))
-from distributed import accelerate_launch  # noqa: E402
-from example_modules import load_example, regenerate_fixtures  # noqa: E402
+from distributed import accelerate_launch
+from example_modules import load_example, regenerate_fixtures
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 DATA = EXAMPLES / "data"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 from types import ModuleType
@@ -13,12 +12,11 @@ import torch
 from datasets import load_dataset
 from transformers import Adafactor, AutoModelForSeq2SeqLM, AutoTokenizer
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "helpers"))
 from hf_ftpipe import PipeTrainingArguments
 from hf_ftpipe.metrics import load_metric
 
-from distributed import accelerate_launch  # noqa: E402
-from example_modules import DATA, load_example  # noqa: E402
+from distributed import accelerate_launch
+from example_modules import DATA, load_example
 
 HERE = Path(__file__).resolve().parent
 SCORE_KEYS = {"cb": {"accuracy", "f1"}, "multirc": {"exact_match", "f1_a"}}

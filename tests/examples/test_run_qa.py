@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 from types import ModuleType
@@ -12,11 +11,10 @@ import numpy as np
 import pytest
 from datasets import Dataset
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "helpers"))
-from hf_ftpipe.metrics import load_metric  # noqa: E402
+from hf_ftpipe.metrics import load_metric
 
-from distributed import accelerate_launch  # noqa: E402
-from example_modules import DATA, EXAMPLES, load_example, regenerate_fixtures  # noqa: E402
+from distributed import accelerate_launch
+from example_modules import DATA, EXAMPLES, load_example, regenerate_fixtures
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 """PipeTrainer resumed from what is not a checkpoint, or not a whole one, started by `accelerate launch`.
 
-``errors_resume_job.py ROOT`` trains the run of ``tests/trainer/resume_job.py`` into ``ROOT/trained``
+``errors_resume_job.py ROOT`` trains the run of ``tests/helpers/resume_runs.py`` into ``ROOT/trained``
 (checkpoints at steps 3 and 6); rank 0 copies ``checkpoint-3`` without ``optimizer/rank1.safetensors``.
 Then every rank resumes from a path that does not exist (a model with weights, and one built with
 empty weights) and from the incomplete copy. Each rank writes the `CheckpointError` of each case
@@ -13,11 +13,9 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "trainer"))
+from hf_ftpipe import CheckpointError
 
-from resume_job import run  # noqa: E402
-
-from hf_ftpipe import CheckpointError  # noqa: E402
+from resume_runs import run
 
 
 def refused(root: Path, case: str, spec: dict) -> None:

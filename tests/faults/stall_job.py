@@ -1,10 +1,10 @@
 """A PipeTrainer job on a tiny GPT-2 in which one rank stops dead (SIGSTOP) at a chosen moment.
 
-``stall_job.py OUTPUT WHERE``: rank 1 stops itself at WHERE: ``step`` (the end of step 2),
+``stall_job.py OUTPUT WHERE RANK TIMEOUT_S``: rank RANK stops itself at WHERE: ``step`` (the end of step 2),
 ``eval`` (after the first evaluation batch) or ``save`` (inside the first checkpoint save, before
 writing its optimizer state). Each rank writes its pid to ``OUTPUT/pid{rank}``; the stopping rank
 writes ``OUTPUT/stopped`` just before it stops. The other rank must stop on its own, within
-``pipeline_timeout_s``, naming rank 1 (see `test_stalled_rank.py`).
+``pipeline_timeout_s`` (TIMEOUT_S), naming rank RANK (see `test_stalled_rank.py`, which picks both).
 """
 
 from __future__ import annotations
@@ -18,14 +18,9 @@ from typing import Any
 from datasets import Dataset
 from transformers import TrainerCallback
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "helpers"))
+from hf_ftpipe import PipeTrainer, PipeTrainingArguments
 
-from hf_ftpipe import PipeTrainer, PipeTrainingArguments  # noqa: E402
-
-from models import tiny_batch, tiny_model  # noqa: E402
-
-STALLING_RANK = 1
-TIMEOUT_S = 10
+from models import tiny_batch, tiny_model
 
 
 def stop(output_dir: str) -> None:
@@ -56,7 +51,7 @@ class StopDuringSave(PipeTrainer):
         super()._save_optimizer_and_scheduler(output_dir)
 
 
-def main(output_dir: str, where: str) -> None:
+def main(output_dir: str, where: str, stalling_rank: int, timeout_s: int) -> None:
     args = PipeTrainingArguments(
         output_dir=output_dir,
         use_cpu=True,
@@ -70,13 +65,13 @@ def main(output_dir: str, where: str) -> None:
         save_strategy="steps" if where == "save" else "no",
         save_steps=2,
         report_to="none",
-        pipeline_timeout_s=TIMEOUT_S,
+        pipeline_timeout_s=timeout_s,
     )
     rank = args.process_index
     (Path(output_dir) / f"pid{rank}").write_text(str(os.getpid()))
     data = tiny_batch("gpt2", 24, seed=1)
     dataset = Dataset.from_dict({k: v.tolist() for k, v in data.items()})
-    stalls = rank == STALLING_RANK
+    stalls = rank == stalling_rank
     trainer_class = StopDuringSave if stalls and where == "save" else PipeTrainer
     callbacks = []
     if stalls and where == "step":
@@ -90,4 +85,4 @@ def main(output_dir: str, where: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))

@@ -8,16 +8,13 @@ reference runs here, in one process.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 from transformers import DataCollatorForLanguageModeling, Trainer, TrainingArguments
 
 from distributed import accelerate_launch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from mlm_job import (  # noqa: E402
+from mlm_runs import (
     DIGEST_STEPS,
     LOSS_STEPS,
     arguments,

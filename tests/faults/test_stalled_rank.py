@@ -11,19 +11,18 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from distributed import REPO
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from stall_job import STALLING_RANK, TIMEOUT_S  # noqa: E402
+from distributed import start_accelerate_launch
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+
+STALLING_RANK = 1
+TIMEOUT_S = 10
 
 WHERE = ("step", "eval", "save")
 LAUNCHER_DEADLINE_S = 150
@@ -79,19 +78,11 @@ def _watch(folders: dict[str, Path], launched: dict[str, subprocess.Popen]) -> d
 
 @pytest.fixture(scope="module")
 def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Outcome]:
-    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"]
-    launcher += ["--main_process_port", "0"]
+    job = str(Path(__file__).with_name("stall_job.py"))
     folders, launched = {}, {}
     for where in WHERE:
         folders[where] = tmp_path_factory.mktemp(where)
-        launched[where] = subprocess.Popen(
-            [*launcher, str(Path(__file__).with_name("stall_job.py")), str(folders[where]), where],
-            cwd=REPO,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )
+        launched[where] = start_accelerate_launch(job, str(folders[where]), where, str(STALLING_RANK), str(TIMEOUT_S))
     try:
         return _watch(folders, launched)
     finally:

@@ -4,8 +4,6 @@ into stages, and its CostGraph measures it (shapes, bytes, FLOPs, scopes, finger
 from __future__ import annotations
 
 import copy
-import sys
-from pathlib import Path
 
 import networkx as nx
 import pytest
@@ -18,8 +16,6 @@ from hf_ftpipe.graph import CostGraph, TracedModel, capture_model, trace_model
 from hf_ftpipe.graph.modes import ModeAwareOp
 from hf_ftpipe.runtime.stage import StageSpec, build_stage_module, plan_stages
 
-# Test directories are not packages: pytest puts tests/graph on sys.path, not tests/.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "helpers"))
 from models import KINDS, tiny_batch, tiny_model
 
 DOCUMENTED_ATTRIBUTES = {

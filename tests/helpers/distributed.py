@@ -120,9 +120,31 @@ HELPERS = Path(__file__).resolve().parent
 
 
 def job_env(extra: dict | None = None) -> dict[str, str]:
-    """The environment of a job script started as its own process: these helpers importable."""
-    path = os.pathsep.join(p for p in (str(HELPERS), os.environ.get("PYTHONPATH", "")) if p)
+    """The environment of a job script started as its own process: this checkout's hf_ftpipe and
+    these helpers importable (a script's own folder is all Python puts on its path), ``extra`` on top."""
+    path = os.pathsep.join(p for p in (str(HELPERS), str(REPO), os.environ.get("PYTHONPATH", "")) if p)
     return {**os.environ, "PYTHONPATH": path, **(extra or {})}
+
+
+def launcher(num_processes: int = 2) -> list[str]:
+    """``accelerate launch --multi_gpu`` on ``num_processes`` CPU processes, on a free port."""
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu"]
+    return command + ["--num_processes", str(num_processes), "--main_process_port", "0"]
+
+
+def run_job(
+    *command: str, timeout_s: float = 240, check: bool = True, env: dict | None = None, cwd: Path = REPO
+) -> subprocess.CompletedProcess:
+    """Run ``python *command`` (a job script, ``-m module ...``) in the job environment, to its end.
+
+    With ``check`` the job must succeed; its output tails are in the assertion message when it does not.
+    """
+    result = subprocess.run(
+        [sys.executable, *command], capture_output=True, text=True, timeout=timeout_s, cwd=cwd, env=job_env(env)
+    )
+    if check:
+        assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-8000:]
+    return result
 
 
 def accelerate_launch(
@@ -133,16 +155,21 @@ def accelerate_launch(
     The script itself must ask for CPU (``use_cpu=True``). With ``check`` the job must succeed;
     its output tails are in the assertion message when it does not.
     """
-    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu"]
-    launcher += ["--num_processes", str(num_processes), "--main_process_port", "0"]
-    result = subprocess.run(
-        [*launcher, *command],
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
+    return run_job(*launcher(num_processes)[1:], *command, timeout_s=timeout_s, check=check, env=env)
+
+
+def start_accelerate_launch(*command: str, num_processes: int = 2, env: dict | None = None) -> subprocess.Popen:
+    """`accelerate_launch` without waiting, for a test that watches the job while it runs.
+
+    The launcher leads its own process group (kill them all with ``os.killpg(process.pid, ...)``);
+    stdout and stderr come together, as text, in ``process.stdout``.
+    """
+    return subprocess.Popen(
+        [*launcher(num_processes), *command],
         cwd=REPO,
         env=job_env(env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
     )
-    if check:
-        assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-8000:]
-    return result

@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "helpers"))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "helpers"))
-
-from hub_server import HubServer  # noqa: E402
+from hub_server import HubServer
 
 TOKEN = "hf_loopback_token"
 

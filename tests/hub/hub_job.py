@@ -13,13 +13,11 @@ from pathlib import Path
 
 from datasets import Dataset
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "helpers"))
+from hf_ftpipe import PipeTrainer, PipeTrainingArguments
+from hf_ftpipe.partitioners import partition_seq_greedy, register_partitioner
+from hf_ftpipe.plan import Partition
 
-from hf_ftpipe import PipeTrainer, PipeTrainingArguments  # noqa: E402
-from hf_ftpipe.partitioners import partition_seq_greedy, register_partitioner  # noqa: E402
-from hf_ftpipe.plan import Partition  # noqa: E402
-
-from models import tiny_batch, tiny_model  # noqa: E402
+from models import tiny_batch, tiny_model
 
 PARTITIONER = "counted-seq-greedy"
 calls: list[int] = []

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,21 +12,18 @@ from transformers import AutoModelForCausalLM
 
 from hf_ftpipe.hub import PartitionStore
 
+from distributed import accelerate_launch
 from models import tiny_model
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-LAUNCH = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"]
-LAUNCH += ["--main_process_port", "0"]
 PLANS = "ftpipe/plans"
 
 
 def launch(output: Path, hf_home: Path, push: bool, model_repo: str = "") -> dict:
     output.mkdir(parents=True)
-    env = {**os.environ, "HF_HOME": str(hf_home)}  # HF_ENDPOINT and HF_TOKEN from the hub fixture
-    command = [*LAUNCH, str(Path(__file__).with_name("hub_job.py")), str(output), PLANS, "push" if push else "pull"]
+    command = [str(Path(__file__).with_name("hub_job.py")), str(output), PLANS, "push" if push else "pull"]
     command += [model_repo] if model_repo else []
-    result = subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=REPO_ROOT, env=env)
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-8000:]
+    # HF_ENDPOINT and HF_TOKEN come from the hub fixture's environment.
+    result = accelerate_launch(*command, timeout_s=240, env={"HF_HOME": str(hf_home)})
     return {**json.loads((output / "result.json").read_text()), "log": result.stderr}
 
 

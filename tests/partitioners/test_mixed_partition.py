@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import random
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -27,6 +25,7 @@ from hf_ftpipe.partitioners.mixed.refine import refine
 from hf_ftpipe.partitioners.registry import get_partitioner
 from hf_ftpipe.plan import validate_partition
 
+from distributed import job_env
 from models import tiny_batch, tiny_model
 from toy_graphs import UNIT, make_graph, param
 
@@ -211,12 +210,10 @@ json.dump(plans, sys.stdout)
 def test_mixed_plan_does_not_depend_on_the_hash_seed() -> None:
     # Coarsening breaks ties between blocks whose ids (op names) hash differently in every
     # process; the plan must come out the same whatever PYTHONHASHSEED is.
-    here = Path(__file__).resolve().parent
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(here.parents[0] / "helpers"), str(here.parents[1])])}
     children = [
         subprocess.Popen(
             [sys.executable, "-c", _PLAN_IN_A_CHILD],
-            env={**env, "PYTHONHASHSEED": str(seed)},
+            env=job_env({"PYTHONHASHSEED": str(seed)}),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

@@ -1,17 +1,12 @@
 """A 2-rank pipeline in which rank 1 raises in its second step (started by torchrun in a test)."""
 
-import sys
-from pathlib import Path
-
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "helpers"))
+from hf_ftpipe.graph import capture_model
+from hf_ftpipe.runtime import PipelineEngine
 
-from hf_ftpipe.graph import capture_model  # noqa: E402
-from hf_ftpipe.runtime import PipelineEngine  # noqa: E402
-
-from models import tiny_batch, tiny_model  # noqa: E402
-from placements import contiguous_placement  # noqa: E402
+from models import tiny_batch, tiny_model
+from placements import contiguous_placement
 
 
 def main() -> None:

@@ -3,15 +3,13 @@
 import io
 import signal
 import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from distributed import run_ranks
+from distributed import run_job, run_ranks
 
 SCRIPT = Path(__file__).with_name("crashing_rank.py")
 
@@ -24,21 +22,8 @@ def free_port() -> int:
 
 def test_raising_rank_stops_every_rank_within_60_s() -> None:
     start = time.monotonic()
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node",
-            "2",
-            "--master_port",
-            str(free_port()),
-            str(SCRIPT),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    command = ["-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()), str(SCRIPT)]
+    result = run_job(*command, timeout_s=120, check=False)
     elapsed = time.monotonic() - start
     output = result.stdout + result.stderr
     assert result.returncode != 0, output

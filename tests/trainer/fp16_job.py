@@ -12,12 +12,10 @@ from pathlib import Path
 from datasets import Dataset
 from transformers import TrainerCallback
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "helpers"))
+from hf_ftpipe import PipeTrainer, PipeTrainingArguments
+from hf_ftpipe.trainer.loss_scale import AgreedLossScaler
 
-from hf_ftpipe import PipeTrainer, PipeTrainingArguments  # noqa: E402
-from hf_ftpipe.trainer.loss_scale import AgreedLossScaler  # noqa: E402
-
-from models import tiny_batch, tiny_model  # noqa: E402
+from models import tiny_batch, tiny_model
 
 STEPS = 5
 BATCH = 4

@@ -1,122 +1,18 @@
 """PipeTrainer (gpipe, 2 ranks) on a tiny GPT-2, T5 and BERT, for the comparison with plain `Trainer`.
 
 Run by `test_parity.py` under `accelerate launch`; the test builds the single-process reference
-from the same `setup()`. Rank 0 writes, per model, ``OUTPUT/<kind>/result.pt`` (logged history,
-evaluate() and predict() results) and the trained checkpoint in ``OUTPUT/<kind>``.
+from the same `parity_runs.setup()`. Rank 0 writes, per model, ``OUTPUT/<kind>/result.pt`` (logged
+history, evaluate() and predict() results) and the trained checkpoint in ``OUTPUT/<kind>``.
 """
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 import torch
-from datasets import Dataset
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "helpers"))
-
-from models import SEQ, TARGET, VOCAB, tiny_model  # noqa: E402
-
-KINDS = ("gpt2", "t5", "bert")
-STEPS = 4
-OPTIMIZERS = {"gpt2": "adamw_torch", "t5": "adafactor", "bert": "sgd"}  # Trainer's `optim` names
-
-
-def make_data(kind: str, rows: int, seed: int) -> Dataset:
-    """Random tokens whose labels have different numbers of ``-100`` per row, so micro-batches
-    hold different numbers of label tokens. T5 learns to copy the first two tokens then EOS."""
-    generator = torch.Generator().manual_seed(seed)
-    input_ids = torch.randint(3, VOCAB, (rows, SEQ), generator=generator)
-    attention_mask = torch.ones(rows, SEQ, dtype=torch.long)
-    for row in range(rows):
-        attention_mask[row, SEQ - row % 4 :] = 0
-    if kind == "gpt2":
-        labels = input_ids.masked_fill(attention_mask == 0, -100)
-    elif kind == "t5":
-        labels = torch.full((rows, TARGET), -100)
-        labels[:, :2] = input_ids[:, :2]
-        labels[:, 2] = 1  # EOS
-        labels[::3, 3] = input_ids[::3, 2]  # some rows one token longer
-    else:
-        labels = (input_ids[:, 0] > VOCAB // 2).long()
-    data = {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
-    return Dataset.from_dict({k: v.tolist() for k, v in data.items()})
-
-
-def compute_metrics(eval_pred: Any) -> dict[str, float]:
-    """Accuracy: of the class (BERT), of each label token (teacher-forced logits), or of whole
-    target sequences (generated ids: the decoder start token, then the tokens)."""
-    predictions, labels = eval_pred.predictions, eval_pred.label_ids
-    if isinstance(predictions, tuple):
-        predictions = predictions[0]
-    if predictions.ndim == 2 and labels.ndim == 1:  # classification logits
-        return {"accuracy": float((predictions.argmax(-1) == labels).mean())}
-    if predictions.ndim == 3:  # token logits
-        mask = labels != -100
-        return {"accuracy": float((predictions.argmax(-1) == labels)[mask].mean())}
-    generated = predictions[:, 1 : 1 + labels.shape[1]]  # generated token ids
-    match = (generated == labels) | (labels == -100)
-    return {"accuracy": float(np.all(match, axis=1).mean())}
-
-
-def setup(kind: str, output_dir: str, pipe: bool) -> dict[str, Any]:
-    """Model, arguments and data of one run; ``pipe`` picks PipeTrainingArguments over TrainingArguments."""
-    from transformers import TrainingArguments
-
-    from hf_ftpipe import PipeTrainingArguments
-
-    common = dict(
-        output_dir=output_dir,
-        use_cpu=True,
-        per_device_train_batch_size=4,
-        per_device_eval_batch_size=4,
-        max_steps=STEPS,
-        optim=OPTIMIZERS[kind],
-        learning_rate=3e-3,
-        lr_scheduler_type="linear",
-        warmup_steps=1,
-        max_grad_norm=1.0,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        seed=0,
-        data_seed=0,
-    )
-    if pipe:
-        args = PipeTrainingArguments(num_microbatches=2, pipeline_schedule="gpipe", **common)
-    else:
-        args = TrainingArguments(**common)
-    return {
-        "model": tiny_model(kind),
-        "args": args,
-        "train_dataset": make_data(kind, 16, seed=1),
-        "eval_dataset": make_data(kind, 6, seed=2),  # a short last batch
-        "compute_metrics": None if kind == "gpt2" else compute_metrics,
-    }
-
-
-def run(kind: str, output_dir: str, trainer_class: type) -> dict[str, Any]:
-    """Train, evaluate, predict; the results of one run as plain data."""
-    parts = setup(kind, output_dir, pipe=trainer_class.__name__ == "PipeTrainer")
-    trainer = trainer_class(**parts)
-    trainer.train()
-    result: dict[str, Any] = {"history": trainer.state.log_history, "evaluate": trainer.evaluate()}
-    predicted = trainer.predict(parts["eval_dataset"])
-    result["predict"] = (predicted.predictions, predicted.label_ids, predicted.metrics)
-    if kind == "t5" and trainer_class.__name__ == "PipeTrainer":
-        trainer.args.predict_with_generate = True
-        generated = trainer.predict(parts["eval_dataset"])
-        result["generate"] = (generated.predictions, generated.metrics)
-        # A second end-of-sequence id, the commonest first token generated: rows now finish at
-        # different steps (padding after EOS, stopping early), and the saved generation config keeps it.
-        first = int(np.bincount(generated.predictions[:, 1]).argmax())
-        trainer.model.generation_config.eos_token_id = [1, first]
-        stopped = trainer.predict(parts["eval_dataset"])
-        result["generate_eos"] = (stopped.predictions, stopped.metrics, first)
-    trainer.save_model(output_dir)
-    return result
+from parity_runs import KINDS, run
 
 
 def main(output_dir: str) -> None:

@@ -12,11 +12,9 @@ import torch
 from accelerate import init_empty_weights
 from datasets import Dataset
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "helpers"))
+from hf_ftpipe import PipeTrainer, PipeTrainingArguments
 
-from hf_ftpipe import PipeTrainer, PipeTrainingArguments  # noqa: E402
-
-from models import tiny_batch, tiny_model  # noqa: E402
+from models import tiny_batch, tiny_model
 
 
 def main(output_dir: str, weights_path: str | None = None, schedule: str = "gpipe") -> None:

@@ -11,11 +11,9 @@ from datasets import Dataset
 from transformers import TrainerCallback
 from transformers.trainer_callback import ProgressCallback
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "helpers"))
+from hf_ftpipe import PipeTrainer, PipeTrainingArguments
 
-from hf_ftpipe import PipeTrainer, PipeTrainingArguments  # noqa: E402
-
-from models import tiny_batch, tiny_model  # noqa: E402
+from models import tiny_batch, tiny_model
 
 STEPS = 4
 BATCH = 4

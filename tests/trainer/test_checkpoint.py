@@ -10,8 +10,6 @@ from __future__ import annotations
 import json
 import math
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,18 +17,16 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
+from distributed import REPO, accelerate_launch
+
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parents[2]
 JOB = str(REPO / "tests" / "trainer" / "resume_job.py")
-LAUNCH = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--main_process_port", "0"]
 TIED = "transformer.wte.weight"
 
 
 def launch(runs: list[dict], num_processes: int = 2, timeout_s: float = 240) -> None:
-    command = [*LAUNCH, "--num_processes", str(num_processes), JOB, json.dumps(runs)]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, cwd=REPO)
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-8000:]
+    accelerate_launch(JOB, json.dumps(runs), num_processes=num_processes, timeout_s=timeout_s)
 
 
 @pytest.fixture(scope="module")

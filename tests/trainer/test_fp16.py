@@ -7,15 +7,13 @@ step are checked against one process in tests/runtime/test_engine.py."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "helpers"))
-from distributed import REPO, accelerate_launch  # noqa: E402
+from distributed import REPO, accelerate_launch
 
 JOB = str(REPO / "tests" / "trainer" / "fp16_job.py")
 STEPS, LR = 5, 1e-2  # as in fp16_job.py

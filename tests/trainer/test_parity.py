@@ -9,7 +9,6 @@ equal `model.generate` on the trained weights.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -26,12 +25,10 @@ from transformers import (
 from hf_ftpipe import PipeTrainer, PipeTrainingArguments
 from hf_ftpipe.errors import PipelineError
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from parity_job import KINDS, STEPS, compute_metrics, make_data, run  # noqa: E402
-
-from distributed import REPO  # noqa: E402
+from distributed import REPO
 from distributed import accelerate_launch as launch
-from models import tiny_model  # noqa: E402
+from models import tiny_model
+from parity_runs import KINDS, STEPS, compute_metrics, make_data, run
 
 LOADERS = {"gpt2": AutoModelForCausalLM, "t5": AutoModelForSeq2SeqLM, "bert": AutoModelForSequenceClassification}
 TOLERANCE = {"atol": 1e-5, "rtol": 1e-4}

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,26 +12,9 @@ from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
 from hf_ftpipe import PipeTrainingArguments
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "helpers"))
-from models import tiny_model  # noqa: E402
-
-REPO = Path(__file__).resolve().parents[2]
-LAUNCH = [
-    sys.executable,
-    "-m",
-    "accelerate.commands.launch",
-    "--multi_gpu",
-    "--num_processes",
-    "2",
-    "--main_process_port",
-    "0",
-]
-
-
-def launch(*command: str, timeout_s: float = 300) -> subprocess.CompletedProcess:
-    result = subprocess.run([*LAUNCH, *command], capture_output=True, text=True, timeout=timeout_s, cwd=REPO)
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-8000:]
-    return result
+from distributed import REPO
+from distributed import accelerate_launch as launch
+from models import tiny_model
 
 
 def test_checkpoint_loads_with_plain_transformers_and_holds_the_pipeline_weights(tmp_path: Path) -> None:

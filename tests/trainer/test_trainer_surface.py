@@ -17,9 +17,8 @@ from hf_ftpipe import PipeTrainingArguments, get_profile
 from hf_ftpipe.graph.trace import capture_model
 from hf_ftpipe.partitioners.registry import get_partitioner
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "helpers"))
-from distributed import REPO, accelerate_launch  # noqa: E402
-from models import SEQ, tiny_batch, tiny_model  # noqa: E402
+from distributed import REPO, accelerate_launch, run_job
+from models import SEQ, tiny_batch, tiny_model
 
 JOB = str(REPO / "tests" / "trainer" / "surface_job.py")
 STEPS, BATCH = 4, 4  # as in surface_job.py
@@ -105,7 +104,7 @@ def test_command_line_rejects_an_unknown_schedule_and_lists_the_choices(tmp_path
 
 @pytest.mark.slow
 def test_a_single_process_is_told_how_to_launch(tmp_path: Path) -> None:
-    result = subprocess.run([sys.executable, JOB, str(tmp_path)], capture_output=True, text=True, timeout=240, cwd=REPO)
+    result = run_job(JOB, str(tmp_path), timeout_s=240, check=False)
     assert result.returncode != 0
     assert "accelerate launch --multi_gpu --num_processes N" in result.stderr[-3000:]
 

@@ -1,0 +1,104 @@
+"""`PipeTrainer`'s data loading: every rank gets the same whole batches, in the same order.
+
+Ranks are stages of one model, not data-parallel replicas: accelerate's sharding is undone, data
+loader workers are seeded alike on every rank, and the batch size is not multiplied by the ranks.
+Training needs whole mini-batches (the pipeline is traced for one batch shape), so a training set
+smaller than one fails with the sizes that would fit.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import torch
+from transformers.trainer_utils import seed_worker
+
+from hf_ftpipe.errors import PipelineError
+
+__all__ = ["PipeDataLoading"]
+
+
+class PipeDataLoading:
+    """`PipeTrainer`'s data loading, as a mixin placed before `Trainer` (it needs `PipeTrainer`'s
+    ``engine``, ``data_randomness`` and ``watchdog``)."""
+
+    def _get_dataloader(self, dataset: Any, description: str, batch_size: int, *args: Any, **kwargs: Any) -> Any:
+        is_training = kwargs.get("is_training", len(args) > 1 and args[1])
+        drop_last = self.args.dataloader_drop_last
+        # Training steps need whole mini-batches (the pipeline is traced for one shape);
+        # evaluation pads its last batch instead, so no sample is lost.
+        self.args.dataloader_drop_last = bool(is_training) or drop_last
+        try:
+            dataloader = super()._get_dataloader(dataset, description, batch_size, *args, **kwargs)
+        finally:
+            self.args.dataloader_drop_last = drop_last
+        _unshard(dataloader)
+        # Trainer seeds workers apart by rank, as replicas want; stages need the same batches.
+        for loader in {id(x): x for x in (dataloader, getattr(dataloader, "base_dataloader", None))}.values():
+            if getattr(loader, "worker_init_fn", None) is not None:
+                loader.worker_init_fn = partial(seed_worker, num_workers=self.args.dataloader_num_workers, rank=0)
+        return dataloader
+
+    def get_batch_samples(self, epoch_iterator: Any, num_batches: int, device: torch.device) -> tuple[list, Any]:
+        # The loader's first batch of an epoch also starts its iterator: accelerate broadcasts the
+        # sampler's generator there, so the wait is bounded like any other collective.
+        with self.data_randomness.active(), self.watchdog.waiting("loading the next training batch", collective=True):
+            return super().get_batch_samples(epoch_iterator, num_batches, device)
+
+    def get_total_train_batch_size(self, args: Any) -> int:
+        return self._train_batch_size * args.gradient_accumulation_steps  # ranks are stages, not replicas
+
+    def _get_num_items_in_batch(self, batch_samples: list, device: torch.device) -> None:
+        return None  # the pipeline weighs the micro-batch losses itself (see `_loss_weights`)
+
+    def _first_batch(self, dataloader: Any) -> dict[str, Any]:
+        """The batch the pipeline is traced on (only its shapes matter): looked at, not consumed, so
+        the data's random state does not advance."""
+        if self.engine is not None:
+            return {}
+        with self.data_randomness.forked():
+            batch = next(iter(dataloader), None)
+        if batch is None:
+            raise PipelineError(f"{_samples_of(dataloader)}, so there is no batch to trace the pipeline on")
+        return batch
+
+    def _check_enough_training_data(self) -> None:
+        """The pipeline trains on whole mini-batches (it is traced for one shape): a training set
+        smaller than one gets a clear error instead of an empty epoch."""
+        dataset = self.train_dataset
+        if dataset is None or not hasattr(dataset, "__len__"):
+            return
+        samples, batch = len(dataset), self.args.per_device_train_batch_size
+        if samples >= batch:
+            return
+        microbatches = self.args.num_microbatches
+        if samples >= microbatches:
+            usable = samples - samples % microbatches
+            fits = f"per_device_train_batch_size={usable} (a multiple of num_microbatches={microbatches})"
+        else:
+            fits = f"per_device_train_batch_size={max(samples, 1)} with num_microbatches={max(samples, 1)}"
+        raise PipelineError(
+            f"the training set has {samples} samples, fewer than one mini-batch of per_device_train_batch_size="
+            f"{batch}; the pipeline trains on whole mini-batches only (it is traced for one batch shape, and "
+            f"an incomplete last batch is dropped). Use {fits}, or more data"
+        )
+
+
+def _samples_of(dataloader: Any) -> str:
+    dataset = getattr(dataloader, "dataset", None)
+    size = len(dataset) if dataset is not None and hasattr(dataset, "__len__") else "unknown number of"
+    batch = getattr(dataloader, "total_batch_size", None) or getattr(dataloader, "batch_size", None)
+    return f"the data loader yields no batch from its {size} samples (batch size {batch})"
+
+
+def _unshard(dataloader: Any) -> None:
+    """Make accelerate's sharded loader yield every batch on every rank (ranks are stages, not replicas)."""
+    batch_sampler = getattr(dataloader, "batch_sampler", None)
+    if batch_sampler is not None and hasattr(batch_sampler, "num_processes"):
+        batch_sampler.num_processes, batch_sampler.process_index = 1, 0
+        if hasattr(batch_sampler, "even_batches"):
+            batch_sampler.even_batches = False
+    dataset = getattr(dataloader, "dataset", None)
+    if dataset is not None and hasattr(dataset, "num_processes") and hasattr(dataset, "process_index"):
+        dataset.num_processes, dataset.process_index = 1, 0

@@ -33,7 +33,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from hf_ftpipe.hub.setups import PAPER_SETUPS, Setup  # noqa: E402  (the same setups as partitions/)
+from hf_ftpipe.hub.setups import PAPER_SETUPS, FineTuningTask  # noqa: E402  (the same setups as partitions/)
 
 CONTIGUOUS = ("uniform", "params", "seq-greedy", "seq-dp")
 MAX_WORST_OVER_IDEAL = 1.05
@@ -44,7 +44,7 @@ MAX_PARTITION_S = 15.0
 SETUPS = PAPER_SETUPS
 
 
-def traced_graph(setup: Setup, cache_dir: Path) -> Any:
+def traced_graph(setup: FineTuningTask, cache_dir: Path) -> Any:
     """The setup's CostGraph, from the cache when an equal trace was pickled before."""
     from hf_ftpipe.graph import trace_model
     from hf_ftpipe.graph.sources import load_model_for_planning, sample_inputs_for
@@ -77,7 +77,7 @@ def _source_digest() -> str:
     return digest.hexdigest()[:12]
 
 
-def compare(setup: Setup, graph: Any, num_gpus: int, args: argparse.Namespace) -> list[dict[str, Any]]:
+def compare(setup: FineTuningTask, graph: Any, num_gpus: int, args: argparse.Namespace) -> list[dict[str, Any]]:
     """One row per registered partitioner, plus auto (the best feasible one, timed as all of them)."""
     import hf_ftpipe.partitioners  # noqa: F401  (registers the partitioners)
     from hf_ftpipe.costmodel import get_profile
@@ -104,7 +104,7 @@ def compare(setup: Setup, graph: Any, num_gpus: int, args: argparse.Namespace) -
     return [*rows, auto]
 
 
-def checks(setup: Setup, rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
+def checks(setup: FineTuningTask, rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
     """(check, verdict) pairs; verdicts are PASS, FAIL or n/a with the figures."""
     by_name = {row["partitioner"]: row for row in rows}
     feasible = {name: row for name, row in by_name.items() if row["feasible"]}

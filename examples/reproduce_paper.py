@@ -150,8 +150,9 @@ def plan_preset(name: str, preset: dict[str, Any], graphs: Any) -> Row:
     """
     from hf_ftpipe.costmodel import get_profile
     from hf_ftpipe.errors import PlanDoesNotFitError
-    from hf_ftpipe.hub.setups import Setup
-    from hf_ftpipe.partitioners.registry import get_partitioner
+    from hf_ftpipe.hub.setups import FineTuningTask
+    from hf_ftpipe.partitioners.registry import run_partitioner
+    from hf_ftpipe.plan.request import PlanRequest
     from hf_ftpipe.trainer.plan_sharing import memory_options, planned_optimizer
 
     args = training_arguments(preset)
@@ -160,7 +161,7 @@ def plan_preset(name: str, preset: dict[str, Any], graphs: Any) -> Row:
     # run_glue_pipe.py's FTPipe Adafactor sets `optim` to adafactor itself (ftpipe_adafactor)
     optimizer = "adafactor" if preset.get("adafactor_scale_parameter") else planned_optimizer(args)
     microbatch_size = args.per_device_train_batch_size // args.num_microbatches
-    setup = Setup(
+    setup = FineTuningTask(
         name=name,
         dataset=row.paper.task,
         model=preset["_plan_model"],
@@ -172,15 +173,15 @@ def plan_preset(name: str, preset: dict[str, Any], graphs: Any) -> Row:
     graph = graphs(setup)
     profile = get_profile(args.gpu_profile, count=preset["_num_processes"])
     try:
-        plan = get_partitioner(args.partitioner)(
-            graph,
-            profile,
+        request = PlanRequest(
+            profile=profile,
             num_microbatches=args.num_microbatches,
             microbatch_size=microbatch_size,
             schedule=args.pipeline_schedule,
             optimizer=optimizer,
             memory=memory_options(args),
         )
+        plan = run_partitioner(args.partitioner, graph, request)
     except PlanDoesNotFitError:
         row.partitioner, row.planned = args.partitioner, "does not fit"
         return row

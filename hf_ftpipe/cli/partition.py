@@ -159,6 +159,7 @@ class _Request:
         from hf_ftpipe.costmodel.estimate import MemoryOptions
         from hf_ftpipe.errors import PartitionError
         from hf_ftpipe.partitioners.registry import available_partitioners
+        from hf_ftpipe.plan.request import PlanRequest
 
         self.args = args
         if getattr(args, "partitioner", "auto") not in available_partitioners():
@@ -167,14 +168,16 @@ class _Request:
             if getattr(args, name) < 1:
                 raise PartitionError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
         self.profile = get_profile(args.gpu_profile, count=args.gpus)
-        self.options: dict[str, Any] = {
-            "num_microbatches": args.num_microbatches,
-            "microbatch_size": args.batch_size,
-            "schedule": args.schedule,
-            "optimizer": args.optimizer,
-            "dtype": args.dtype,
-            "memory": MemoryOptions(headroom=args.headroom, recompute=args.recompute),
-        }
+        self.plan_request = PlanRequest(
+            profile=self.profile,
+            num_microbatches=args.num_microbatches,
+            microbatch_size=args.batch_size,
+            schedule=args.schedule,
+            optimizer=args.optimizer,
+            dtype=args.dtype,
+            memory=MemoryOptions(headroom=args.headroom, recompute=args.recompute),
+        )
+        self.options: dict[str, Any] = self.plan_request.options()
 
     def trace(self) -> Any:
         from hf_ftpipe.graph import trace_model

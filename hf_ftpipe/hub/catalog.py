@@ -33,16 +33,17 @@ from hf_ftpipe.costmodel.estimate import MemoryOptions
 from hf_ftpipe.costmodel.profiles import GPUProfile, get_profile
 from hf_ftpipe.errors import PartitionError
 from hf_ftpipe.graph.cost_graph import CostGraph
-from hf_ftpipe.hub.setups import SHIPPED_PLANS, PlanSpec, Setup
+from hf_ftpipe.hub.setups import SHIPPED_PLANS, FineTuningTask, PlanSpec
 from hf_ftpipe.partitioners.auto import best_result, compare_partitioners, no_plan_fits
-from hf_ftpipe.plan.keys import resolve_key
 from hf_ftpipe.plan.partition import Partition
+from hf_ftpipe.plan.request import PlanRequest
 
 __all__ = [
     "INDEX_FILE",
     "GraphCache",
     "count_line",
     "partitioner_options",
+    "plan_request",
     "make_entry",
     "plan_spec",
     "profile_of",
@@ -65,7 +66,7 @@ class GraphCache:
         self._graphs: dict[tuple[str, int, int, int | None], CostGraph] = {}
         self._log = log
 
-    def __call__(self, setup: Setup) -> CostGraph:
+    def __call__(self, setup: FineTuningTask) -> CostGraph:
         from hf_ftpipe.graph import trace_model
         from hf_ftpipe.graph.sources import load_model_for_planning, sample_inputs_for
 
@@ -94,26 +95,33 @@ def profile_of(spec: PlanSpec) -> GPUProfile:
     return get_profile(spec.gpu_profile, count=spec.num_gpus)
 
 
+def plan_request(spec: PlanSpec) -> PlanRequest:
+    """What ``spec`` asks every partitioner for."""
+    return PlanRequest(
+        profile=profile_of(spec),
+        num_microbatches=spec.num_microbatches,
+        microbatch_size=spec.setup.microbatch_size,
+        schedule=spec.schedule,  # type: ignore[arg-type]  # a PlanSpec holds built-in names
+        optimizer=spec.setup.optimizer,  # type: ignore[arg-type]
+        dtype=None,  # the weights' dtype: fp32 for the shipped configs
+        memory=MemoryOptions(headroom=spec.headroom, recompute=spec.recompute),
+    )
+
+
 def partitioner_options(spec: PlanSpec) -> dict[str, Any]:
-    """The keyword arguments every partitioner takes, for ``spec`` (see ``registry``)."""
-    return {
-        "num_microbatches": spec.num_microbatches,
-        "microbatch_size": spec.setup.microbatch_size,
-        "schedule": spec.schedule,
-        "optimizer": spec.setup.optimizer,
-        "dtype": None,  # the weights' dtype: fp32 for the shipped configs
-        "memory": MemoryOptions(headroom=spec.headroom, recompute=spec.recompute),
-    }
+    """The keyword arguments every partitioner takes besides the graph and profile, for ``spec``."""
+    return plan_request(spec).options()
 
 
 def make_entry(spec: PlanSpec, graph: CostGraph) -> tuple[dict[str, Any], Partition | None]:
     """Plan ``spec`` on ``graph`` as `auto` would: its index entry, and the plan when one fits."""
     import hf_ftpipe.partitioners  # noqa: F401  (registers every partitioner)
 
-    profile, options = profile_of(spec), partitioner_options(spec)
+    request = plan_request(spec)
+    profile, options = request.profile, request.options()
     results = compare_partitioners(graph, profile, time_budget_s=_NO_BUDGET_S, **options)
     best = best_result(results)
-    key = resolve_key(graph, profile, None, schedule=spec.schedule, num_microbatches=spec.num_microbatches, dtype=None)
+    key = request.key_for(graph)
     entry = _spec_fields(spec) | {"model_class": graph.model_class, "key_digest": key.digest()}
     if best is None:
         error = no_plan_fits(graph, profile, results, **options)

@@ -20,11 +20,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["PAPER_SETUPS", "SHIPPED_PLANS", "PlanSpec", "Setup", "setup_named"]
+__all__ = ["PAPER_SETUPS", "SHIPPED_PLANS", "FineTuningTask", "PlanSpec", "setup_named"]
 
 
 @dataclass(frozen=True, kw_only=True)
-class Setup:
+class FineTuningTask:
     """One fine-tuning task of a model: what one micro-batch looks like and the optimizer."""
 
     name: str
@@ -45,23 +45,23 @@ class Setup:
         return f"{self.seq_len}" + (f"/{self.target_len}" if self.target_len else "")
 
 
-PAPER_SETUPS: tuple[Setup, ...] = (
-    Setup(name="boolq", dataset="BoolQ", model="t5-3b", microbatch_size=4, seq_len=512, target_len=4,
+PAPER_SETUPS: tuple[FineTuningTask, ...] = (
+    FineTuningTask(name="boolq", dataset="BoolQ", model="t5-3b", microbatch_size=4, seq_len=512, target_len=4,
           optimizer="adafactor"),
-    Setup(name="rte", dataset="RTE", model="t5-3b", microbatch_size=8, seq_len=320, target_len=8,
+    FineTuningTask(name="rte", dataset="RTE", model="t5-3b", microbatch_size=8, seq_len=320, target_len=8,
           optimizer="adafactor"),
-    Setup(name="wic", dataset="WiC", model="t5-3b", microbatch_size=64, seq_len=64, target_len=4,
+    FineTuningTask(name="wic", dataset="WiC", model="t5-3b", microbatch_size=64, seq_len=64, target_len=4,
           optimizer="adafactor"),
-    Setup(name="multirc", dataset="MultiRC", model="t5-3b", microbatch_size=4, seq_len=512, target_len=4,
+    FineTuningTask(name="multirc", dataset="MultiRC", model="t5-3b", microbatch_size=4, seq_len=512, target_len=4,
           optimizer="adafactor"),
-    Setup(name="wikitext2", dataset="WikiText-2", model="gpt2-xl", microbatch_size=1, seq_len=1024,
+    FineTuningTask(name="wikitext2", dataset="WikiText-2", model="gpt2-xl", microbatch_size=1, seq_len=1024,
           target_len=None, optimizer="adamw"),
-    Setup(name="squad", dataset="SQuAD 1.1", model="bert-large", microbatch_size=24, seq_len=384,
+    FineTuningTask(name="squad", dataset="SQuAD 1.1", model="bert-large", microbatch_size=24, seq_len=384,
           target_len=None, optimizer="adamw"),
 )  # fmt: skip
 
 
-def setup_named(name: str) -> Setup:
+def setup_named(name: str) -> FineTuningTask:
     """The paper setup called ``name``; a `KeyError` listing the valid names otherwise."""
     for setup in PAPER_SETUPS:
         if setup.name == name:
@@ -73,7 +73,7 @@ def setup_named(name: str) -> Setup:
 class PlanSpec:
     """A setup on a box of GPUs with the pipeline options: everything a shipped plan is made from."""
 
-    setup: Setup
+    setup: FineTuningTask
     gpu_profile: str
     """A built-in profile name (``hf-ftpipe profiles``)."""
     num_gpus: int

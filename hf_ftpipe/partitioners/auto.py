@@ -24,16 +24,20 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from hf_ftpipe.costmodel.estimate import MemoryOptions, Optimizer, Schedule, estimate, usable_capacity
+from hf_ftpipe._units import GiB, format_bytes
 from hf_ftpipe.costmodel.profiles import GPUProfile
 from hf_ftpipe.errors import PartitionError, PlanDoesNotFitError
 from hf_ftpipe.graph.cost_graph import CostGraph
-from hf_ftpipe.partitioners.fit import FitAdvice, format_bytes
-from hf_ftpipe.partitioners.registry import available_partitioners, get_partitioner, register_partitioner
-from hf_ftpipe.plan.partition import Partition, PartitionKey
+from hf_ftpipe.partitioners.fit import FitAdvice
+from hf_ftpipe.partitioners.registry import available_partitioners, register_partitioner, run_partitioner
+from hf_ftpipe.plan.partition import Partition
+from hf_ftpipe.plan.request import PlanOptions, PlanRequest
 from hf_ftpipe.plan.validate import validate_partition
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = [
     "NAME",
@@ -47,7 +51,6 @@ __all__ = [
 ]
 
 NAME = "auto"
-_GiB = 2**30
 logger = logging.getLogger(__name__)
 # Cheap partitioners first, so a short budget still compares the baselines; others follow by name.
 _RUN_ORDER = ("uniform", "params", "seq-greedy", "seq-dp", "mixed")
@@ -91,16 +94,10 @@ def compare_partitioners(
     profile: GPUProfile,
     num_stages: int | None = None,
     *,
-    num_microbatches: int,
-    microbatch_size: int,
-    schedule: Schedule = "gpipe",
-    optimizer: Optimizer = "adamw",
-    dtype: str | None = None,
-    key: PartitionKey | None = None,
-    memory: MemoryOptions | None = None,
     time_budget_s: float = 60.0,
     partitioners: Sequence[str] | None = None,
     unlimited_figures: bool = False,
+    **options: Unpack[PlanOptions],
 ) -> list[PartitionerResult]:
     """Run ``partitioners`` (default: every registered one but `auto`) and report each.
 
@@ -117,7 +114,7 @@ def compare_partitioners(
     names = _run_order(available_partitioners() if partitioners is None else list(partitioners))
     if not names:
         raise PartitionError("no partitioner is registered besides 'auto'; import hf_ftpipe.partitioners")
-    options = _options(num_microbatches, microbatch_size, schedule, optimizer, dtype, key, memory)
+    request = PlanRequest(profile=profile, num_stages=num_stages, **options)
     start = time.perf_counter()
     results = []
     for name in names:
@@ -126,7 +123,7 @@ def compare_partitioners(
             error = f"skipped: the time budget of {time_budget_s:g} s was spent ({elapsed:.1f} s)"
             results.append(PartitionerResult(partitioner=name, feasible=False, time_s=0.0, error=error, skipped=True))
             continue
-        results.append(_run_one(name, graph, profile, num_stages, options, unlimited_figures))
+        results.append(_run_one(name, graph, request, unlimited_figures))
         logger.info("partitioner %s: %s", name, _one_line(results[-1]))
     return results
 
@@ -137,15 +134,9 @@ def partition_auto(
     profile: GPUProfile,
     num_stages: int | None = None,
     *,
-    num_microbatches: int,
-    microbatch_size: int,
-    schedule: Schedule = "gpipe",
-    optimizer: Optimizer = "adamw",
-    dtype: str | None = None,
-    key: PartitionKey | None = None,
-    memory: MemoryOptions | None = None,
     time_budget_s: float = 60.0,
     report: list[PartitionerResult] | None = None,
+    **options: Unpack[PlanOptions],
 ) -> Partition:
     """The best feasible plan of every registered partitioner (see the module docstring).
 
@@ -156,7 +147,6 @@ def partition_auto(
     Raises:
         `PlanDoesNotFitError`: no partitioner found a plan that fits; the message says what would fit.
     """
-    options = _options(num_microbatches, microbatch_size, schedule, optimizer, dtype, key, memory)
     results = compare_partitioners(graph, profile, num_stages, time_budget_s=time_budget_s, **options)
     if report is not None:
         report.extend(results)
@@ -193,7 +183,7 @@ def result_of(
         worst_over_ideal=predicted.imbalance,
         max_memory_fraction=max(fractions, default=0.0),
         memory_fraction_per_gpu=fractions,
-        memory_gib_per_gpu=[g.memory_bytes / _GiB for g in predicted.gpus],
+        memory_gib_per_gpu=[g.memory_bytes / GiB for g in predicted.gpus],
         num_stages=plan.num_stages,
         stages_per_gpu=[len(plan.stages_on(g)) for g in range(plan.num_devices)],
         error=error,
@@ -204,44 +194,16 @@ def result_of(
 # -- one partitioner ---------------------------------------------------------------------------
 
 
-def _options(
-    num_microbatches: int,
-    microbatch_size: int,
-    schedule: Schedule = "gpipe",
-    optimizer: Optimizer = "adamw",
-    dtype: str | None = None,
-    key: PartitionKey | None = None,
-    memory: MemoryOptions | None = None,
-) -> dict[str, Any]:
-    """The keyword arguments every partitioner takes (see ``registry``)."""
-    return {
-        "num_microbatches": num_microbatches,
-        "microbatch_size": microbatch_size,
-        "schedule": schedule,
-        "optimizer": optimizer,
-        "dtype": dtype,
-        "key": key,
-        "memory": memory or MemoryOptions(),
-    }
-
-
 def _run_order(names: Sequence[str]) -> list[str]:
     names = [n for n in names if n != NAME]
     known = [n for n in _RUN_ORDER if n in names]
     return known + sorted(n for n in names if n not in known)
 
 
-def _run_one(
-    name: str,
-    graph: CostGraph,
-    profile: GPUProfile,
-    num_stages: int | None,
-    options: dict[str, Any],
-    unlimited_figures: bool = False,
-) -> PartitionerResult:
+def _run_one(name: str, graph: CostGraph, request: PlanRequest, unlimited_figures: bool = False) -> PartitionerResult:
     started = time.perf_counter()
     try:
-        plan = get_partitioner(name)(graph, profile, num_stages, **options)
+        plan = run_partitioner(name, graph, request)
     except PartitionError as error:
         time_s = time.perf_counter() - started
         if isinstance(error, PlanDoesNotFitError):  # what would fit is said once, by auto
@@ -250,32 +212,26 @@ def _run_one(
             reason, near = str(error), ()
         closest = near[0][1] if near else None
         if closest is None and unlimited_figures:
-            closest = _unlimited_plan(name, graph, profile, num_stages, options)
+            closest = _unlimited_plan(name, graph, request)
         if closest is None or closest.predicted is None:
             return PartitionerResult(partitioner=name, feasible=False, time_s=time_s, error=reason)
-        return result_of(name, closest, time_s, reason, capacity_bytes=profile.memory_bytes)
+        return result_of(name, closest, time_s, reason, capacity_bytes=request.profile.memory_bytes)
     time_s = time.perf_counter() - started
     if plan.predicted is None:  # the contract asks for a prediction; make one rather than fail
-        plan.predicted = estimate(
-            graph, plan.node_stage, plan.stage_device, profile,
-            num_microbatches=options["num_microbatches"], microbatch_size=options["microbatch_size"],
-            optimizer=options["optimizer"], schedule=options["schedule"], dtype=options["dtype"],
-            memory=options["memory"],
-        )  # fmt: skip
+        plan.predicted = request.estimate(graph, plan.node_stage, plan.stage_device)
     error = None
     try:
-        validate_partition(plan, graph, memory_capacity_bytes=usable_capacity(profile, options["memory"]))
+        validate_partition(plan, graph, memory_capacity_bytes=request.usable_bytes)
     except PartitionError as invalid:
         error = f"{name} returned a plan that is not usable: {invalid}"
     return result_of(name, plan, time_s, error)
 
 
-def _unlimited_plan(
-    name: str, graph: CostGraph, profile: GPUProfile, num_stages: int | None, options: dict[str, Any]
-) -> Partition | None:
+def _unlimited_plan(name: str, graph: CostGraph, request: PlanRequest) -> Partition | None:
     """What partitioner ``name`` makes when memory is no limit (None if it still makes nothing)."""
+    unlimited = replace(request, profile=replace(request.profile, memory_bytes=_UNLIMITED))
     try:
-        return get_partitioner(name)(graph, replace(profile, memory_bytes=_UNLIMITED), num_stages, **options)
+        return run_partitioner(name, graph, unlimited)
     except PartitionError:
         return None
 
@@ -294,7 +250,7 @@ def _one_line(result: PartitionerResult) -> str:
 
 
 def no_plan_fits(
-    graph: CostGraph, profile: GPUProfile, results: Sequence[PartitionerResult], **options: Any
+    graph: CostGraph, profile: GPUProfile, results: Sequence[PartitionerResult], **options: Unpack[PlanOptions]
 ) -> PlanDoesNotFitError:
     """The error when no partitioner fits: each one's reason, then what would fit, said once.
 
@@ -303,18 +259,16 @@ def no_plan_fits(
     the memory rules the partitioners use; it words the fixes for the reader
     (`PlanDoesNotFitError.message`).
     """
-    options = _options(**options)
-    memory: MemoryOptions = options["memory"]
-    usable = usable_capacity(profile, memory)
+    request = PlanRequest(profile=profile, **(options | {"key": None}))
+    memory = request.memory
     lines = [
         f"no partitioner found a plan that fits {profile.count} × {profile.name} "
-        f"({format_bytes(usable)} usable per GPU: {format_bytes(profile.memory_bytes)} less "
+        f"({format_bytes(request.usable_bytes)} usable per GPU: {format_bytes(profile.memory_bytes)} less "
         f"{memory.headroom:.0%} headroom):"
     ]
     lines += [f"  - {reason_line(r)}" for r in results]
     plans = tuple((r.partitioner, r.partition) for r in results if r.partition is not None)
-    options = {k: v for k, v in options.items() if k != "key"}
-    return PlanDoesNotFitError("\n".join(lines), FitAdvice(graph=graph, profile=profile, plans=plans, **options))
+    return PlanDoesNotFitError("\n".join(lines), FitAdvice(graph=graph, request=request, plans=plans))
 
 
 def reason_line(result: PartitionerResult) -> str:

@@ -18,82 +18,59 @@ Both put stage s on GPU s and are priced by the same cost model as every other p
 
 from __future__ import annotations
 
-from hf_ftpipe.costmodel.estimate import MemoryOptions, Optimizer, Schedule
+from typing import TYPE_CHECKING
+
 from hf_ftpipe.costmodel.profiles import GPUProfile
 from hf_ftpipe.graph.cost_graph import CostGraph
-from hf_ftpipe.partitioners.contiguous import Setup
+from hf_ftpipe.partitioners.contiguous import ContiguousPlanner
 from hf_ftpipe.partitioners.registry import register_partitioner
 from hf_ftpipe.partitioners.seq_greedy import greedy_cuts
-from hf_ftpipe.plan.partition import Partition, PartitionKey
+from hf_ftpipe.plan.partition import Partition
+from hf_ftpipe.plan.request import PlanOptions, PlanRequest
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = ["find_blocks", "partition_params", "partition_uniform"]
 
 
 @register_partitioner("uniform")
 def partition_uniform(
-    graph: CostGraph,
-    profile: GPUProfile,
-    num_stages: int | None = None,
-    *,
-    num_microbatches: int,
-    microbatch_size: int,
-    schedule: Schedule = "gpipe",
-    optimizer: Optimizer = "adamw",
-    dtype: str | None = None,
-    key: PartitionKey | None = None,
-    memory: MemoryOptions | None = None,
+    graph: CostGraph, profile: GPUProfile, num_stages: int | None = None, **options: Unpack[PlanOptions]
 ) -> Partition:
     """Equal numbers of repeated blocks per stage (DeepSpeed's ``"uniform"``), one stage per GPU.
 
     Arguments as in ``partition_seq_greedy``. Raises ``PartitionError`` when the plan does not fit
     the usable memory of a GPU.
     """
-    setup = Setup.of(
-        "uniform", graph, profile, num_stages,
-        num_microbatches=num_microbatches, microbatch_size=microbatch_size, schedule=schedule,
-        optimizer=optimizer, dtype=dtype, key=key, memory=memory,
-    )  # fmt: skip
-    cuttable = setup.cut_order.cuttable
+    planner = ContiguousPlanner.of("uniform", graph, PlanRequest(profile=profile, num_stages=num_stages, **options))
+    cuttable = planner.cut_order.cuttable
     block_of = find_blocks(graph)
     first_op: dict[str, int] = {}  # block → position of its first cuttable op
     for i, n in enumerate(cuttable):
         if n in block_of:
             first_op.setdefault(block_of[n], i)
     starts = sorted(first_op.values())
-    num_blocks, p = len(starts), setup.num_stages
+    num_blocks, p = len(starts), planner.num_stages
     if num_blocks >= p:
         # Stage s begins at its first block; DeepSpeed's uniform split of num_blocks items.
         bounds = [0, *(starts[s * num_blocks // p] for s in range(1, p)), len(cuttable)]
     else:
         bounds = [0, *greedy_cuts([1.0] * len(cuttable), p), len(cuttable)]
-    return setup.partition(bounds)
+    return planner.partition(bounds)
 
 
 @register_partitioner("params")
 def partition_params(
-    graph: CostGraph,
-    profile: GPUProfile,
-    num_stages: int | None = None,
-    *,
-    num_microbatches: int,
-    microbatch_size: int,
-    schedule: Schedule = "gpipe",
-    optimizer: Optimizer = "adamw",
-    dtype: str | None = None,
-    key: PartitionKey | None = None,
-    memory: MemoryOptions | None = None,
+    graph: CostGraph, profile: GPUProfile, num_stages: int | None = None, **options: Unpack[PlanOptions]
 ) -> Partition:
     """About equal trainable parameter bytes per stage (DeepSpeed's ``"parameters"``).
 
     Arguments as in ``partition_seq_greedy``. A graph without trainable parameters is cut into
     equal numbers of ops. Raises ``PartitionError`` when the plan does not fit the usable memory.
     """
-    setup = Setup.of(
-        "params", graph, profile, num_stages,
-        num_microbatches=num_microbatches, microbatch_size=microbatch_size, schedule=schedule,
-        optimizer=optimizer, dtype=dtype, key=key, memory=memory,
-    )  # fmt: skip
-    cut_order = setup.cut_order
+    planner = ContiguousPlanner.of("params", graph, PlanRequest(profile=profile, num_stages=num_stages, **options))
+    cut_order = planner.cut_order
     position = {n: i for i, n in enumerate(cut_order.cuttable)}
     weights = [0.0] * len(position)
     seen: set[str] = set()
@@ -105,8 +82,8 @@ def partition_params(
                 weights[position[cut_order.anchor[n]]] += info.bytes
     if sum(weights) == 0:
         weights = [1.0] * len(weights)
-    bounds = [0, *greedy_cuts(weights, setup.num_stages), len(weights)]
-    return setup.partition(bounds)
+    bounds = [0, *greedy_cuts(weights, planner.num_stages), len(weights)]
+    return planner.partition(bounds)
 
 
 def find_blocks(graph: CostGraph) -> dict[str, str]:

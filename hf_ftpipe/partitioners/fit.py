@@ -29,16 +29,18 @@ from functools import cached_property
 from itertools import combinations
 from typing import TYPE_CHECKING
 
-from hf_ftpipe.costmodel.estimate import MemoryOptions, Optimizer, Schedule, usable_capacity
+from hf_ftpipe._units import format_bytes
+from hf_ftpipe.costmodel.estimate import MemoryOptions, usable_capacity
 from hf_ftpipe.costmodel.profiles import GPUProfile, list_profiles
 from hf_ftpipe.errors import Caller, PartitionError
 from hf_ftpipe.graph.cost_graph import CostGraph
 from hf_ftpipe.plan.partition import Partition
+from hf_ftpipe.plan.request import PlanRequest
 
 if TYPE_CHECKING:
     from hf_ftpipe.partitioners.seq_dp import ContiguousFit
 
-__all__ = ["FitAdvice", "format_bytes"]
+__all__ = ["FitAdvice"]
 
 # How each reader names a fix; {n}: a GPU count, {name}: a profile, {count}: the GPUs asked for,
 # {h}: a headroom. An empty entry: that reader has no such knob.
@@ -85,15 +87,6 @@ _CHANGES = ("recompute", "1f1b", "adafactor")
 """Fixes whose effect is computed (they need no new trace), tried alone, then in pairs."""
 
 
-def format_bytes(num_bytes: float) -> str:
-    """``"11.00 GiB"``, ``"512.0 MiB"``, or exact ``"48 bytes"`` below a MiB (toy graphs)."""
-    if num_bytes >= 2**30:
-        return f"{num_bytes / 2**30:.2f} GiB"
-    if num_bytes >= 2**20:
-        return f"{num_bytes / 2**20:.1f} MiB"
-    return f"{math.ceil(num_bytes)} bytes"
-
-
 @dataclass(frozen=True)
 class _Figures:
     need_bytes: float | None
@@ -120,21 +113,24 @@ class FitAdvice:
     """A request that no plan fits, and what would (figures computed on first use, once)."""
 
     graph: CostGraph = field(repr=False)
-    profile: GPUProfile
-    num_microbatches: int
-    microbatch_size: int
-    schedule: Schedule
-    optimizer: Optimizer
-    dtype: str | None
-    memory: MemoryOptions
+    request: PlanRequest
+    """What was asked for (its ``key`` plays no part)."""
     plans: tuple[tuple[str, Partition], ...] = field(default=(), repr=False)
     """Plans already made, with their partitioner: the memory figure is the least of theirs too."""
     memory_blind: bool = False
     """The plan came from a partitioner that cuts by compute or parameters alone."""
 
     @property
+    def profile(self) -> GPUProfile:
+        return self.request.profile
+
+    @property
+    def memory(self) -> MemoryOptions:
+        return self.request.memory
+
+    @property
     def usable_bytes(self) -> int:
-        return usable_capacity(self.profile, self.memory)
+        return self.request.usable_bytes
 
     @property
     def need_capacity_bytes(self) -> float | None:
@@ -149,7 +145,7 @@ class FitAdvice:
 
     @cached_property
     def figures(self) -> _Figures:
-        fit = self._contiguous_fit(self.memory, self.schedule, self.optimizer, least_peak=True)
+        fit = self._contiguous_fit(self.request, least_peak=True)
         candidates = [(p, f"{name}'s plan") for name, plan in self.plans if (p := _peak(plan)) is not None]
         if fit is not None and fit.least_peak_bytes is not None:
             candidates.insert(0, (fit.least_peak_bytes, "the leanest contiguous split"))
@@ -194,9 +190,9 @@ class FitAdvice:
             others = [self._word("partitioner", caller)] if self.memory_blind else []
         else:
             others = [self._word(c, caller) for c in self._applicable() if not f.change or c not in f.change.fixes]
-            if self.num_microbatches > 1:
+            if self.request.num_microbatches > 1:
                 others.append(self._word("microbatches", caller))
-            if self.microbatch_size > 1:
+            if self.request.microbatch_size > 1:
                 others.append(self._word("microbatch", caller))
         others = [fix for fix in others if fix]
         if others:
@@ -207,10 +203,11 @@ class FitAdvice:
 
     def _applicable(self) -> list[str]:
         """The computed fixes that change this request."""
+        request = self.request
         applies = (
-            not self.memory.recompute,
-            self.schedule == "gpipe" and self.num_microbatches > 1,
-            self.optimizer not in ("adafactor", "sgd"),
+            not request.memory.recompute,
+            request.schedule == "gpipe" and request.num_microbatches > 1,
+            request.optimizer not in ("adafactor", "sgd"),
         )
         return [c for c, yes in zip(_CHANGES, applies) if yes]
 
@@ -219,13 +216,13 @@ class FitAdvice:
         found: list[_Change] = []
         for size in (1, 2):
             for fixes in combinations(self._applicable(), size):
-                memory = replace(self.memory, recompute=True) if "recompute" in fixes else self.memory
-                fit = self._contiguous_fit(
-                    memory,
-                    "1f1b" if "1f1b" in fixes else self.schedule,
-                    "adafactor" if "adafactor" in fixes else self.optimizer,
-                    least_peak=False,
+                changed = replace(
+                    self.request,
+                    memory=replace(self.memory, recompute=True) if "recompute" in fixes else self.memory,
+                    schedule="1f1b" if "1f1b" in fixes else self.request.schedule,
+                    optimizer="adafactor" if "adafactor" in fixes else self.request.optimizer,
                 )
+                fit = self._contiguous_fit(changed, least_peak=False)
                 if fit is not None and fit.num_gpus is not None:
                     found.append(_Change(fixes, fit.num_gpus, fit.fits_count))
             if any(c.fits_asked for c in found):
@@ -235,17 +232,11 @@ class FitAdvice:
             return None
         return best
 
-    def _contiguous_fit(
-        self, memory: MemoryOptions, schedule: Schedule, optimizer: Optimizer, *, least_peak: bool
-    ) -> ContiguousFit | None:
+    def _contiguous_fit(self, request: PlanRequest, *, least_peak: bool) -> ContiguousFit | None:
         from hf_ftpipe.partitioners.seq_dp import contiguous_fit  # seq-dp raises this module's errors
 
         try:
-            return contiguous_fit(
-                self.graph, self.profile, num_microbatches=self.num_microbatches,
-                microbatch_size=self.microbatch_size, schedule=schedule, optimizer=optimizer, dtype=self.dtype,
-                memory=memory, least_peak=least_peak,
-            )  # fmt: skip
+            return contiguous_fit(self.graph, request.profile, least_peak=least_peak, **request.options())
         except PartitionError:  # e.g. more GPUs than ops: no figure, the reason says enough
             return None
 

@@ -1,12 +1,13 @@
 """Partitioners by name, so `auto`, the CLI and PipeTrainer can pick one from a string.
 
-Every partitioner has the same signature::
+Every partitioner has the same signature (``PlanOptions``: the fields of `PlanRequest`)::
 
     partition_<name>(graph: CostGraph, profile: GPUProfile, num_stages: int | None = None, *,
                      num_microbatches: int, microbatch_size: int, schedule: Schedule = "gpipe",
                      optimizer: Optimizer = "adamw", dtype: str | None = None,
                      key: PartitionKey | None = None, memory: MemoryOptions | None = None) -> Partition
 
+and is called one way, with a `PlanRequest`: ``run_partitioner(name, graph, request)``.
 ``num_stages`` defaults to the partitioner's own choice (one per GPU for sequential ones).
 A partitioner raises `PartitionError` when it cannot produce a plan that fits memory.
 """
@@ -14,11 +15,14 @@ A partitioner raises `PartitionError` when it cannot produce a plan that fits me
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from hf_ftpipe.errors import PartitionError
+from hf_ftpipe.graph.cost_graph import CostGraph
 from hf_ftpipe.plan.partition import Partition
+from hf_ftpipe.plan.request import PlanRequest
 
-__all__ = ["Partitioner", "available_partitioners", "get_partitioner", "register_partitioner"]
+__all__ = ["Partitioner", "available_partitioners", "get_partitioner", "register_partitioner", "run_partitioner"]
 
 Partitioner = Callable[..., Partition]
 _PARTITIONERS: dict[str, Partitioner] = {}
@@ -44,3 +48,9 @@ def get_partitioner(name: str) -> Partitioner:
 
 def available_partitioners() -> list[str]:
     return sorted(_PARTITIONERS)
+
+
+def run_partitioner(name: str, graph: CostGraph, request: PlanRequest, **extra: Any) -> Partition:
+    """The plan of ``graph`` that the partitioner called ``name`` makes for ``request``; ``extra``:
+    that partitioner's own keyword arguments (e.g. ``auto``'s ``report``)."""
+    return get_partitioner(name)(graph, request.profile, request.num_stages, **request.options(), **extra)

@@ -4,7 +4,7 @@ A dynamic program over cut points of the execution order, as PipeDream's planner
 al., SOSP'19) and FTPipe's "Seq pipe (exhaustive)" (Eliad et al., ATC'21), made fast by
 coarsening first:
 
-1. Ops that cannot begin a stage (``_contiguous``) join their producer. The remaining N ops are
+1. Ops that cannot begin a stage (``plan.atoms``) join their producer. The remaining N ops are
    grouped into at most ``max_blocks`` consecutive blocks of about equal compute (none when
    N ≤ ``max_blocks``): stages may begin only at a block boundary. After solving, the blocks
    around each cut found are split back into single ops and the chain solved again, for a few
@@ -26,25 +26,22 @@ then priced exactly by ``estimate`` (which sends a value to every stage that rea
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from hf_ftpipe.costmodel.estimate import MemoryOptions, Optimizer, Schedule, usable_capacity
-from hf_ftpipe.costmodel.memory_rules import (
-    StageRules,
-    operand_bytes,
-    optimizer_state_bytes,
-    saved_bytes,
-    stage_rules,
-)
+from hf_ftpipe._units import format_bytes
 from hf_ftpipe.costmodel.profiles import GPUProfile
 from hf_ftpipe.errors import PartitionError, PlanDoesNotFitError
 from hf_ftpipe.graph.cost_graph import CostGraph
-from hf_ftpipe.partitioners.contiguous import Setup
-from hf_ftpipe.partitioners.fit import format_bytes
+from hf_ftpipe.partitioners.chain import Chain
+from hf_ftpipe.partitioners.contiguous import ContiguousPlanner
 from hf_ftpipe.partitioners.registry import register_partitioner
-from hf_ftpipe.partitioners.seq_greedy import greedy_cuts
-from hf_ftpipe.plan.partition import Partition, PartitionKey
+from hf_ftpipe.plan.partition import Partition
+from hf_ftpipe.plan.request import PlanOptions, PlanRequest
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = ["ContiguousFit", "contiguous_fit", "partition_seq_dp"]
 
@@ -61,14 +58,8 @@ def partition_seq_dp(
     profile: GPUProfile,
     num_stages: int | None = None,
     *,
-    num_microbatches: int,
-    microbatch_size: int,
-    schedule: Schedule = "gpipe",
-    optimizer: Optimizer = "adamw",
-    dtype: str | None = None,
-    key: PartitionKey | None = None,
-    memory: MemoryOptions | None = None,
     max_blocks: int = 512,
+    **options: Unpack[PlanOptions],
 ) -> Partition:
     """The contiguous split into ``num_stages`` stages (one per GPU) with the smallest bottleneck
     whose every stage fits the usable memory of a GPU.
@@ -82,22 +73,20 @@ def partition_seq_dp(
     """
     if isinstance(max_blocks, bool) or not isinstance(max_blocks, int) or max_blocks < 1:
         raise PartitionError(f"`max_blocks` must be a positive integer, got {max_blocks!r}")
-    setup = Setup.of(
-        NAME, graph, profile, num_stages,
-        num_microbatches=num_microbatches, microbatch_size=microbatch_size, schedule=schedule,
-        optimizer=optimizer, dtype=dtype, key=key, memory=memory,
-    )  # fmt: skip
-    chain = _Chain(setup, max(max_blocks, setup.num_stages))
-    capacity = usable_capacity(profile, setup.memory)
-    cuts = chain.solve(setup.num_stages, capacity)
+    planner = ContiguousPlanner.of(NAME, graph, PlanRequest(profile=profile, num_stages=num_stages, **options))
+    chain = Chain(planner, max(max_blocks, planner.num_stages))
+    capacity = planner.request.usable_bytes
+    cuts = chain.solve(planner.num_stages, capacity)
     if cuts is None:
-        raise _infeasible(chain, setup, capacity)
-    if chain.num_blocks < len(setup.cut_order.cuttable):
-        chain, cuts = _refine(setup, chain, cuts, capacity, max_blocks)
-    return setup.partition([chain.starts[b] for b in cuts])
+        raise _infeasible(chain, planner, capacity)
+    if chain.num_blocks < len(planner.cut_order.cuttable):
+        chain, cuts = _refine(planner, chain, cuts, capacity, max_blocks)
+    return planner.partition([chain.starts[b] for b in cuts])
 
 
-def _refine(setup: Setup, coarse: _Chain, cuts: list[int], capacity: int, max_blocks: int) -> tuple[_Chain, list[int]]:
+def _refine(
+    planner: ContiguousPlanner, coarse: Chain, cuts: list[int], capacity: int, max_blocks: int
+) -> tuple[Chain, list[int]]:
     """Split the coarse blocks around each cut into single ops and solve again, while that helps
     (a few rounds: a better cut moves the next stage's window). A previous answer stays a
     candidate, so no round is worse."""
@@ -110,259 +99,29 @@ def _refine(setup: Setup, coarse: _Chain, cuts: list[int], capacity: int, max_bl
             starts.update(range(coarse.starts[low], coarse.starts[high]))
         if len(starts) > max(2 * max_blocks, _REFINE_MAX_BLOCKS):  # blocks so coarse that this would be slow
             break
-        fine = _Chain(setup, max_blocks, starts=sorted(starts))
-        fine_cuts = fine.solve(setup.num_stages, capacity)
+        fine = Chain(planner, max_blocks, starts=sorted(starts))
+        fine_cuts = fine.solve(planner.num_stages, capacity)
         if fine_cuts is None or fine.optimum >= chain.optimum:
             break
         chain, cuts, at = fine, fine_cuts, [fine.starts[b] for b in fine_cuts]
     return chain, cuts
 
 
-@dataclass
-class _Tables:
-    """Figures of every candidate stage [a, b) of blocks, as (B + 1) × (B + 1) arrays."""
-
-    cost_s: np.ndarray
-    weights: np.ndarray
-    """Distinct parameter and buffer bytes (one weight version)."""
-    grads: np.ndarray
-    """Gradient bytes of the distinct trainable parameters."""
-    state: np.ndarray
-    """Optimizer state of the distinct trainable parameters."""
-    saved: np.ndarray
-    """Activation bytes of one micro-batch."""
-    inputs: np.ndarray
-    """Bytes of the values the stage reads from earlier stages (kept under recomputation)."""
-    kept: np.ndarray
-    """Bytes of the values that leave the stage (read later, or outputs of the model)."""
-    largest_operand: np.ndarray
-    """The largest ``operand_bytes`` of the stage's ops."""
-
-
-class _Chain:
-    """The coarsened execution order and the tables of its candidate stages."""
-
-    def __init__(self, setup: Setup, max_blocks: int, starts: list[int] | None = None) -> None:
-        self.setup = setup
-        graph, costs, cut_order = setup.graph, setup.costs, setup.cut_order
-        options = setup.memory
-        item = {n: i for i, n in enumerate(cut_order.cuttable)}
-        pos = {n: item[cut_order.anchor[n]] for n in cut_order.order}
-        forward_again = 1.0 if options.recompute else 0.0
-        compute = np.zeros(len(item))
-        for n in cut_order.order:
-            compute[pos[n]] += costs[n].total_s + forward_again * costs[n].forward_s
-
-        # Blocks of about equal compute; every op alone when there are few.
-        if starts is not None:
-            self.starts = starts
-        elif len(item) <= max_blocks:
-            self.starts = list(range(len(item) + 1))
-        else:
-            weights = compute.tolist() if compute.sum() > 0 else [1.0] * len(item)
-            self.starts = [0, *greedy_cuts(weights, max_blocks), len(item)]
-        num_blocks = len(self.starts) - 1
-        block_of_item = np.repeat(np.arange(num_blocks), np.diff(self.starts))
-        block = {n: int(block_of_item[pos[n]]) for n in cut_order.order}
-        self.num_blocks = num_blocks
-
-        compute_prefix = np.concatenate([[0.0], np.cumsum(np.bincount(block_of_item, compute, num_blocks))])
-        saved = np.zeros(num_blocks)
-        operand = np.zeros(num_blocks)
-        for n in cut_order.order:
-            saved[block[n]] += saved_bytes(graph, n)
-            operand[block[n]] = max(operand[block[n]], operand_bytes(graph, n))
-        saved_prefix = np.concatenate([[0.0], np.cumsum(saved)])
-        largest_operand = np.zeros((num_blocks + 1, num_blocks + 1))
-        for a in range(num_blocks):
-            largest_operand[a, a + 1 :] = np.maximum.accumulate(operand[a:])
-
-        out_bytes, grad_bytes, in_bytes = _Rectangles(num_blocks), _Rectangles(num_blocks), _Rectangles(num_blocks)
-        kept = _Rectangles(num_blocks)
-        model_outputs = set(graph.outputs)
-        for u in cut_order.order:
-            p = block[u]
-            readers = sorted({block[v] for v in graph.graph.successors(u)} - {p})
-            readers = [c for c in readers if c > p]
-            size = graph.node(u)["output_bytes"]
-            if u in model_outputs:  # kept by every stage that holds it
-                kept.add(0, p, p + 1, num_blocks, size)
-            elif readers:
-                kept.add(0, p, p + 1, readers[-1], size)
-            if not readers:
-                continue
-            out_bytes.add(0, p, p + 1, readers[-1], size)  # leaves every [a, b) with a ≤ p < b ≤ q
-            if graph.node(u)["requires_grad"]:
-                grad_bytes.add(0, p, p + 1, readers[-1], size)
-            previous = p
-            for c in readers:  # [a, b) with a > p reads it when its first reader ≥ a is < b
-                in_bytes.add(previous + 1, c, c + 1, num_blocks, size)
-                previous = c
-
-        uses: dict[str, set[int]] = {}
-        for n in cut_order.order:
-            for name in graph.node(n)["params"]:
-                uses.setdefault(name, set()).add(block[n])
-        weights_t, grads_t, state_t = _Rectangles(num_blocks), _Rectangles(num_blocks), _Rectangles(num_blocks)
-        for name, blocks in uses.items():
-            info = graph.params[name]
-            state = optimizer_state_bytes(setup.optimizer, info.shape, info.bytes)
-            previous = -1
-            for x in sorted(blocks):  # [a, b) holds it when its first use ≥ a is < b
-                weights_t.add(previous + 1, x, x + 1, num_blocks, info.bytes)
-                if info.requires_grad:
-                    grads_t.add(previous + 1, x, x + 1, num_blocks, info.bytes)
-                    state_t.add(previous + 1, x, x + 1, num_blocks, state)
-                previous = x
-
-        profile = setup.profile
-        compute_s = compute_prefix[None, :] - compute_prefix[:, None]
-        out_s, grad_s = (_comm_s(r.table(), profile) for r in (out_bytes, grad_bytes))
-        cost_s = compute_s + np.maximum(0.0, out_s - compute_s) + np.maximum(0.0, grad_s - compute_s)
-        self.tables = _Tables(
-            cost_s=cost_s,
-            weights=weights_t.table(),
-            grads=grads_t.table(),
-            state=state_t.table(),
-            saved=saved_prefix[None, :] - saved_prefix[:, None],
-            inputs=in_bytes.table(),
-            kept=kept.table(),
-            largest_operand=largest_operand,
-        )
-
-    def rules(self, depth: int) -> StageRules:
-        """What the schedule makes a stage ``depth`` stages from the end of a contiguous pipeline keep
-        (the last stage has depth 1): in a chain of stages, one per GPU, nothing else matters."""
-        setup = self.setup
-        return stage_rules(
-            setup.schedule,
-            0,
-            range(depth),  # contiguous: stage s runs on GPU s
-            setup.num_microbatches,
-            gradient_accumulation_steps=setup.memory.gradient_accumulation_steps,
-            recompute=setup.memory.recompute,
-        )
-
-    def memory(self, stage_index: int, num_stages: int, b: int) -> np.ndarray:
-        """Bytes of the stages [a, b) for every a < b as stage ``stage_index`` of ``num_stages``."""
-        return self._memory(self.rules(num_stages - stage_index), (slice(None, b), b))
-
-    def memory_table(self, depth: int) -> np.ndarray:
-        """Bytes of every stage [a, b) (entry [a, b], meaningful for a < b) at ``depth`` from the end."""
-        return self._memory(self.rules(depth), (slice(None), slice(None)))
-
-    def _memory(self, rules: StageRules, at: tuple) -> np.ndarray:
-        t = self.tables
-        recompute = self.setup.memory.recompute
-        grads, saved = t.grads[at], t.saved[at]
-        per_microbatch = t.kept[at] + (t.inputs[at] if recompute else saved)
-        # memory_rules.backward_bytes, for every candidate at once
-        created = 0.0 if rules.persist else np.maximum(0.0, grads - saved)
-        backward = (saved if recompute else 0.0) + 2 * t.largest_operand[at] + created
-        params = t.weights[at] * rules.versions + t.state[at] + (grads if rules.persist else 0.0)
-        return params + per_microbatch * rules.in_flight + backward
-
-    def piece_memory(self, depth: int) -> np.ndarray:
-        """Bytes of each single-block stage [k, k + 1) at ``depth`` from the end."""
-        blocks = np.arange(self.num_blocks)
-        return self._memory(self.rules(depth), (blocks, blocks + 1))
-
-    def fewest_stages(self, capacity: float) -> int | None:
-        """The fewest stages of a split that fits ``capacity`` (None: no number of stages fits).
-
-        Exact on the chain, without assuming that more stages need less each (under 1F1B the first
-        stages of a longer pipeline hold more micro-batches): a stage's memory depends only on its
-        blocks and its depth from the end, so the block positions from which the rest of the chain
-        splits into d fitting stages follow from those for d − 1, one depth at a time. d stages
-        fit exactly when ``solve(d, capacity)`` finds a split.
-        """
-        num_blocks = self.num_blocks
-        ahead = np.triu(np.ones((num_blocks + 1, num_blocks + 1), dtype=bool), k=1)  # stages [a, b), a < b
-        reach = np.zeros(num_blocks + 1, dtype=bool)
-        reach[num_blocks] = True  # where the stages found so far begin
-        rules, fits = None, ahead
-        for depth in range(1, num_blocks + 1):
-            if self.rules(depth) != rules:  # the rules stop changing once the depth reaches M
-                rules = self.rules(depth)
-                fits = ahead & (self.memory_table(depth) <= capacity)
-            reach = fits[:, reach].any(axis=1)
-            if reach[0]:
-                return depth
-            if not reach.any():
-                return None
-        return None
-
-    def solve(self, num_stages: int, capacity: float, *, by_memory: bool = False) -> list[int] | None:
-        """Block boundaries ``[0, ..., B]`` of the best split, or None when nothing fits.
-
-        ``by_memory``: minimise the largest stage memory instead, ignoring ``capacity``.
-        """
-        num_blocks = self.num_blocks
-        best = np.full((num_stages + 1, num_blocks + 1), np.inf)
-        best[0, 0] = 0.0
-        choice = np.zeros((num_stages + 1, num_blocks + 1), dtype=np.int64)
-        for k in range(1, num_stages + 1):
-            # stage k − 1 ends at b; k − 1 stages before it need ≥ k − 1 blocks, the rest ≥ 1 each
-            for b in range(k, num_blocks - (num_stages - k) + 1):
-                mem = self.memory(k - 1, num_stages, b)
-                if by_memory:
-                    value = np.maximum(best[k - 1, :b], mem)
-                else:
-                    value = np.maximum(best[k - 1, :b], self.tables.cost_s[:b, b])
-                    value[mem > capacity] = np.inf
-                a = int(np.argmin(value))
-                best[k, b], choice[k, b] = value[a], a
-        if not np.isfinite(best[num_stages, num_blocks]):
-            return None
-        cuts = [num_blocks]
-        for k in range(num_stages, 0, -1):
-            cuts.append(int(choice[k, cuts[-1]]))
-        self.optimum = float(best[num_stages, num_blocks])
-        return cuts[::-1]
-
-
-class _Rectangles:
-    """Sums of values over rectangles a0 ≤ a ≤ a1, b0 ≤ b ≤ b1 of a (B + 1) × (B + 1) table,
-    accumulated as 2-D differences and summed once."""
-
-    def __init__(self, num_blocks: int) -> None:
-        self.size = num_blocks + 1
-        self.entries: list[tuple[int, int, int, int, int]] = []
-
-    def add(self, a0: int, a1: int, b0: int, b1: int, value: int) -> None:
-        if a0 <= a1 and b0 <= b1 and value:
-            self.entries.append((a0, a1, b0, b1, value))
-
-    def table(self) -> np.ndarray:
-        diff = np.zeros((self.size + 1, self.size + 1), dtype=np.int64)
-        if self.entries:
-            a0, a1, b0, b1, v = (np.array(column, dtype=np.int64) for column in zip(*self.entries))
-            np.add.at(diff, (a0, b0), v)
-            np.add.at(diff, (a0, b1 + 1), -v)
-            np.add.at(diff, (a1 + 1, b0), -v)
-            np.add.at(diff, (a1 + 1, b1 + 1), v)
-        return diff.cumsum(axis=0).cumsum(axis=1)[: self.size, : self.size]
-
-
-def _comm_s(num_bytes: np.ndarray, profile: GPUProfile) -> np.ndarray:
-    """``comm_time_s`` of every entry: one message, nothing for zero bytes."""
-    return np.where(num_bytes > 0, profile.link_latency_s + num_bytes / profile.link_bandwidth_bytes_per_s, 0.0)
-
-
-def _infeasible(chain: _Chain, setup: Setup, capacity: int) -> PlanDoesNotFitError:
+def _infeasible(chain: Chain, planner: ContiguousPlanner, capacity: int) -> PlanDoesNotFitError:
     """The error when no split fits: the split that needs the least memory, which the error keeps
     (a comparison shows its figures); what would fit is the advice's."""
-    cuts = chain.solve(setup.num_stages, float("inf"), by_memory=True)
+    cuts = chain.solve(planner.num_stages, float("inf"), by_memory=True)
     assert cuts is not None  # without a limit every split is allowed
-    leanest = setup.partition([chain.starts[b] for b in cuts], check_memory=False)
-    assert leanest.predicted is not None  # Setup.partition always predicts
+    leanest = planner.partition([chain.starts[b] for b in cuts], check_memory=False)
+    assert leanest.predicted is not None  # ContiguousPlanner.partition always predicts
     need = max(g.memory_bytes for g in leanest.predicted.gpus)
+    request = planner.request
     reason = (
-        f"seq-dp: no contiguous split into {setup.num_stages} stages fits the {format_bytes(capacity)} usable per "
-        f"GPU ({format_bytes(setup.profile.memory_bytes)} less {setup.memory.headroom * 100:g}% headroom): the best "
-        f"split needs {format_bytes(need)} on its fullest GPU"
+        f"seq-dp: no contiguous split into {planner.num_stages} stages fits the {format_bytes(capacity)} usable per "
+        f"GPU ({format_bytes(request.profile.memory_bytes)} less {request.memory.headroom * 100:g}% headroom): "
+        f"the best split needs {format_bytes(need)} on its fullest GPU"
     )
-    return PlanDoesNotFitError(reason, setup.advice(plans=[(NAME, leanest)]))
+    return PlanDoesNotFitError(reason, planner.advice(plans=[(NAME, leanest)]))
 
 
 @dataclass(frozen=True)
@@ -390,31 +149,23 @@ def contiguous_fit(
     graph: CostGraph,
     profile: GPUProfile,
     *,
-    num_microbatches: int,
-    microbatch_size: int,
-    schedule: Schedule = "gpipe",
-    optimizer: Optimizer = "adamw",
-    dtype: str | None = None,
-    memory: MemoryOptions | None = None,
     max_blocks: int = 512,
     least_peak: bool = True,
+    **options: Unpack[PlanOptions],
 ) -> ContiguousFit:
     """The least memory a split onto ``profile.count`` GPUs needs on its fullest GPU, and the fewest
     of these GPUs a split fits: seq-dp's own chain and memory rules, so ``partition_seq_dp`` succeeds
     on ``num_gpus`` of them and fails on one fewer. A tenth of a second or so on GPT2-XL (2000
     ops), where running every partitioner at growing GPU counts took 40 s. ``least_peak=False``
     skips the first figure (``least_peak_bytes`` is None), the slowest on many GPUs."""
-    setup = Setup.of(
-        NAME, graph, profile, 1,
-        num_microbatches=num_microbatches, microbatch_size=microbatch_size, schedule=schedule,
-        optimizer=optimizer, dtype=dtype, key=None, memory=memory,
-    )  # fmt: skip
-    chain = _Chain(setup, max_blocks)
+    request = PlanRequest(profile=profile, num_stages=1, **(options | {"key": None}))
+    planner = ContiguousPlanner.of(NAME, graph, request)
+    chain = Chain(planner, max_blocks)
     least = None
     if least_peak and profile.count <= chain.num_blocks:
         chain.solve(profile.count, float("inf"), by_memory=True)
         least = chain.optimum
-    capacity = usable_capacity(profile, setup.memory)
+    capacity = request.usable_bytes
     num_gpus = chain.fewest_stages(capacity)
     if num_gpus is not None:
         fits_count = num_gpus == profile.count or (
@@ -424,7 +175,7 @@ def contiguous_fit(
     # The piece to blame: one that overflows wherever it stands, holding the fewest micro-batches
     # it can; else (1F1B-like schedules hold more the deeper a stage is) the worst piece of the split
     # into one piece per GPU, which does not fit either, or it would have been found.
-    num_blocks, m = chain.num_blocks, setup.num_microbatches
+    num_blocks, m = chain.num_blocks, request.num_microbatches
     depths = range(1, min(num_blocks, m) + 1)  # depth d > M keeps what depth M does
     by_depth = np.array([chain.piece_memory(d) for d in depths])  # [depth - 1, piece]
     k = int(np.argmax(by_depth.min(axis=0)))
@@ -438,7 +189,7 @@ def contiguous_fit(
     return ContiguousFit(
         least,
         None,
-        piece=setup.cut_order.cuttable[chain.starts[k] : chain.starts[k + 1]],
+        piece=planner.cut_order.cuttable[chain.starts[k] : chain.starts[k + 1]],
         piece_bytes=float(by_depth[depth - 1, k]),
         piece_in_flight=chain.rules(depth).in_flight,
         piece_anywhere=anywhere,

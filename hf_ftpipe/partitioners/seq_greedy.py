@@ -10,17 +10,22 @@ the baseline the others must beat. Steps:
 3. Stage s runs on GPU s. Contiguous pieces of a topological order are numbered topologically.
 
 Parts of multi-output ops (``getitem``) and side-effect ops are not cut on: they join the latest
-stage among their producers (see ``_contiguous``).
+stage among their producers (see ``plan.atoms``).
 """
 
 from __future__ import annotations
 
-from hf_ftpipe.costmodel.estimate import MemoryOptions, Optimizer, Schedule
+from typing import TYPE_CHECKING
+
 from hf_ftpipe.costmodel.profiles import GPUProfile
 from hf_ftpipe.graph.cost_graph import CostGraph
-from hf_ftpipe.partitioners.contiguous import Setup
+from hf_ftpipe.partitioners.contiguous import ContiguousPlanner
 from hf_ftpipe.partitioners.registry import register_partitioner
-from hf_ftpipe.plan.partition import Partition, PartitionKey
+from hf_ftpipe.plan.partition import Partition
+from hf_ftpipe.plan.request import PlanOptions, PlanRequest
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = ["greedy_cuts", "partition_seq_greedy"]
 
@@ -29,44 +34,27 @@ NAME = "seq-greedy"
 
 @register_partitioner(NAME)
 def partition_seq_greedy(
-    graph: CostGraph,
-    profile: GPUProfile,
-    num_stages: int | None = None,
-    *,
-    num_microbatches: int,
-    microbatch_size: int,
-    schedule: Schedule = "gpipe",
-    optimizer: Optimizer = "adamw",
-    dtype: str | None = None,
-    key: PartitionKey | None = None,
-    memory: MemoryOptions | None = None,
+    graph: CostGraph, profile: GPUProfile, num_stages: int | None = None, **options: Unpack[PlanOptions]
 ) -> Partition:
     """Cut ``graph`` into ``num_stages`` contiguous stages of about equal compute, one per GPU.
 
     Args:
         num_stages (`int`, *optional*, defaults to ``profile.count``): at most ``profile.count``.
-        dtype (`str`, *optional*): compute dtype for costs (e.g. ``"bfloat16"`` under autocast);
-            by default each op's own, and the key records the parameters' dtype.
-        key (`PartitionKey`, *optional*): the key to record; by default built from ``graph``,
-            ``profile`` and the other arguments, which it must agree with.
-        memory (`MemoryOptions`, *optional*): headroom, recomputation, gradient accumulation.
+        options: ``num_microbatches`` and ``microbatch_size`` (required), ``schedule``,
+            ``optimizer``, ``dtype``, ``key`` and ``memory``: the fields of `PlanRequest`.
 
     Raises ``PartitionError`` when the plan does not fit the usable memory of a GPU: the cuts
     ignore memory (use ``seq-dp`` for a memory-aware contiguous plan).
     """
-    setup = Setup.of(
-        NAME, graph, profile, num_stages,
-        num_microbatches=num_microbatches, microbatch_size=microbatch_size, schedule=schedule,
-        optimizer=optimizer, dtype=dtype, key=key, memory=memory,
-    )  # fmt: skip
-    # Followers (see _contiguous) weigh nothing here; they join their producer's stage.
-    forward_again = 1.0 if setup.memory.recompute else 0.0
-    cost = setup.costs
-    weights = [cost[n].total_s + forward_again * cost[n].forward_s for n in setup.cut_order.cuttable]
+    planner = ContiguousPlanner.of(NAME, graph, PlanRequest(profile=profile, num_stages=num_stages, **options))
+    # Followers (see plan.atoms) weigh nothing here; they join their producer's stage.
+    forward_again = 1.0 if planner.request.memory.recompute else 0.0
+    cost = planner.costs
+    weights = [cost[n].total_s + forward_again * cost[n].forward_s for n in planner.cut_order.cuttable]
     if sum(weights) == 0:  # nothing to balance: balance op counts instead
         weights = [1.0] * len(weights)
-    bounds = [0, *greedy_cuts(weights, setup.num_stages), len(weights)]
-    return setup.partition(bounds)
+    bounds = [0, *greedy_cuts(weights, planner.num_stages), len(weights)]
+    return planner.partition(bounds)
 
 
 def greedy_cuts(weights: list[float], num_stages: int) -> list[int]:

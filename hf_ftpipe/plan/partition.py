@@ -31,6 +31,7 @@ from hf_ftpipe.costmodel.prediction import Prediction
 from hf_ftpipe.errors import PartitionFormatError
 from hf_ftpipe.graph.cost_graph import CostGraph
 from hf_ftpipe.plan._json import MAX_FILE_BYTES, build, json_type, read_json
+from hf_ftpipe.plan.validate import index_problems
 
 __all__ = [
     "FORMAT_NAME",
@@ -299,31 +300,22 @@ def _parse_partition(data: object) -> Partition:
 
 
 def _check_consistency(p: Partition) -> None:
-    num_stages = p.num_stages
-    if num_stages == 0:
-        raise PartitionFormatError("field 'stage_device' is empty: a plan has at least one stage")
-    bad = [(n, s) for n, s in p.node_stage.items() if not 0 <= s < num_stages]
-    if bad:
-        raise PartitionFormatError(
-            f"field 'node_stage' has stage indices out of range 0..{num_stages - 1} "
-            f"({len(bad)} ops), e.g. {dict(bad[:5])}"
-        )
-    bad_devices = [(s, d) for s, d in enumerate(p.stage_device) if not 0 <= d < p.key.num_gpus]
-    if bad_devices:
-        raise PartitionFormatError(
-            f"field 'stage_device' puts stages on GPUs outside 0..{p.key.num_gpus - 1} "
-            f"(key.num_gpus is {p.key.num_gpus}): stage→device {dict(bad_devices[:5])}"
-        )
+    """What a file can be checked for without the model's graph: the validator's index checks, and
+    the key and prediction agreeing with the plan's size."""
+    problems = index_problems(p)
     for name in ("num_microbatches", "num_gpus"):
         if getattr(p.key, name) < 1:
-            raise PartitionFormatError(f"field 'key.{name}' must be ≥ 1, got {getattr(p.key, name)}")
-    if p.predicted is not None:
-        if len(p.predicted.stages) != num_stages:
-            raise PartitionFormatError(
-                f"field 'predicted.stages' has {len(p.predicted.stages)} entries, expected one per stage ({num_stages})"
+            problems.append(f"field 'key.{name}' must be ≥ 1, got {getattr(p.key, name)}")
+    if p.predicted is not None and not problems:
+        if len(p.predicted.stages) != p.num_stages:
+            problems.append(
+                f"field 'predicted.stages' has {len(p.predicted.stages)} entries, expected one per stage "
+                f"({p.num_stages})"
             )
         if len(p.predicted.gpus) != p.num_devices:
-            raise PartitionFormatError(
-                f"field 'predicted.gpus' has {len(p.predicted.gpus)} entries, expected one per "
-                f"GPU used ({p.num_devices})"
+            problems.append(
+                f"field 'predicted.gpus' has {len(p.predicted.gpus)} entries, expected one per GPU used "
+                f"({p.num_devices})"
             )
+    if problems:
+        raise PartitionFormatError("; ".join(problems))

@@ -1,17 +1,26 @@
-"""Check that a Partition is a plan the runtime can run on a graph, before anything starts."""
+"""Check that a Partition is a plan the runtime can run on a graph, before anything starts.
+
+The one home of the structural checks: `validate_partition` (a plan against its graph and the
+GPUs' memory), `check_stages` (an op → stage map, what the runtime builds its stages from) and
+`index_problems` (what a plan file can be checked for without a graph) share them.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import networkx as nx
 
+from hf_ftpipe._units import GiB
 from hf_ftpipe.costmodel.estimate import MemoryOptions, Optimizer, estimate_memory
 from hf_ftpipe.errors import PartitionError
 from hf_ftpipe.graph.cost_graph import CostGraph
-from hf_ftpipe.plan.partition import Partition
 
-__all__ = ["check_fits_run", "stage_graph", "validate_partition"]
+if TYPE_CHECKING:  # partition.py checks files with `index_problems`
+    from hf_ftpipe.plan.partition import Partition
+
+__all__ = ["check_fits_run", "check_stages", "index_problems", "stage_graph", "validate_partition"]
 
 
 def validate_partition(
@@ -37,12 +46,38 @@ def validate_partition(
        prediction. With ``memory``, each capacity is first reduced by ``memory.headroom``;
        without it, the capacities are taken as they are.
     """
-    _raise_if("the partition does not fit the graph", _structure_problems(partition, graph))
-    order_problems = _order_problems(partition, graph) + _tuple_problems(partition, graph)
-    _raise_if("the stage graph is not a pipeline", order_problems)
+    problems = index_problems(partition) + _node_problems(graph, partition.node_stage, partition.num_stages)
+    _raise_if("the partition does not fit the graph", problems + _unused_gpu_problems(partition))
+    _raise_if("the stage graph is not a pipeline", _pipeline_problems(graph, partition.node_stage))
     if memory_capacity_bytes is not None:
         problems = _memory_problems(partition, graph, memory_capacity_bytes, memory)
         _raise_if("the partition does not fit in GPU memory", problems)
+
+
+def check_stages(graph: CostGraph, node_stage: Mapping[str, int]) -> None:
+    """Raise ``PartitionError`` unless ``node_stage`` puts every op of ``graph`` in one of stages
+    ``0..S-1``, every stage has an op, and the stages form a pipeline: steps 1 and 2 of
+    `validate_partition`, for a plan without GPUs (S is one more than the highest stage)."""
+    num_stages = max(node_stage.values(), default=-1) + 1
+    problems = _node_problems(graph, node_stage, num_stages) + _stage_index_problems(node_stage, num_stages)
+    _raise_if("the partition does not fit the graph", problems)
+    _raise_if("the stage graph is not a pipeline", _pipeline_problems(graph, node_stage))
+
+
+def index_problems(partition: Partition) -> list[str]:
+    """What is wrong with a plan's indices, whatever the graph: it has no stage, an op has a stage
+    outside ``0..num_stages-1``, a stage a GPU outside ``0..key.num_gpus-1``."""
+    num_stages, num_gpus = partition.num_stages, partition.key.num_gpus
+    if num_stages == 0:
+        return ["'stage_device' is empty: a plan has at least one stage"]
+    problems = _stage_index_problems(partition.node_stage, num_stages)
+    bad = [(s, d) for s, d in enumerate(partition.stage_device) if not _is_index(d, num_gpus)]
+    if bad:
+        problems.append(
+            f"'stage_device' puts stages on GPUs outside 0..{num_gpus - 1} (key.num_gpus is {num_gpus}): "
+            f"stage→GPU {dict(bad[:5])}"
+        )
+    return problems
 
 
 def check_fits_run(
@@ -74,7 +109,7 @@ def check_fits_run(
     _raise_if(f"the plan was made for another memory budget and does not fit this run's ({setup})", problems)
 
 
-def stage_graph(graph: CostGraph, node_stage: dict[str, int]) -> nx.DiGraph:
+def stage_graph(graph: CostGraph, node_stage: Mapping[str, int]) -> nx.DiGraph:
     """Stages as nodes, an edge s → t when an op of s feeds an op of t; edge attr ``via`` = one
     example (producer, consumer) pair, for messages."""
     stages = nx.DiGraph()
@@ -86,43 +121,44 @@ def stage_graph(graph: CostGraph, node_stage: dict[str, int]) -> nx.DiGraph:
     return stages
 
 
-def _structure_problems(partition: Partition, graph: CostGraph) -> list[str]:
+def _node_problems(graph: CostGraph, node_stage: Mapping[str, int], num_stages: int) -> list[str]:
     problems = []
-    node_stage, num_stages = partition.node_stage, partition.num_stages
     missing = [n for n in graph.topological_order() if n not in node_stage]
     if missing:
         problems.append(f"{len(missing)} ops are in no stage, e.g. {missing[:5]}")
     extra = [n for n in node_stage if n not in graph.graph]
     if extra:
         problems.append(f"{len(extra)} ops of the partition are not in the graph, e.g. {extra[:5]}")
-    bad = {n: s for n, s in node_stage.items() if not _is_index(s, num_stages)}
-    if bad:
-        problems.append(f"{len(bad)} ops have a stage outside 0..{num_stages - 1}, e.g. {dict(list(bad.items())[:5])}")
-    if num_stages == 0:
-        problems.append("there are no stages (`stage_device` is empty)")
     used = set(node_stage.values())
     empty = [s for s in range(num_stages) if s not in used]
     if empty:
         problems.append(f"stages {empty} have no op; every stage needs at least one")
-    devices = partition.stage_device
-    num_gpus = partition.key.num_gpus
-    bad_devices = [(s, d) for s, d in enumerate(devices) if not _is_index(d, num_gpus)]
-    if bad_devices:
-        problems.append(
-            f"stages are on GPUs outside 0..{partition.key.num_gpus - 1} (the key's num_gpus): "
-            f"stage→GPU {dict(bad_devices[:5])}"
-        )
-    unused = sorted(set(range(partition.num_devices)) - set(devices))
-    if unused:
-        problems.append(
-            f"GPUs {unused} run no stage while GPU {partition.num_devices - 1} does; "
-            "number the GPUs a plan uses 0..num_devices-1"
-        )
     return problems
 
 
-def _order_problems(partition: Partition, graph: CostGraph) -> list[str]:
-    stages = stage_graph(graph, partition.node_stage)
+def _stage_index_problems(node_stage: Mapping[str, int], num_stages: int) -> list[str]:
+    bad = [(n, s) for n, s in node_stage.items() if not _is_index(s, num_stages)]
+    if not bad:
+        return []
+    return [f"'node_stage' puts {len(bad)} ops on stages outside 0..{num_stages - 1}, e.g. {dict(bad[:5])}"]
+
+
+def _unused_gpu_problems(partition: Partition) -> list[str]:
+    unused = sorted(set(range(partition.num_devices)) - set(partition.stage_device))
+    if not unused:
+        return []
+    return [
+        f"GPUs {unused} run no stage while GPU {partition.num_devices - 1} does; "
+        "number the GPUs a plan uses 0..num_devices-1"
+    ]
+
+
+def _pipeline_problems(graph: CostGraph, node_stage: Mapping[str, int]) -> list[str]:
+    return _order_problems(graph, node_stage) + _tuple_problems(graph, node_stage)
+
+
+def _order_problems(graph: CostGraph, node_stage: Mapping[str, int]) -> list[str]:
+    stages = stage_graph(graph, node_stage)
     try:
         cycle = nx.find_cycle(stages)
     except nx.NetworkXNoCycle:
@@ -140,12 +176,12 @@ def _order_problems(partition: Partition, graph: CostGraph) -> list[str]:
     ]
 
 
-def _tuple_problems(partition: Partition, graph: CostGraph) -> list[str]:
+def _tuple_problems(graph: CostGraph, node_stage: Mapping[str, int]) -> list[str]:
     problems = []
     for u in graph.topological_order():
         if len(graph.node(u)["output_shapes"]) > 1:
-            s = partition.node_stage[u]
-            away = [(v, partition.node_stage[v]) for v in graph.graph.successors(u) if partition.node_stage[v] != s]
+            s = node_stage[u]
+            away = [(v, node_stage[v]) for v in graph.graph.successors(u) if node_stage[v] != s]
             if away:
                 where = ", ".join(f"{v!r} (stage {t})" for v, t in away[:5])
                 problems.append(
@@ -185,8 +221,8 @@ def _memory_problems_of(used: Sequence[int], capacities: Sequence[int], headroom
         cap = int(raw * (1.0 - headroom))
         if need > cap:
             problems.append(
-                f"GPU {g} needs {need} bytes ({need / 2**30:.2f} GiB), more than its {cap} bytes "
-                f"({cap / 2**30:.2f} GiB{note}); use more GPUs, fewer micro-batches, activation recomputation "
+                f"GPU {g} needs {need} bytes ({need / GiB:.2f} GiB), more than its {cap} bytes "
+                f"({cap / GiB:.2f} GiB{note}); use more GPUs, fewer micro-batches, activation recomputation "
                 "or a memory-aware partitioner"
             )
     return problems

@@ -19,6 +19,7 @@ from torch import fx
 
 from hf_ftpipe.errors import PartitionError
 from hf_ftpipe.graph.cost_graph import CostGraph
+from hf_ftpipe.plan.validate import check_stages
 
 __all__ = ["StageSpec", "plan_stages", "build_stage_module"]
 
@@ -42,18 +43,13 @@ class StageSpec:
 
 
 def plan_stages(graph: CostGraph, node_stage: Mapping[str, int]) -> list[StageSpec]:
-    """Derive every stage's inputs and outputs. Raises `PartitionError` on a malformed assignment."""
+    """Derive every stage's inputs and outputs. Raises `PartitionError` on a malformed assignment
+    (``plan.validate.check_stages``, or a value that is not one tensor read across stages)."""
+    check_stages(graph, node_stage)
     num_stages = max(node_stage.values()) + 1
     specs = [StageSpec(s, [], [], [], []) for s in range(num_stages)]
     for name in graph.topological_order():
-        if name not in node_stage:
-            raise PartitionError(f"node {name!r} is in no stage; every graph node needs one")
         specs[node_stage[name]].nodes.append(name)
-    for spec in specs:
-        if not spec.nodes:
-            raise PartitionError(
-                f"stage {spec.stage_index} of {num_stages} has no node; drop it or renumber the stages"
-            )
 
     for name in graph.topological_order():
         stage = node_stage[name]
@@ -65,11 +61,6 @@ def plan_stages(graph: CostGraph, node_stage: Mapping[str, int]) -> list[StageSp
             source = node_stage[producer]
             if source == stage:
                 continue
-            if source > stage:
-                raise PartitionError(
-                    f"stage {stage} reads {producer!r} from the later stage {source}; stage numbers must "
-                    "follow the data flow (a topological order of the stage graph)"
-                )
             if len(graph.node(producer)["output_shapes"]) != 1:
                 raise PartitionError(
                     f"{producer!r} ({graph.node(producer)['op']}) returns several tensors and is read across "

@@ -21,8 +21,9 @@ from hf_ftpipe.costmodel.estimate import MemoryOptions, Optimizer
 from hf_ftpipe.errors import PipelineError, PlanDoesNotFitError
 from hf_ftpipe.graph.trace import TracedModel
 from hf_ftpipe.partitioners.auto import PartitionerResult, reason_line
-from hf_ftpipe.partitioners.registry import get_partitioner
+from hf_ftpipe.partitioners.registry import run_partitioner
 from hf_ftpipe.plan import Partition, check_fits_run, validate_partition
+from hf_ftpipe.plan.request import PlanRequest
 from hf_ftpipe.runtime.watchdog import Watchdog
 from hf_ftpipe.trainer.arguments import PipeTrainingArguments
 
@@ -116,22 +117,18 @@ def _make_partition(
 def _compute_partition(
     args: PipeTrainingArguments, traced: TracedModel, profile: GPUProfile, microbatch: dict[str, Any]
 ) -> Partition:
-    microbatch_size = next(v.shape[0] for v in microbatch.values() if isinstance(v, torch.Tensor))
-    options: dict[str, Any] = {}
+    request = PlanRequest(
+        profile=profile,
+        num_microbatches=args.num_microbatches,
+        microbatch_size=next(v.shape[0] for v in microbatch.values() if isinstance(v, torch.Tensor)),
+        schedule=args.pipeline_schedule,
+        optimizer=planned_optimizer(args),
+        memory=memory_options(args),
+    )
     report: list[PartitionerResult] = []
-    if args.partitioner == "auto":
-        options["report"] = report
+    extra: dict[str, Any] = {"report": report} if args.partitioner == "auto" else {}
     try:
-        partition = get_partitioner(args.partitioner)(
-            traced.cost_graph,
-            profile,
-            num_microbatches=args.num_microbatches,
-            microbatch_size=microbatch_size,
-            schedule=args.pipeline_schedule,
-            optimizer=planned_optimizer(args),
-            memory=memory_options(args),
-            **options,
-        )
+        partition = run_partitioner(args.partitioner, traced.cost_graph, request, **extra)
     except PlanDoesNotFitError as error:  # name the fixes as PipeTrainingArguments fields
         raise error.worded_for("trainer") from error
     for result in report:

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 import hf_ftpipe.partitioners  # noqa: F401  (registers the partitioners)
+from hf_ftpipe._units import format_bytes
 from hf_ftpipe.cli import parser as cli
 from hf_ftpipe.cli.partition import _Request
 from hf_ftpipe.costmodel import MemoryOptions, estimate_memory, get_profile, usable_capacity
@@ -29,7 +30,6 @@ from hf_ftpipe.graph.cost_graph import CostGraph
 from hf_ftpipe.graph.sources import load_model_for_planning, sample_inputs_for
 from hf_ftpipe.partitioners import partition_auto, partition_seq_dp
 from hf_ftpipe.partitioners.contiguous import CutOrder
-from hf_ftpipe.partitioners.fit import format_bytes
 from hf_ftpipe.partitioners.registry import available_partitioners
 from hf_ftpipe.trainer import plan_sharing as planning
 from hf_ftpipe.trainer.arguments import PipeTrainingArguments

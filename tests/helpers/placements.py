@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from hf_ftpipe.plan import Partition
+from hf_ftpipe.plan.atoms import follows_producer
 
 
 def contiguous_placement(cost_graph, stage_device: list[int]) -> Partition:
-    """Equal node counts per stage, getitem nodes kept with their producer."""
+    """Equal node counts per stage; an op that follows its producer (the library's rule,
+    ``plan.atoms``) joins the latest stage among its producers."""
     order = cost_graph.topological_order()
     num_stages = len(stage_device)
     node_stage = {name: (i * num_stages) // len(order) for i, name in enumerate(order)}
-    for name in order:
-        if "getitem" in cost_graph.node(name)["op"]:
-            node_stage[name] = node_stage[next(iter(cost_graph.graph.predecessors(name)))]
+    for name in order:  # producers first, so a follower of a follower lands with the first producer
+        if follows_producer(cost_graph, name):
+            node_stage[name] = max(node_stage[u] for u in cost_graph.graph.predecessors(name))
     return Partition(node_stage=node_stage, stage_device=stage_device, partitioner="test", key=None)

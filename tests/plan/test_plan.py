@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 
 import pytest
@@ -38,7 +39,7 @@ def _load_error(tmp_path, data, **kwargs) -> str:
 def test_key_digest_is_stable_short_hex_and_changes_with_any_field():
     key = _plan().key
     assert key.digest() == PartitionKey(**key.to_dict()).digest()
-    assert len(key.digest()) == 16 and int(key.digest(), 16) >= 0
+    assert re.fullmatch("[0-9a-f]{16}", key.digest()), key.digest()  # a file name on every OS
     assert replace(key, num_microbatches=8).digest() != key.digest()
     assert replace(key, input_shapes={"input_ids": [2, 9]}).digest() != key.digest()
     assert len({key, PartitionKey(**key.to_dict())}) == 1  # hashable despite the dict field

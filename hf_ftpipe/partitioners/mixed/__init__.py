@@ -15,16 +15,17 @@ and every GPU runs at least one stage.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
-from hf_ftpipe.costmodel.estimate import MemoryOptions, Optimizer, Schedule, estimate, usable_capacity
+from hf_ftpipe._units import format_bytes
 from hf_ftpipe.costmodel.op_time import comm_time_s, node_costs
 from hf_ftpipe.costmodel.prediction import Prediction
 from hf_ftpipe.costmodel.profiles import GPUProfile
 from hf_ftpipe.errors import PartitionError, PlanDoesNotFitError
 from hf_ftpipe.graph.cost_graph import CostGraph
-from hf_ftpipe.partitioners.fit import FitAdvice, format_bytes
+from hf_ftpipe.partitioners.fit import FitAdvice
 from hf_ftpipe.partitioners.mixed.assign import assign_blocks, contiguous_blocks, form_stages
 from hf_ftpipe.partitioners.mixed.coarsen import coarsen
 from hf_ftpipe.partitioners.mixed.memory import BlockMemory
@@ -32,8 +33,11 @@ from hf_ftpipe.partitioners.mixed.objective import IncrementalCost
 from hf_ftpipe.partitioners.mixed.refine import refine
 from hf_ftpipe.partitioners.registry import register_partitioner
 from hf_ftpipe.partitioners.seq_dp import partition_seq_dp
-from hf_ftpipe.plan.keys import resolve_key
 from hf_ftpipe.plan.partition import Partition, PartitionKey
+from hf_ftpipe.plan.request import PlanOptions, PlanRequest
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = ["partition_mixed"]
 
@@ -47,17 +51,7 @@ _CALIBRATION_ROUNDS = 4
 
 @register_partitioner(NAME)
 def partition_mixed(
-    graph: CostGraph,
-    profile: GPUProfile,
-    num_stages: int | None = None,
-    *,
-    num_microbatches: int,
-    microbatch_size: int,
-    schedule: Schedule = "gpipe",
-    optimizer: Optimizer = "adamw",
-    dtype: str | None = None,
-    key: PartitionKey | None = None,
-    memory: MemoryOptions | None = None,
+    graph: CostGraph, profile: GPUProfile, num_stages: int | None = None, **options: Unpack[PlanOptions]
 ) -> Partition:
     """Partition ``graph`` onto ``profile.count`` GPUs, several stages per GPU where that balances.
 
@@ -65,22 +59,19 @@ def partition_mixed(
         num_stages (`int`, *optional*): a hint: one more block count L to try besides 2P, 3P
             and 4P (P = ``profile.count``). Mixed-Pipe chooses the number of stages itself, at
             least P; the plan may have more or fewer stages than the hint.
-        dtype (`str`, *optional*): compute dtype for costs; each op's own by default.
-        key (`PartitionKey`, *optional*): the key to record; built from the arguments by default.
-        memory (`MemoryOptions`, *optional*): headroom, recomputation and gradient accumulation;
-            each GPU may use ``profile.memory_bytes × (1 − headroom)``.
+        options: the fields of `PlanRequest`, as for every partitioner; each GPU may use
+            ``profile.memory_bytes × (1 − memory.headroom)``.
 
     Raises:
         PlanDoesNotFitError: when no plan fits memory; its advice says the memory per GPU and the
             number of GPUs that would fit.
     """
-    memory = memory or MemoryOptions()
+    request = PlanRequest(profile=profile, num_stages=num_stages, **options)
     num_gpus = profile.count
-    if num_stages is not None and (isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 1):
-        raise PartitionError(f"`num_stages` must be a positive integer, got {num_stages!r}")
-    key = resolve_key(graph, profile, key, schedule=schedule, num_microbatches=num_microbatches, dtype=dtype)
-    setup = _Setup(graph, profile, num_microbatches, microbatch_size, schedule, optimizer, dtype, memory)
-    num_atoms = len(setup.coarse.atoms) if num_gpus > 1 else 1
+    request.stages_or(None)  # a hint, but a well-formed one
+    key = request.key_for(graph)
+    search = _MixedSearch(graph, request)
+    num_atoms = len(search.coarse.atoms) if num_gpus > 1 else 1
     if num_atoms < num_gpus:
         raise PartitionError(
             f"the model has {num_atoms} indivisible groups of ops, fewer than the {num_gpus} GPUs "
@@ -89,14 +80,14 @@ def partition_mixed(
 
     best: _Plan | None = None
     tightest: _Plan | None = None
-    candidates = sorted(setup.coarse.levels.items(), key=lambda item: item[0])
+    candidates = sorted(search.coarse.levels.items(), key=lambda item: item[0])
     starts = [(blocks, "balanced") for _, blocks in candidates] + [(candidates[-1][1], "contiguous"), ([], "seq-dp")]
     trials = 0  # moves refinement tried so far; what a candidate leaves goes to the next ones
     for i, (blocks, start) in enumerate(starts):
-        plan = setup.initial_plan(blocks, start) if start != "seq-dp" else setup.seq_dp_plan()
+        plan = search.initial_plan(blocks, start) if start != "seq-dp" else search.seq_dp_plan()
         if plan is None:
             continue
-        plan, tried = setup.refined(plan, max_trials=(MAX_TRIALS - trials) // (len(starts) - i))
+        plan, tried = search.refined(plan, max_trials=(MAX_TRIALS - trials) // (len(starts) - i))
         trials += tried
         if not plan.fits:
             if tightest is None or plan.peak_memory < tightest.peak_memory:
@@ -104,7 +95,7 @@ def partition_mixed(
         elif best is None or (plan.step_time_s, plan.num_stages) < (best.step_time_s, best.num_stages):
             best = plan
     if best is None:
-        raise setup.infeasible(tightest, key)
+        raise search.infeasible(tightest, key)
     return Partition(
         node_stage=best.node_stage,
         stage_device=best.stage_device,
@@ -139,40 +130,30 @@ class _Plan:
         return self.peak_memory <= self.limit
 
 
-class _Setup:
-    """What every candidate shares: costs, sizes, the coarsening, the memory limit."""
+class _MixedSearch:
+    """The search over candidate plans, and what every candidate shares: costs, sizes, the
+    coarsening, the memory limit."""
 
-    def __init__(
-        self,
-        graph: CostGraph,
-        profile: GPUProfile,
-        num_microbatches: int,
-        microbatch_size: int,
-        schedule: str,
-        optimizer: str,
-        dtype: str | None,
-        memory: MemoryOptions,
-    ) -> None:
-        self.graph, self.profile, self.memory = graph, profile, memory
-        self.estimate_args = {
-            "num_microbatches": num_microbatches,
-            "microbatch_size": microbatch_size,
-            "schedule": schedule,
-            "optimizer": optimizer,
-            "dtype": dtype,
-        }
-        self.costs = node_costs(graph, profile, dtype)
+    def __init__(self, graph: CostGraph, request: PlanRequest) -> None:
+        profile, memory = request.profile, request.memory
+        self.graph, self.request, self.profile, self.memory = graph, request, profile, memory
+        self.costs = node_costs(graph, profile, request.dtype)
         # Recomputation runs each forward a second time before its backward (as `estimate` counts).
         again = 1.0 if memory.recompute else 0.0
         self.weight = {n: c.total_s + again * c.forward_s for n, c in self.costs.items()}
-        self.limit = usable_capacity(profile, memory)
+        self.limit = request.usable_bytes
         num_gpus = profile.count
         total = sum(self.weight.values())
         out_comm = {n: comm_time_s(a["output_bytes"], profile) for n, a in graph.graph.nodes(data=True)}
         counts = [k * num_gpus for k in (2, 3, 4)]
         self.coarse = coarsen(graph, self.weight, out_comm, counts, cap=total / num_gpus / 2)
         self.atom_of = {n: a for a, nodes in enumerate(self.coarse.atoms) for n in nodes}
-        self.memory_args = {"schedule": schedule, "optimizer": optimizer, "num_microbatches": num_microbatches}
+        # what BlockMemory and IncrementalCost price memory with, besides `memory`
+        self.memory_args = {
+            "schedule": request.schedule,
+            "optimizer": request.optimizer,
+            "num_microbatches": request.num_microbatches,
+        }
 
     def initial_plan(self, blocks: list[list[str]], start: str) -> _Plan | None:
         """Assign ``blocks``, form stages, estimate; repeat with each block charged at the stage
@@ -222,7 +203,7 @@ class _Setup:
         """The best contiguous plan that fits (``seq-dp``), as a start: refining it can only
         make it better, so Mixed-Pipe is never worse than Seq-Pipe on the same objective."""
         try:
-            partition = partition_seq_dp(self.graph, self.profile, memory=self.memory, **self.estimate_args)
+            partition = partition_seq_dp(self.graph, self.profile, **replace(self.request, key=None).options())
         except PartitionError:
             return None
         atom_stage = [partition.node_stage[nodes[0]] for nodes in self.coarse.atoms]
@@ -266,17 +247,13 @@ class _Setup:
                 predicted=tightest.predicted,
             )  # fmt: skip
             plans.append((NAME, plan))
-        advice = FitAdvice(
-            graph=self.graph, profile=self.profile, memory=self.memory, plans=tuple(plans), **self.estimate_args
-        )
-        return PlanDoesNotFitError(reason, advice)
+        return PlanDoesNotFitError(reason, FitAdvice(graph=self.graph, request=self.request, plans=tuple(plans)))
 
     # -- helpers ---------------------------------------------------------------------------------
 
     def _plan(self, atom_stage: Sequence[int], stage_device: list[int]) -> _Plan:
         node_stage = {n: atom_stage[self.atom_of[n]] for n in self.graph.topological_order()}
-        predicted = _estimate(self.graph, node_stage, stage_device, self.profile, self.costs, self.memory,
-                              self.estimate_args)  # fmt: skip
+        predicted = self.request.estimate(self.graph, node_stage, stage_device, self.costs)
         return _Plan(list(atom_stage), list(stage_device), node_stage, predicted, self.limit)
 
     def _block_predecessors(self, blocks: list[list[str]]) -> list[set[int]]:
@@ -289,15 +266,3 @@ def _drop_empty_stages(atom_stage: Sequence[int], stage_device: Sequence[int]) -
     used = sorted(set(atom_stage))
     number = {s: i for i, s in enumerate(used)}
     return [number[s] for s in atom_stage], [stage_device[s] for s in used]
-
-
-def _estimate(
-    graph: CostGraph,
-    node_stage: Mapping[str, int],
-    stage_device: list[int],
-    profile: GPUProfile,
-    costs: Mapping,
-    memory: MemoryOptions,
-    args: dict,
-) -> Prediction:
-    return estimate(graph, node_stage, stage_device, profile, costs=costs, memory=memory, **args)

@@ -4,9 +4,9 @@ FTPipe (Eliad et al., ATC'21, "Mixed-Pipe: coarsening") creates L > P blocks fro
 contraction: "merge zero weight nodes", the "CCO property" ("starting from smallest node, merge
 until CCO"), "coarsen by type" and "coarsen around centers". Here, in that order:
 
-1. **Atoms** — what must never be split: a ``getitem`` of a multi-output op with its producer
-   (a tuple is never sent, its parts are), an op with no FLOPs, no output and no consumer
-   (``_assert_tensor_metadata``) with its latest producer.
+1. **Atoms** — what must never be split: an op that follows its producer (``plan.atoms``: a
+   ``getitem`` of a multi-output op, a side effect such as ``_assert_tensor_metadata``) joins its
+   latest producer.
 2. **Zero cost** — an op that costs (almost) nothing joins a producer, or a consumer.
 3. **By type** — module instances of a *repeated* class (``T5Block``, ``GPT2Block``: a class
    name with several instances in ``scope_types``, found from the trace, never named by the user)
@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from hf_ftpipe.graph.cost_graph import CostGraph
 from hf_ftpipe.partitioners.mixed.quotient import Quotient
+from hf_ftpipe.plan.atoms import follows_producer
 
 __all__ = ["Coarsening", "atoms_of", "coarsen"]
 
@@ -49,11 +50,8 @@ def atoms_of(graph: CostGraph, quotient: Quotient | None = None) -> Quotient:
     g = graph.graph
     q = quotient or Quotient(g, graph.topological_order())
     for node in graph.topological_order():
-        producers = list(g.predecessors(node))
-        if len(producers) == 1 and len(graph.node(producers[0])["output_shapes"]) > 1:
-            q.contract({q.block_of[producers[0]], q.block_of[node]})
-        elif _is_side_effect(graph, node) and producers:
-            latest = max(producers, key=lambda u: g.nodes[u]["order"])
+        if follows_producer(graph, node):  # a tuple part has one producer, the latest
+            latest = max(g.predecessors(node), key=lambda u: g.nodes[u]["order"])
             q.contract({q.block_of[latest], q.block_of[node]})
     return q
 
@@ -248,8 +246,3 @@ def _parent(path: str, modules: Mapping[str, object]) -> str:
         if candidate in modules:
             return candidate
     return ""
-
-
-def _is_side_effect(graph: CostGraph, node: str) -> bool:
-    attrs, g = graph.node(node), graph.graph
-    return attrs["flops"] == 0 and attrs["output_bytes"] == 0 and g.out_degree(node) == 0 and node not in graph.outputs

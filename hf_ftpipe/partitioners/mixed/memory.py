@@ -15,15 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from hf_ftpipe.costmodel import memory_rules
 from hf_ftpipe.costmodel.estimate import MemoryOptions
-from hf_ftpipe.costmodel.memory_rules import (
-    backward_bytes,
-    kept_output_bytes,
-    largest_operand_bytes,
-    optimizer_state_bytes,
-    saved_bytes,
-    stage_rules,
-)
 from hf_ftpipe.graph.cost_graph import CostGraph
 
 __all__ = ["BlockMemory"]
@@ -47,18 +40,20 @@ class BlockMemory:
         block_of = {n: b for b, nodes in enumerate(blocks) for n in nodes}
         g = graph.graph
         self.params = [graph.params_of(nodes) for nodes in blocks]
-        self.saved = [sum(saved_bytes(graph, n) for n in nodes) for nodes in blocks]
+        self.saved = [sum(memory_rules.saved_bytes(graph, n) for n in nodes) for nodes in blocks]
         inputs = [
             sum(g.nodes[u]["output_bytes"] for u in {u for n in nodes for u in g.predecessors(n) if block_of[u] != b})
             for b, nodes in enumerate(blocks)
         ]
-        kept = [kept_output_bytes(graph, nodes, block_of) for nodes in blocks]
+        kept = [memory_rules.kept_output_bytes(graph, nodes, block_of) for nodes in blocks]
         self.per_microbatch = [k + (i if memory.recompute else s) for k, i, s in zip(kept, inputs, self.saved)]
         """What a block keeps per micro-batch in flight."""
-        self.operand = [largest_operand_bytes(graph, nodes) for nodes in blocks]
+        self.operand = [memory_rules.largest_operand_bytes(graph, nodes) for nodes in blocks]
         self.state = {}  # optimizer state, once per parameter
         for name, info in graph.params.items():
-            self.state[name] = optimizer_state_bytes(optimizer, info.shape, info.bytes) if info.requires_grad else 0
+            self.state[name] = (
+                memory_rules.optimizer_state_bytes(optimizer, info.shape, info.bytes) if info.requires_grad else 0
+            )
         # Until `place`: every block its own stage, one micro-batch, one weight version, gradients kept.
         self.stage = list(range(len(blocks)))
         self.versions = [1] * len(blocks)
@@ -70,7 +65,7 @@ class BlockMemory:
         (stage index → GPU index)."""
         for b, s in enumerate(stage_of_block):
             s = min(max(s, 0), len(stage_device) - 1)
-            rules = stage_rules(
+            rules = memory_rules.stage_rules(
                 self.schedule,
                 s,
                 stage_device,
@@ -101,7 +96,7 @@ class BlockMemory:
         persist_of_stage = {self.stage[b]: self.persist[b] for b in blocks}
         backward = max(
             (
-                backward_bytes(
+                memory_rules.backward_bytes(
                     persist=persist_of_stage[s],
                     largest_operand=operand,
                     gradients=sum(params[p].bytes for p in names if params[p].requires_grad),

@@ -1,0 +1,255 @@
+"""Seq-dp's chain: the execution order cut into blocks, and every figure of a candidate stage [a, b).
+
+The tables of step 2 of ``seq_dp``'s algorithm and the dynamic program of step 3 over them, also
+used to find the fewest GPUs a contiguous split fits (``Chain.fewest_stages``, for ``fit``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from hf_ftpipe.costmodel.memory_rules import (
+    StageRules,
+    operand_bytes,
+    optimizer_state_bytes,
+    saved_bytes,
+    stage_rules,
+)
+from hf_ftpipe.costmodel.profiles import GPUProfile
+from hf_ftpipe.partitioners.contiguous import ContiguousPlanner
+from hf_ftpipe.partitioners.seq_greedy import greedy_cuts
+
+__all__ = ["Chain"]
+
+
+@dataclass
+class _Tables:
+    """Figures of every candidate stage [a, b) of blocks, as (B + 1) × (B + 1) arrays."""
+
+    cost_s: np.ndarray
+    weights: np.ndarray
+    """Distinct parameter and buffer bytes (one weight version)."""
+    grads: np.ndarray
+    """Gradient bytes of the distinct trainable parameters."""
+    state: np.ndarray
+    """Optimizer state of the distinct trainable parameters."""
+    saved: np.ndarray
+    """Activation bytes of one micro-batch."""
+    inputs: np.ndarray
+    """Bytes of the values the stage reads from earlier stages (kept under recomputation)."""
+    kept: np.ndarray
+    """Bytes of the values that leave the stage (read later, or outputs of the model)."""
+    largest_operand: np.ndarray
+    """The largest ``operand_bytes`` of the stage's ops."""
+
+
+class Chain:
+    """The coarsened execution order and the tables of its candidate stages."""
+
+    def __init__(self, planner: ContiguousPlanner, max_blocks: int, starts: list[int] | None = None) -> None:
+        self.request = request = planner.request
+        graph, costs, cut_order = planner.graph, planner.costs, planner.cut_order
+        options = request.memory
+        item = {n: i for i, n in enumerate(cut_order.cuttable)}
+        pos = {n: item[cut_order.anchor[n]] for n in cut_order.order}
+        forward_again = 1.0 if options.recompute else 0.0
+        compute = np.zeros(len(item))
+        for n in cut_order.order:
+            compute[pos[n]] += costs[n].total_s + forward_again * costs[n].forward_s
+
+        # Blocks of about equal compute; every op alone when there are few.
+        if starts is not None:
+            self.starts = starts
+        elif len(item) <= max_blocks:
+            self.starts = list(range(len(item) + 1))
+        else:
+            weights = compute.tolist() if compute.sum() > 0 else [1.0] * len(item)
+            self.starts = [0, *greedy_cuts(weights, max_blocks), len(item)]
+        num_blocks = len(self.starts) - 1
+        block_of_item = np.repeat(np.arange(num_blocks), np.diff(self.starts))
+        block = {n: int(block_of_item[pos[n]]) for n in cut_order.order}
+        self.num_blocks = num_blocks
+
+        compute_prefix = np.concatenate([[0.0], np.cumsum(np.bincount(block_of_item, compute, num_blocks))])
+        saved = np.zeros(num_blocks)
+        operand = np.zeros(num_blocks)
+        for n in cut_order.order:
+            saved[block[n]] += saved_bytes(graph, n)
+            operand[block[n]] = max(operand[block[n]], operand_bytes(graph, n))
+        saved_prefix = np.concatenate([[0.0], np.cumsum(saved)])
+        largest_operand = np.zeros((num_blocks + 1, num_blocks + 1))
+        for a in range(num_blocks):
+            largest_operand[a, a + 1 :] = np.maximum.accumulate(operand[a:])
+
+        out_bytes, grad_bytes, in_bytes = _Rectangles(num_blocks), _Rectangles(num_blocks), _Rectangles(num_blocks)
+        kept = _Rectangles(num_blocks)
+        model_outputs = set(graph.outputs)
+        for u in cut_order.order:
+            p = block[u]
+            readers = sorted({block[v] for v in graph.graph.successors(u)} - {p})
+            readers = [c for c in readers if c > p]
+            size = graph.node(u)["output_bytes"]
+            if u in model_outputs:  # kept by every stage that holds it
+                kept.add(0, p, p + 1, num_blocks, size)
+            elif readers:
+                kept.add(0, p, p + 1, readers[-1], size)
+            if not readers:
+                continue
+            out_bytes.add(0, p, p + 1, readers[-1], size)  # leaves every [a, b) with a ≤ p < b ≤ q
+            if graph.node(u)["requires_grad"]:
+                grad_bytes.add(0, p, p + 1, readers[-1], size)
+            previous = p
+            for c in readers:  # [a, b) with a > p reads it when its first reader ≥ a is < b
+                in_bytes.add(previous + 1, c, c + 1, num_blocks, size)
+                previous = c
+
+        uses: dict[str, set[int]] = {}
+        for n in cut_order.order:
+            for name in graph.node(n)["params"]:
+                uses.setdefault(name, set()).add(block[n])
+        weights_t, grads_t, state_t = _Rectangles(num_blocks), _Rectangles(num_blocks), _Rectangles(num_blocks)
+        for name, blocks in uses.items():
+            info = graph.params[name]
+            state = optimizer_state_bytes(request.optimizer, info.shape, info.bytes)
+            previous = -1
+            for x in sorted(blocks):  # [a, b) holds it when its first use ≥ a is < b
+                weights_t.add(previous + 1, x, x + 1, num_blocks, info.bytes)
+                if info.requires_grad:
+                    grads_t.add(previous + 1, x, x + 1, num_blocks, info.bytes)
+                    state_t.add(previous + 1, x, x + 1, num_blocks, state)
+                previous = x
+
+        profile = request.profile
+        compute_s = compute_prefix[None, :] - compute_prefix[:, None]
+        out_s, grad_s = (_comm_s(r.table(), profile) for r in (out_bytes, grad_bytes))
+        cost_s = compute_s + np.maximum(0.0, out_s - compute_s) + np.maximum(0.0, grad_s - compute_s)
+        self.tables = _Tables(
+            cost_s=cost_s,
+            weights=weights_t.table(),
+            grads=grads_t.table(),
+            state=state_t.table(),
+            saved=saved_prefix[None, :] - saved_prefix[:, None],
+            inputs=in_bytes.table(),
+            kept=kept.table(),
+            largest_operand=largest_operand,
+        )
+
+    def rules(self, depth: int) -> StageRules:
+        """What the schedule makes a stage ``depth`` stages from the end of a contiguous pipeline keep
+        (the last stage has depth 1): in a chain of stages, one per GPU, nothing else matters."""
+        request = self.request
+        return stage_rules(
+            request.schedule,
+            0,
+            range(depth),  # contiguous: stage s runs on GPU s
+            request.num_microbatches,
+            gradient_accumulation_steps=request.memory.gradient_accumulation_steps,
+            recompute=request.memory.recompute,
+        )
+
+    def memory(self, stage_index: int, num_stages: int, b: int) -> np.ndarray:
+        """Bytes of the stages [a, b) for every a < b as stage ``stage_index`` of ``num_stages``."""
+        return self._memory(self.rules(num_stages - stage_index), (slice(None, b), b))
+
+    def memory_table(self, depth: int) -> np.ndarray:
+        """Bytes of every stage [a, b) (entry [a, b], meaningful for a < b) at ``depth`` from the end."""
+        return self._memory(self.rules(depth), (slice(None), slice(None)))
+
+    def _memory(self, rules: StageRules, at: tuple) -> np.ndarray:
+        t = self.tables
+        recompute = self.request.memory.recompute
+        grads, saved = t.grads[at], t.saved[at]
+        per_microbatch = t.kept[at] + (t.inputs[at] if recompute else saved)
+        # memory_rules.backward_bytes, for every candidate at once
+        created = 0.0 if rules.persist else np.maximum(0.0, grads - saved)
+        backward = (saved if recompute else 0.0) + 2 * t.largest_operand[at] + created
+        params = t.weights[at] * rules.versions + t.state[at] + (grads if rules.persist else 0.0)
+        return params + per_microbatch * rules.in_flight + backward
+
+    def piece_memory(self, depth: int) -> np.ndarray:
+        """Bytes of each single-block stage [k, k + 1) at ``depth`` from the end."""
+        blocks = np.arange(self.num_blocks)
+        return self._memory(self.rules(depth), (blocks, blocks + 1))
+
+    def fewest_stages(self, capacity: float) -> int | None:
+        """The fewest stages of a split that fits ``capacity`` (None: no number of stages fits).
+
+        Exact on the chain, without assuming that more stages need less each (under 1F1B the first
+        stages of a longer pipeline hold more micro-batches): a stage's memory depends only on its
+        blocks and its depth from the end, so the block positions from which the rest of the chain
+        splits into d fitting stages follow from those for d − 1, one depth at a time. d stages
+        fit exactly when ``solve(d, capacity)`` finds a split.
+        """
+        num_blocks = self.num_blocks
+        ahead = np.triu(np.ones((num_blocks + 1, num_blocks + 1), dtype=bool), k=1)  # stages [a, b), a < b
+        reach = np.zeros(num_blocks + 1, dtype=bool)
+        reach[num_blocks] = True  # where the stages found so far begin
+        rules, fits = None, ahead
+        for depth in range(1, num_blocks + 1):
+            if self.rules(depth) != rules:  # the rules stop changing once the depth reaches M
+                rules = self.rules(depth)
+                fits = ahead & (self.memory_table(depth) <= capacity)
+            reach = fits[:, reach].any(axis=1)
+            if reach[0]:
+                return depth
+            if not reach.any():
+                return None
+        return None
+
+    def solve(self, num_stages: int, capacity: float, *, by_memory: bool = False) -> list[int] | None:
+        """Block boundaries ``[0, ..., B]`` of the best split, or None when nothing fits.
+
+        ``by_memory``: minimise the largest stage memory instead, ignoring ``capacity``.
+        """
+        num_blocks = self.num_blocks
+        best = np.full((num_stages + 1, num_blocks + 1), np.inf)
+        best[0, 0] = 0.0
+        choice = np.zeros((num_stages + 1, num_blocks + 1), dtype=np.int64)
+        for k in range(1, num_stages + 1):
+            # stage k − 1 ends at b; k − 1 stages before it need ≥ k − 1 blocks, the rest ≥ 1 each
+            for b in range(k, num_blocks - (num_stages - k) + 1):
+                mem = self.memory(k - 1, num_stages, b)
+                if by_memory:
+                    value = np.maximum(best[k - 1, :b], mem)
+                else:
+                    value = np.maximum(best[k - 1, :b], self.tables.cost_s[:b, b])
+                    value[mem > capacity] = np.inf
+                a = int(np.argmin(value))
+                best[k, b], choice[k, b] = value[a], a
+        if not np.isfinite(best[num_stages, num_blocks]):
+            return None
+        cuts = [num_blocks]
+        for k in range(num_stages, 0, -1):
+            cuts.append(int(choice[k, cuts[-1]]))
+        self.optimum = float(best[num_stages, num_blocks])
+        return cuts[::-1]
+
+
+class _Rectangles:
+    """Sums of values over rectangles a0 ≤ a ≤ a1, b0 ≤ b ≤ b1 of a (B + 1) × (B + 1) table,
+    accumulated as 2-D differences and summed once."""
+
+    def __init__(self, num_blocks: int) -> None:
+        self.size = num_blocks + 1
+        self.entries: list[tuple[int, int, int, int, int]] = []
+
+    def add(self, a0: int, a1: int, b0: int, b1: int, value: int) -> None:
+        if a0 <= a1 and b0 <= b1 and value:
+            self.entries.append((a0, a1, b0, b1, value))
+
+    def table(self) -> np.ndarray:
+        diff = np.zeros((self.size + 1, self.size + 1), dtype=np.int64)
+        if self.entries:
+            a0, a1, b0, b1, v = (np.array(column, dtype=np.int64) for column in zip(*self.entries))
+            np.add.at(diff, (a0, b0), v)
+            np.add.at(diff, (a0, b1 + 1), -v)
+            np.add.at(diff, (a1 + 1, b0), -v)
+            np.add.at(diff, (a1 + 1, b1 + 1), v)
+        return diff.cumsum(axis=0).cumsum(axis=1)[: self.size, : self.size]
+
+
+def _comm_s(num_bytes: np.ndarray, profile: GPUProfile) -> np.ndarray:
+    """``comm_time_s`` of every entry: one message, nothing for zero bytes."""
+    return np.where(num_bytes > 0, profile.link_latency_s + num_bytes / profile.link_bandwidth_bytes_per_s, 0.0)

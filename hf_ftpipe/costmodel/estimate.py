@@ -57,6 +57,7 @@ from hf_ftpipe.costmodel.prediction import GPUCost, Prediction, StageCost
 from hf_ftpipe.costmodel.profiles import GPUProfile
 from hf_ftpipe.errors import PartitionError
 from hf_ftpipe.graph.cost_graph import CostGraph
+from hf_ftpipe.schedules.registry import ScheduleName
 
 __all__ = [
     "MemoryOptions",
@@ -69,7 +70,8 @@ __all__ = [
 ]
 
 Optimizer = Literal["sgd", "sgd-momentum", "adam", "adamw", "adafactor"]
-Schedule = Literal["gpipe", "1f1b", "async", "2bw"]
+Schedule = ScheduleName
+"""The pipeline schedules a plan can be priced for (`hf_ftpipe.schedules.registry`)."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,15 +1,7 @@
-"""Which messages an order of actions sends, in the order they are sent.
+"""The values that cross ranks, with the shape and dtype they travel in.
 
-Both ends derive the same list from the same global order, so a rank can post its receives
-ahead, in exactly the order its peers send (NCCL matches point-to-point messages between two
-ranks by order alone; gloo by tag, which the list fixes too). The rules mirror the engine:
-
-- the forward of stage s sends each value it produces to every other rank holding a stage that
-  reads it, and the loss to every other rank (``Transfer.target_ranks``), values in
-  ``StageSpec.sent`` order;
-- a value's gradient goes back to its producer's rank once every stage on the reading rank has
-  run its backward for that micro-batch: it is sent by the last of those backwards, values in
-  ``StageSpec.received`` order.
+Which messages a step sends, and when, is the lowering's (`hf_ftpipe.schedules.lowering`): a
+`Transfer` is its `Route` plus what the transport needs.
 """
 
 from __future__ import annotations
@@ -21,80 +13,29 @@ import torch
 
 from hf_ftpipe.graph.cost_graph import CostGraph
 from hf_ftpipe.runtime.stage import StageSpec
-from hf_ftpipe.schedules.orders import Action
+from hf_ftpipe.schedules.lowering import Dataflow, Route
 
-__all__ = ["Message", "Transfer", "plan_messages", "plan_transfers", "value_shape"]
-
-
-@dataclass
-class Transfer:
-    """A value that crosses ranks: produced on one rank, read by stages on others."""
-
-    value_id: int
-    name: str
-    producer_stage: int
-    source_rank: int
-    target_ranks: list[int]
-    """Every rank it is sent to: those in `reader_ranks` and, for the loss, every other rank, so
-    that each rank knows a step's loss without a collective that would stop the pipeline."""
-    reader_ranks: list[int]
-    """The ranks holding a stage that reads it: they send its gradient back."""
-    shape: tuple[int, ...]
-    dtype: torch.dtype
-    carries_gradient: bool
-    """Whether its gradient is sent back in training (it requires grad, is floating point and has
-    readers on other ranks)."""
+__all__ = ["Transfer", "dataflow", "plan_transfers", "value_shape"]
 
 
 @dataclass(frozen=True)
-class Message:
-    src: int
-    dst: int
-    value: str
-    microbatch: int
-    backward: bool
+class Transfer(Route):
+    """A `Route` with the tensor that travels it."""
+
+    value_id: int
+    """Numbers the values in `StageSpec.sent` order of the stages; messages are tagged by it."""
+    shape: tuple[int, ...]
+    dtype: torch.dtype
 
 
-def plan_messages(
-    order: Sequence[Action],
-    specs: Sequence[StageSpec],
-    stage_rank: Sequence[int],
-    transfers: Mapping[str, Transfer],
-    remaining_consumers: dict[tuple[str, int, int], int] | None = None,
-) -> list[tuple[int, Message]]:
-    """``(position in order, message)`` for every message sent while ``order`` runs, in send order.
-
-    Args:
-        remaining_consumers: ``(value, micro-batch, rank)`` → backwards still to run on that rank
-            before the value's gradient is sent; carried from one step to the next by streaming
-            schedules (filled in as needed when ``None`` or missing).
-    """
-    remaining = remaining_consumers if remaining_consumers is not None else {}
-    messages: list[tuple[int, Message]] = []
-    for position, action in enumerate(order):
-        spec = specs[action.stage_index]
-        rank = stage_rank[action.stage_index]
-        m = action.microbatch_index
-        if action.computation == "F":
-            for value in spec.sent:
-                transfer = transfers.get(value)
-                if transfer is not None:
-                    for dst in transfer.target_ranks:
-                        messages.append((position, Message(rank, dst, value, m, backward=False)))
-        elif action.computation == "B":
-            for value in spec.received:
-                transfer = transfers[value] if value in transfers else None
-                if transfer is None or transfer.source_rank == rank or not transfer.carries_gradient:
-                    continue
-                key = (value, m, rank)
-                if key not in remaining:
-                    consumers = specs[transfer.producer_stage].consumers[value]
-                    remaining[key] = sum(1 for s in consumers if stage_rank[s] == rank)
-                remaining[key] -= 1
-                if remaining[key] == 0:
-                    del remaining[key]
-                    messages.append((position, Message(rank, transfer.source_rank, value, m, backward=True)))
-    return messages
+def dataflow(specs: Sequence[StageSpec], transfers: Mapping[str, Transfer]) -> Dataflow:
+    """The plan's data flow as plain data, for the lowering."""
+    return Dataflow(
+        sent=[spec.sent for spec in specs],
+        received=[spec.received for spec in specs],
+        consumers={value: consumers for spec in specs for value, consumers in spec.consumers.items()},
+        routes=transfers,
+    )
 
 
 def plan_transfers(

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
 
 from transformers import TrainingArguments
 
+from hf_ftpipe.schedules.registry import SCHEDULE_NAMES, SCHEDULES, ScheduleName
+
 __all__ = ["PipeTrainingArguments"]
 
-SUPPORTED_SCHEDULES = ("gpipe", "1f1b", "async", "2bw")
+SUPPORTED_SCHEDULES = SCHEDULE_NAMES
 
 
 @dataclass
@@ -22,16 +23,12 @@ class PipeTrainingArguments(TrainingArguments):
     batch size is ``per_device_train_batch_size`` whatever the number of processes.
     """
 
-    pipeline_schedule: Literal["gpipe", "1f1b", "async", "2bw"] = field(
+    pipeline_schedule: ScheduleName = field(
         default="gpipe",
         metadata={
-            "help": "Pipeline schedule. 'gpipe': all forwards, then all backwards, one update per mini-batch. "
-            "'1f1b': the same update with less activation memory (backwards start as soon as they can). "
-            "'async': PipeDream: no flush between mini-batches, each stage updates every "
-            "`async_update_interval` micro-batches, weight stashing keeps each micro-batch on one weight "
-            "version (fastest; gradients are stale by the pipeline depth). '2bw': PipeDream-2BW: no flush, "
-            "one update per mini-batch applying the gradient of the weights one update older, two weight "
-            "copies. `activation_checkpointing=True` (formerly `gradient_checkpointing`) recomputes each "
+            "help": "Pipeline schedule. "
+            + " ".join(f"'{traits.name}': {traits.help}" for traits in SCHEDULES.values())
+            + " `activation_checkpointing=True` (formerly `gradient_checkpointing`) recomputes each "
             "stage's activations under any schedule."
         },
     )
@@ -183,7 +180,7 @@ class PipeTrainingArguments(TrainingArguments):
         if unsupported:
             listed = "\n".join(f"  - {problem}" for problem in unsupported)
             raise ValueError(f"PipeTrainer cannot honour these arguments:\n{listed}")
-        if self.fp16 and self.pipeline_schedule in ("async", "2bw"):
+        if self.fp16 and not SCHEDULES[self.pipeline_schedule].flushes:
             raise ValueError(
                 f"`fp16=True` with pipeline_schedule={self.pipeline_schedule!r}: float16 loss scaling skips a step "
                 "on every stage when any stage overflows, but this schedule updates each stage on its own inside "

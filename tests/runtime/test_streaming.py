@@ -204,3 +204,32 @@ def test_async_tied_copies_on_two_ranks_are_equal_after_drain() -> None:
     first, second = results[0][1][tied], results[1][1][tied]
     torch.testing.assert_close(first, second, atol=0, rtol=0)
     assert not torch.equal(first, tiny_model("gpt2").state_dict()[tied])
+
+
+def versions_run(rank: int, world_size: int, stage_device, num_microbatches: int, steps: int):
+    model = tiny_model("bert")
+    data = as_minibatches(microbatches("bert", num_microbatches * steps), num_microbatches)
+    traced = capture_model(model, {name: value[:MICROBATCH] for name, value in data[0].items()})
+    placement = contiguous_placement(traced.cost_graph, stage_device)
+    engine = PipelineEngine(traced, placement, num_microbatches=num_microbatches, schedule="async")
+    engine.attach_optimizer(torch.optim.SGD(engine.parameters(), lr=LR))
+    for batch in data:
+        engine.train_step(batch)
+    engine.drain()
+    return engine.version_log, engine.streaming_weights.backward_log
+
+
+def test_async_three_stages_use_pipedreams_weight_versions() -> None:
+    """PipeDream's 1F1B with weight stashing, 3 stages on 3 ranks, 3 micro-batches per step, 2 steps,
+    an update after every backward. Stage s holds S - s = 3 - s micro-batches between forward and
+    backward, so micro-batch m's forward comes after the backwards (and updates) of micro-batches
+    0 .. m - (3 - s): it runs on version max(m - (2 - s), 0), and its backward on the same one."""
+    expected = {
+        0: [0, 0, 0, 1, 2, 3],  # stage 0: three in flight; m - 2
+        1: [0, 0, 1, 2, 3, 4],  # stage 1: two in flight; m - 1
+        2: [0, 1, 2, 3, 4, 5],  # stage 2, the last: backward and update right after each forward; m
+    }
+    results = values_or_raise(run_ranks(versions_run, 3, [0, 1, 2], 3, 2))
+    for stage, (forwards, backwards) in enumerate(results):
+        assert [(s, m, v) for s, m, v in forwards] == [(stage, m, v) for m, v in enumerate(expected[stage])]
+        assert sorted(backwards) == [(stage, m, v) for m, v in enumerate(expected[stage])]

@@ -1,0 +1,245 @@
+"""The executor: runs one rank's lowered program, its actions and its SENDs and RECVs.
+
+The program comes from the lowering (`hf_ftpipe.schedules.lowering`), which every rank derives
+from the same global order: a RECV is posted where the program puts it, ahead of the action that
+reads it; the SENDs that follow an action send what it produced. Activations go straight from the
+stage that produces them to every rank with a stage that reads them, adjacent or not.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import fx
+from torch.func import functional_call
+from torch.utils.checkpoint import checkpoint
+
+from hf_ftpipe.errors import PipelineError
+from hf_ftpipe.graph.cost_graph import CostGraph
+from hf_ftpipe.runtime.comm import Messenger
+from hf_ftpipe.runtime.deliveries import Deliveries
+from hf_ftpipe.runtime.messages import Transfer
+from hf_ftpipe.runtime.stage import StageSpec
+from hf_ftpipe.runtime.state import MicrobatchState
+from hf_ftpipe.runtime.streaming import StreamingWeights
+from hf_ftpipe.schedules.actions import Action
+from hf_ftpipe.schedules.lowering import Comm, Op
+from hf_ftpipe.schedules.registry import ScheduleTraits
+
+__all__ = ["Executor"]
+
+_DOING = {"F": "forward", "B": "backward", "U": "weight update"}
+
+
+class Executor:
+    """Runs lowered programs on this rank's stages; `PipelineEngine` sets up what it reads."""
+
+    rank: int
+    device: torch.device
+    graph: CostGraph
+    specs: list[StageSpec]
+    stage_rank: list[int]
+    modules: dict[int, fx.GraphModule]
+    transfers: dict[str, Transfer]
+    messenger: Messenger
+    traits: ScheduleTraits
+    num_microbatches: int
+    gradient_accumulation_steps: int
+    recompute: bool
+    autocast_dtype: torch.dtype | None
+    loss_scale: float
+    loss_value: str | None
+    optimizer: torch.optim.Optimizer | None
+    max_grad_norm: float | None
+    streaming_weights: StreamingWeights | None
+    state: MicrobatchState
+    _deliveries: Deliveries
+    _update_norms: list[torch.Tensor]
+
+    def _run(self, program: Sequence[Op], training: bool) -> list[tuple[int, torch.Tensor]]:
+        """Perform ``program``; returns ``(micro-batch, loss)`` of every loss computed in it, here
+        or on the rank that holds the loss stage (those RECVs the lowering puts last)."""
+        losses: list[tuple[int, torch.Tensor]] = []
+        loss_receives: list[Comm] = []
+        i = 0
+        while i < len(program):
+            op = program[i]
+            i += 1
+            if isinstance(op, Comm):  # a RECV: the SENDs go with the action they follow
+                self._post(op)
+                if op.value == self.loss_value:
+                    loss_receives.append(op)
+                continue
+            sends = []
+            while i < len(program) and isinstance(program[i], Comm) and program[i].kind == "SEND":  # type: ignore[union-attr]
+                sends.append(program[i])
+                i += 1
+            try:
+                if op.computation == "F":
+                    loss = self._forward(op, training)
+                    if loss is not None:
+                        losses.append((op.microbatch_index, loss))
+                elif op.computation == "B":
+                    self._backward(op)
+                else:
+                    assert self.streaming_weights is not None and self.optimizer is not None
+                    self.streaming_weights.update(
+                        op.stage_index, self.optimizer, self.max_grad_norm, self._update_norms
+                    )
+                for comm in sends:
+                    self._send(comm, training)  # type: ignore[arg-type]
+            except Exception as error:
+                self._fail(op, error)
+            if op.computation != "U" and training:
+                self.state.action_done(op.microbatch_index)
+        for comm in loss_receives:
+            losses.append((comm.microbatch_index, self._take(comm, f"the loss of micro-batch {comm.microbatch_index}")))
+        return losses
+
+    def _fail(self, action: Action, error: Exception) -> None:
+        context = f"[rank {self.rank}, stage {action.stage_index}] micro-batch {action.microbatch_index}, "
+        context += _DOING[action.computation]
+        if isinstance(error, PipelineError):  # a transfer failed: say what this rank was doing
+            detail = str(error).removeprefix(f"[rank {self.rank}] ")
+            message, report = f"{context}: {detail}", f"{context}: {detail}"
+        else:
+            message = f"{context}: {type(error).__name__}: {error}"
+            report = message + "\n" + traceback.format_exc(limit=6)
+        self.messenger.report_failure(report)
+        raise PipelineError(message) from error
+
+    def _forward(self, action: Action, training: bool) -> torch.Tensor | None:
+        spec = self.specs[action.stage_index]
+        m = action.microbatch_index
+        leaves = []
+        for value in spec.received:
+            leaf = self._incoming(value, m).detach()
+            if training and self.graph.node(value)["requires_grad"] and leaf.is_floating_point():
+                leaf.requires_grad_(True)
+            leaves.append(leaf)
+        args = [*[self.state.data[m][name] for name in spec.batch_inputs], *leaves]
+        module = self.modules[spec.stage_index]
+        if training and self.streaming_weights is not None:
+            older = sum(1 for stage, _ in self.state.saved if stage == spec.stage_index)
+            weights = self.streaming_weights.forward_weights(spec.stage_index, m, older, self.optimizer)
+
+            def run(*inputs: Any) -> tuple[torch.Tensor, ...]:
+                return functional_call(module, weights, inputs, strict=False)
+        else:
+            run = module
+        autocast = torch.autocast(self.device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None)
+        with torch.set_grad_enabled(training), autocast:
+            if training and self.recompute:  # keep the inputs only; run the forward again in backward
+                outputs = checkpoint(run, *args, use_reentrant=False)
+            else:
+                outputs = run(*args)
+        if training:
+            self.state.saved[(spec.stage_index, m)] = (leaves, outputs)
+        self._outbox = {}
+        for value, tensor in zip(spec.sent, outputs, strict=True):
+            if spec.consumers[value] and any(self.stage_rank[c] == self.rank for c in spec.consumers[value]):
+                self.state.outputs[(value, m)] = tensor
+            elif not training:
+                self.state.outputs[(value, m)] = tensor  # model outputs, collected by eval_step
+            self._outbox[value] = tensor
+        if "loss" in spec.model_outputs:
+            if training:
+                self.state.loss_seed[m] = self._seed(m)
+            return outputs[spec.sent.index(spec.model_outputs["loss"])].detach()
+        return None
+
+    def _backward(self, action: Action) -> None:
+        spec = self.specs[action.stage_index]
+        m = action.microbatch_index
+        leaves, outputs = self.state.saved.pop((spec.stage_index, m))
+        roots, grads = [], []
+        for value, tensor in zip(spec.sent, outputs, strict=True):
+            if spec.model_outputs.get("loss") == value:
+                seed = self.state.loss_seed.pop(m, 0.0)
+                if seed and tensor.requires_grad:  # weight 0: a NaN loss must not reach the gradients
+                    roots.append(tensor)
+                    grads.append(torch.full_like(tensor, seed))
+            elif spec.consumers.get(value):
+                grad = self._output_grad(value, m)
+                if grad is not None and tensor.requires_grad:
+                    roots.append(tensor)
+                    grads.append(grad.to(tensor.dtype))  # autocast may have made a bfloat16 output
+        if roots:
+            torch.autograd.backward(roots, grads)
+        if self.streaming_weights is not None:
+            self.streaming_weights.backward_done(spec.stage_index, m)
+        for value, leaf in zip(spec.received, leaves, strict=True):
+            if leaf.requires_grad:  # summed here; a SEND after this backward takes it to a remote producer
+                grad = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
+                key = (value, m)
+                self.state.grads[key] = grad if key not in self.state.grads else self.state.grads[key] + grad
+
+    def _seed(self, m: int) -> float:
+        """The gradient of the step's loss with respect to micro-batch ``m``'s loss."""
+        weight = self.state.loss_weight.get(m, 1.0 / self.num_microbatches) * self.loss_scale
+        if self.traits.updates_every_group:  # the update averages over its own group of micro-batches
+            return weight * self.num_microbatches / self.gradient_accumulation_steps
+        return weight
+
+    # -- data movement ----------------------------------------------------------------------
+
+    def _send(self, comm: Comm, training: bool) -> None:
+        transfer = self.transfers[comm.value]
+        m = comm.microbatch_index
+        if not comm.backward:
+            send_id = self.messenger.send(
+                self._outbox[comm.value].to(transfer.dtype),
+                comm.peer,
+                self._tag(transfer, m, backward=False),
+                f"{comm.value} of micro-batch {m}",
+            )
+            if training and transfer.carries_gradient and comm.peer in transfer.reader_ranks:
+                self._deliveries.activation_sent(comm.value, m, comm.peer, send_id)
+            return
+        send_id = self.messenger.send(
+            self.state.grads.pop((comm.value, m)).to(transfer.dtype),
+            comm.peer,
+            self._tag(transfer, m, backward=True),
+            f"gradient of {comm.value} for micro-batch {m}",
+        )
+        self._deliveries.gradient_sent(transfer.producer_stage, m, send_id)
+
+    def _post(self, comm: Comm) -> None:
+        transfer = self.transfers[comm.value]
+        tag = self._tag(transfer, comm.microbatch_index, comm.backward)
+        self.state.posted[comm] = self.messenger.post_recv(transfer.shape, transfer.dtype, self.device, comm.peer, tag)
+
+    def _take(self, comm: Comm, what: str) -> torch.Tensor:
+        if comm not in self.state.posted:  # every message is lowered; this would be a bug
+            raise PipelineError(f"[rank {self.rank}] {what} from rank {comm.peer} was never expected")
+        work, buffer = self.state.posted.pop(comm)
+        self.messenger.wait(work, f"receiving {what} from rank {comm.peer}")
+        return buffer
+
+    def _incoming(self, value: str, m: int) -> torch.Tensor:
+        if (value, m) in self.state.outputs:
+            return self.state.outputs[(value, m)]
+        if (value, m) not in self.state.received:
+            transfer = self.transfers[value]
+            comm = Comm("RECV", value, m, False, transfer.source_rank)
+            self.state.received[(value, m)] = self._take(comm, f"{value} of micro-batch {m}")
+            self._deliveries.forward_ran(transfer.producer_stage, m)
+        return self.state.received[(value, m)]
+
+    def _output_grad(self, value: str, m: int) -> torch.Tensor | None:
+        """The gradient of a sent value: local consumers' share plus one message per remote rank."""
+        grad = self.state.grads.pop((value, m), None)
+        transfer = self.transfers.get(value)
+        if transfer is not None and transfer.carries_gradient:
+            for src in transfer.reader_ranks:
+                remote = self._take(Comm("RECV", value, m, True, src), f"gradient of {value} for micro-batch {m}")
+                grad = remote if grad is None else grad + remote
+                self._deliveries.gradient_came_back(value, m, src)
+        return grad
+
+    def _tag(self, transfer: Transfer, m: int, backward: bool) -> int:
+        # Messages with one tag between two ranks arrive in the order sent, so indices may wrap.
+        return (transfer.value_id * 2 + int(backward)) * self.num_microbatches + m % self.num_microbatches

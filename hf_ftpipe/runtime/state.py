@@ -1,0 +1,52 @@
+"""What a rank keeps per micro-batch between its actions; streaming schedules carry it from one step to the next."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from hf_ftpipe.schedules.lowering import Comm
+
+__all__ = ["MicrobatchState"]
+
+
+@dataclass
+class MicrobatchState:
+    """Per-micro-batch tensors of one rank, keyed by micro-batch index ``m``.
+
+    Args:
+        actions_per_microbatch (`int`): forwards and backwards this rank runs of each micro-batch.
+    """
+
+    actions_per_microbatch: int
+    data: dict[int, dict[str, Any]] = field(default_factory=dict)
+    """The micro-batch's own inputs, read from the rank's copy of the batch."""
+    outputs: dict[tuple[str, int], torch.Tensor] = field(default_factory=dict)
+    """Values produced here that stages here read (and, in evaluation, the model's outputs)."""
+    received: dict[tuple[str, int], torch.Tensor] = field(default_factory=dict)
+    saved: dict[tuple[int, int], tuple[list[torch.Tensor], tuple[torch.Tensor, ...]]] = field(default_factory=dict)
+    """(stage, m) → the forward's input leaves and outputs, until its backward."""
+    grads: dict[tuple[str, int], torch.Tensor] = field(default_factory=dict)
+    """Gradients summed over the local readers of a value, until its producer or a SEND takes them."""
+    posted: dict[Comm, tuple[dist.Work, torch.Tensor]] = field(default_factory=dict)
+    """The RECVs posted and not yet read."""
+    loss_weight: dict[int, float] = field(default_factory=dict)
+    """Micro-batch → its weight in its mini-batch's loss, until every rank has read its loss."""
+    loss_seed: dict[int, float] = field(default_factory=dict)
+    """Micro-batch → the gradient its loss stage seeds the backward with, until that backward."""
+    _actions_left: dict[int, int] = field(default_factory=dict)
+
+    def action_done(self, m: int) -> None:
+        """Forget micro-batch ``m`` once this rank ran all its forwards and backwards of it."""
+        left = self._actions_left.get(m, self.actions_per_microbatch) - 1
+        if left:
+            self._actions_left[m] = left
+            return
+        self._actions_left.pop(m, None)
+        self.data.pop(m, None)
+        for store in (self.outputs, self.received, self.grads):
+            for key in [k for k in store if k[1] == m]:
+                del store[key]

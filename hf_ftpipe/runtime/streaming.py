@@ -1,0 +1,129 @@
+"""The weights each micro-batch runs on under a streaming schedule, and the updates inside the pipeline.
+
+The schedule's traits decide the version (`hf_ftpipe.schedules.registry`): with weight stashing
+(``async``) a forward runs on the newest weights and its backward on the same ones; double
+buffered (``2bw``) mini-batch b runs on the weights from before the previous update. Weight
+prediction (``async`` with a momentum optimizer) runs it on weights extrapolated to the update
+that will apply its gradient (`hf_ftpipe.runtime.prediction`).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import fx
+
+from hf_ftpipe.runtime.prediction import predicted_weights, updates_ahead
+from hf_ftpipe.runtime.versions import PendingGradients, StageVersions, move_gradients
+from hf_ftpipe.schedules.registry import ScheduleTraits
+
+__all__ = ["StreamingWeights"]
+
+
+class StreamingWeights:
+    """The weight versions of one rank's stages, the gradients waiting for their update, and the
+    log of which version every forward used.
+
+    Args:
+        modules (`dict[int, fx.GraphModule]`): this rank's stages.
+        traits (`ScheduleTraits`): the (streaming) schedule's.
+        gradient_accumulation_steps (`int`): backwards per update when the schedule updates per group.
+        weight_prediction (`bool`): run forwards on predicted weights.
+        log (`list`): where to append ``(stage, micro-batch, version)`` of every forward (with weight
+            prediction also the number of updates predicted ahead).
+    """
+
+    def __init__(
+        self,
+        modules: dict[int, fx.GraphModule],
+        traits: ScheduleTraits,
+        num_microbatches: int,
+        gradient_accumulation_steps: int,
+        weight_prediction: bool,
+        log: list[tuple[int, ...]],
+    ) -> None:
+        self.modules = modules
+        self.traits = traits
+        self.num_microbatches = num_microbatches
+        self.gradient_accumulation_steps = gradient_accumulation_steps
+        self.weight_prediction = weight_prediction
+        self.log = log
+        keep_previous = traits.weights == "double-buffered"
+        self.versions = {s: StageVersions(m, keep_previous=keep_previous) for s, m in modules.items()}
+        self.backward_log: list[tuple[int, int, int]] = []
+        """``(stage, micro-batch, weights version)`` of every backward run here: the version its
+        gradient was taken at, which weight stashing makes its forward's."""
+        self.pending_grads: PendingGradients = {}
+        """Gradients waiting for their stage's next update (see `update`)."""
+        self.reset()
+
+    def reset(self) -> None:
+        """The pipeline is empty: count versions and backwards from here."""
+        self._used_version: dict[tuple[int, int], int] = {}
+        self._predicted: dict[tuple[int, int], dict[str, torch.Tensor]] = {}
+        self._backwards = dict.fromkeys(self.modules, 0)  # since the pipeline was last empty
+        self._version_base = {s: v.updates for s, v in self.versions.items()}
+
+    def forward_weights(
+        self, stage: int, m: int, older_in_flight: int, optimizer: torch.optim.Optimizer | None
+    ) -> dict[str, torch.Tensor]:
+        """The tensors micro-batch ``m``'s forward of ``stage`` runs on (``older_in_flight``: the
+        stage's micro-batches between forward and backward)."""
+        version = self._version_for(stage, m)
+        self._used_version[(stage, m)] = version
+        if self.weight_prediction:
+            assert optimizer is not None
+            ahead = updates_ahead(self._backwards[stage], older_in_flight, self.gradient_accumulation_steps)
+            weights = predicted_weights(dict(self.modules[stage].named_parameters()), optimizer, ahead)
+            self._predicted[(stage, m)] = weights
+            self.log.append((stage, m, version, ahead))
+        else:
+            weights = self.versions[stage].acquire(version)
+            self.log.append((stage, m, version))
+        return weights
+
+    def _version_for(self, stage: int, m: int) -> int:
+        """Stashing: the newest; double buffering: those from before the previous update
+        (mini-batch b runs on W(b - 1); the first two on the initial weights)."""
+        versions = self.versions[stage]
+        if self.traits.weights == "stashed":
+            return versions.updates
+        return self._version_base[stage] + max(m // self.num_microbatches - 1, 0)
+
+    def backward_done(self, stage: int, m: int) -> None:
+        """Micro-batch ``m``'s backward of ``stage`` ran: its gradients wait for the update."""
+        version = self._used_version.pop((stage, m))
+        self.backward_log.append((stage, m, version))
+        if self.weight_prediction:
+            params = dict(self.modules[stage].named_parameters())
+            move_gradients(self._predicted.pop((stage, m)), params, self.pending_grads)
+            self._backwards[stage] += 1
+        else:
+            self.versions[stage].backward_done(version, self.pending_grads)
+
+    def update(
+        self, stage: int, optimizer: torch.optim.Optimizer, max_grad_norm: float | None, norms: list[torch.Tensor]
+    ) -> None:
+        """Step the optimizer on ``stage``'s parameters only, keeping stashed versions intact.
+
+        Only this stage's pending gradients are put in ``param.grad`` for the step and taken out
+        after it, so every other parameter has none and the optimizer leaves it alone.
+        """
+        params = list(self.modules[stage].parameters())
+        for param in params:
+            param.grad = self.pending_grads.pop(param, None)
+        stepped = [p for p in params if p.grad is not None]
+        if stepped:  # the norm is logged; clipping would multiply every gradient even by 1
+            if max_grad_norm is None:
+                norm = torch.nn.utils.get_total_norm([p.grad for p in stepped])
+            else:
+                norm = torch.nn.utils.clip_grad_norm_(stepped, max_grad_norm)
+            norms.append(norm.detach().float())
+        self.versions[stage].before_update(lambda: [t for v in self.versions.values() for t in v.live_tensors()])
+        optimizer.step()
+        for param in params:
+            param.grad = None
+        self.versions[stage].after_update()
+
+    def settle(self) -> None:
+        for versions in self.versions.values():
+            versions.settle()

@@ -1,0 +1,106 @@
+"""The schedules by name, each with the traits that the planner and the runtime act on.
+
+This is the one place where schedule names are written: the cost model's `Schedule`, the trainer's
+`pipeline_schedule` choices and help, and `make_schedule` all derive from it, and the runtime asks
+a schedule's traits (does it flush? how many weight versions? when does it update?) instead of
+comparing names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+__all__ = ["SCHEDULES", "SCHEDULE_NAMES", "ScheduleName", "ScheduleTraits", "schedule_traits"]
+
+ScheduleName = Literal["gpipe", "1f1b", "async", "2bw"]
+"""The schedules, for type hints and argument parsers; `SCHEDULES` gives each one's traits."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScheduleTraits:
+    """What a schedule does, in the terms the memory rules and the runtime need."""
+
+    name: ScheduleName
+    flushes: bool
+    """The pipeline empties at the end of every mini-batch and the caller's optimizer applies its
+    gradients (``gpipe``, ``1f1b``); otherwise micro-batches stream from one mini-batch into the
+    next and each stage updates inside the pipeline."""
+    holds_every_microbatch: bool
+    """Every forward of a mini-batch runs before its first backward, so a stage holds all its
+    micro-batches at once (``gpipe``); otherwise a stage holds one per stage from it to the end."""
+    weights: Literal["single", "stashed", "double-buffered"]
+    """``stashed``: a micro-batch's backward uses the weights its forward used, the newest when
+    it started (PipeDream's weight stashing); ``double-buffered``: mini-batch b runs on the weights
+    from before the previous update (PipeDream-2BW)."""
+    updates_every_group: bool
+    """Streaming only: a stage updates after every ``gradient_accumulation_steps`` backwards, not
+    once per mini-batch."""
+    weight_prediction: bool
+    """Whether its gradients are stale in a way weight prediction can extrapolate."""
+    help: str
+    """One sentence for the trainer's ``pipeline_schedule`` help."""
+
+    def update_every(self, num_microbatches: int, gradient_accumulation_steps: int) -> int:
+        """Backwards per weight update (for a flushing schedule, the mini-batch's)."""
+        return gradient_accumulation_steps if self.updates_every_group else num_microbatches
+
+
+SCHEDULES: dict[str, ScheduleTraits] = {
+    traits.name: traits
+    for traits in (
+        ScheduleTraits(
+            name="gpipe",
+            flushes=True,
+            holds_every_microbatch=True,
+            weights="single",
+            updates_every_group=False,
+            weight_prediction=False,
+            help="all forwards, then all backwards, one update per mini-batch.",
+        ),
+        ScheduleTraits(
+            name="1f1b",
+            flushes=True,
+            holds_every_microbatch=False,
+            weights="single",
+            updates_every_group=False,
+            weight_prediction=False,
+            help="the same update with less activation memory (backwards start as soon as they can).",
+        ),
+        ScheduleTraits(
+            name="async",
+            flushes=False,
+            holds_every_microbatch=False,
+            weights="stashed",
+            updates_every_group=True,
+            weight_prediction=True,
+            help="PipeDream: no flush between mini-batches, each stage updates every "
+            "`async_update_interval` micro-batches, weight stashing keeps each micro-batch on one weight "
+            "version (fastest; gradients are stale by the pipeline depth).",
+        ),
+        ScheduleTraits(
+            name="2bw",
+            flushes=False,
+            holds_every_microbatch=False,
+            weights="double-buffered",
+            updates_every_group=False,
+            weight_prediction=False,
+            help="PipeDream-2BW: no flush, one update per mini-batch applying the gradient of the weights one "
+            "update older, two weight copies.",
+        ),
+    )
+}
+"""Every schedule's traits, by name, in the order `ScheduleName` lists them."""
+
+SCHEDULE_NAMES: tuple[str, ...] = tuple(SCHEDULES)
+
+if SCHEDULE_NAMES != get_args(ScheduleName):  # the Literal is for type checkers; the table is the truth
+    raise ImportError(f"ScheduleName {get_args(ScheduleName)} and SCHEDULES {SCHEDULE_NAMES} disagree")
+
+
+def schedule_traits(name: str) -> ScheduleTraits:
+    """The traits of schedule ``name``; `ValueError` naming the valid ones otherwise."""
+    traits = SCHEDULES.get(name)
+    if traits is None:
+        raise ValueError(f"unknown pipeline schedule {name!r}; choose one of {list(SCHEDULE_NAMES)}")
+    return traits

@@ -1,0 +1,128 @@
+"""The schedule's rules for memory: micro-batches in flight, weight versions kept, and whether gradients persist.
+
+They are traits of the schedule (`hf_ftpipe.schedules.registry`), read by both the cost model,
+which prices a plan with them, and the runtime, whose orders and weight stashing follow them: one
+rule, so the memory a plan predicts is the memory the schedule uses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from hf_ftpipe.errors import PartitionError
+from hf_ftpipe.schedules.registry import schedule_traits
+
+__all__ = ["gradients_persist", "in_flight", "weight_versions"]
+
+
+def in_flight(schedule: str, stage_index: int, stage_device: Sequence[int], num_microbatches: int) -> int:
+    """Micro-batches whose activations a stage holds at once.
+
+    GPipe runs every forward before any backward: all M = ``num_microbatches``. The 1F1B-style
+    schedules (``1f1b``, ``async``, ``2bw``) run a backward as soon as one is ready and hold
+    min(M, S − ``stage_index``) at a stage, S = ``len(stage_device)``: one micro-batch per stage
+    from this one to the end of the pipeline, its depth in stages, whichever GPUs run them.
+
+    Stages, not GPUs: a GPU that runs several stages runs one action at a time, so a micro-batch's
+    round trip from a stage to the end and back waits in the queue of every stage it passes, the
+    stages that share a GPU included. To keep every GPU busy a stage needs one micro-batch in
+    flight per stage downstream. ``hf_ftpipe.schedules.orders`` follows this rule: each rank runs
+    its deepest ready stage's action, a backward before a forward, a forward only while the stage
+    holds fewer than ``in_flight`` micro-batches. Simulated in that schedule (forward 1, backward
+    2, a chain of stages), limits counting each GPU once (the distinct GPUs from the stage on)
+    keep the ranks of Mixed placements only 67–80% busy — GPUs [0, 1, 1, 0]: 67%, [0, 1, 2, 2, 1,
+    0]: 71%, [0, 1, 2, 3, 3, 2, 1, 0]: 72% — where the depth in stages keeps them 88–97% busy
+    (97%, 89%, 88%); a chain of one stage per GPU is 99% busy either way. Stages 0-3 on GPUs
+    [0, 1, 1, 0], M ≥ 4::
+
+        stage           0   1   2   3
+        GPU             0   1   1   0
+        in flight       4   3   2   1
+
+    Args:
+        stage_device (`Sequence[int]`): stage index → GPU index, for every stage of the plan.
+    """
+    if not 0 <= stage_index < len(stage_device):
+        raise PartitionError(
+            f"`stage_index` {stage_index} is outside the plan's stages 0..{len(stage_device) - 1} "
+            f"(`stage_device` has {len(stage_device)} entries)"
+        )
+    if schedule_traits(schedule).holds_every_microbatch:
+        return num_microbatches
+    return min(num_microbatches, len(stage_device) - stage_index)
+
+
+def weight_versions(
+    schedule: str,
+    stage_index: int,
+    stage_device: Sequence[int],
+    *,
+    num_microbatches: int | None = None,
+    gradient_accumulation_steps: int = 1,
+) -> int:
+    """Copies of its weights a stage keeps: flushing schedules (``gpipe``, ``1f1b``) one, 2BW two,
+    ``async`` (PipeDream's weight stashing) one per weight version still in flight.
+
+    Under ``async`` the forward and backward of a micro-batch use the same version. A stage has
+    k = ``in_flight(...)`` micro-batches between their forward and backward (S − ``stage_index``
+    in the steady state, S = ``len(stage_device)``, stages sharing a GPU counted separately;
+    ``num_microbatches`` caps it when given). They are k consecutive micro-batches, and the
+    weights change once every G = ``gradient_accumulation_steps`` of them, so they span at most
+    ⌈(k − 1) / G⌉ + 1 versions; the newest of those is the current weights. G = 1 gives k:
+    PipeDream's "depth d from the end keeps d + 1 versions"::
+
+        k = 4, G = 1: micro-batches 5 6 7 8 → versions 5 6 7 8    (4 copies)
+        k = 4, G = 2: micro-batches 5 6 7 8 → versions 2 3 3 4    (⌈3/2⌉ + 1 = 3 copies)
+
+    Args:
+        stage_device (`Sequence[int]`): stage index → GPU index, for every stage of the plan.
+        num_microbatches (`int`, *optional*): caps k; the steady state's k when not given.
+    """
+    weights = schedule_traits(schedule).weights
+    if weights == "double-buffered":
+        return 2
+    if weights == "single":
+        return 1
+    # No cap given: S − stage_index, which never exceeds len(stage_device).
+    cap = len(stage_device) if num_microbatches is None else num_microbatches
+    k = in_flight(schedule, stage_index, stage_device, cap)
+    return -(-(k - 1) // gradient_accumulation_steps) + 1
+
+
+def gradients_persist(
+    schedule: str,
+    stage_index: int,
+    stage_device: Sequence[int],
+    num_microbatches: int,
+    *,
+    gradient_accumulation_steps: int = 1,
+    recompute: bool = False,
+) -> bool:
+    """Whether a stage's weight gradients stay in memory beside a full micro-batch of activations.
+
+    Gradients appear in a backward and go at the update that applies them (``Trainer`` frees them
+    between steps). They sit beside the activations of every micro-batch in flight when a forward
+    can run between the first backward that adds to them and that update, and, under
+    recomputation, beside the activations each later backward of the step rebuilds:
+
+    - ``async`` with an update every micro-batch (G = ``gradient_accumulation_steps`` = 1): no,
+      the update follows the backward at once. With G > 1: yes.
+    - ``2bw``: yes; it updates once per mini-batch and never flushes.
+    - ``gpipe``: no for a stage alone on its GPU, which runs every forward of the step before its
+      first backward; yes where the GPU runs other stages too, whose backwards interleave; yes
+      under recomputation with several micro-batches.
+    - ``1f1b``: like ``gpipe`` when the stage holds every micro-batch of the step
+      (``in_flight`` = M); otherwise yes.
+
+    Where they do not persist, a backward turns the activations it frees into gradients, and only
+    the gradients beyond those activations add to the peak (``backward_bytes``).
+    """
+    traits = schedule_traits(schedule)
+    if not traits.flushes and traits.updates_every_group:  # async: the update follows the backward
+        return gradient_accumulation_steps > 1
+    if not traits.flushes or (recompute and num_microbatches > 1):
+        return True
+    alone = sum(1 for device in stage_device if device == stage_device[stage_index]) == 1
+    if traits.holds_every_microbatch:
+        return not alone
+    return not (alone and in_flight(schedule, stage_index, stage_device, num_microbatches) == num_microbatches)

@@ -12,7 +12,7 @@ from hf_ftpipe.costmodel.estimate import (
     gpu_cost_s,
     usable_capacity,
 )
-from hf_ftpipe.costmodel.memory_rules import gradients_persist, in_flight, optimizer_state_bytes, weight_versions
+from hf_ftpipe.costmodel.memory_rules import optimizer_state_bytes
 from hf_ftpipe.costmodel.op_time import (
     NodeCost,
     backward_factor,
@@ -33,6 +33,7 @@ from hf_ftpipe.costmodel.profiles import (
     list_profiles,
     match_device_name,
 )
+from hf_ftpipe.schedules.rules import gradients_persist, in_flight, weight_versions
 
 __all__ = [
     "BUILTIN_PROFILES",

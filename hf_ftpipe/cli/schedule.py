@@ -32,11 +32,18 @@ def add_schedule_command(commands: Any) -> None:
     schedule.add_argument("--num-microbatches", type=int, default=4, help="micro-batches per step (default: 4)")
     schedule.add_argument("--steps", type=int, default=2, help="async/2bw: steps to print before the drain")
     schedule.add_argument("--async-update-interval", type=int, default=1, help="async: backwards per update")
+    schedule.add_argument(
+        "--messages",
+        action="store_true",
+        help="print each rank's program with its SENDs and RECVs (RECV_F0:h0<0: the value h0 of micro-batch 0 from "
+        "rank 0; SEND_B0:h0>0: its gradient to rank 0), stage s sending h<s> to stage s+1",
+    )
     schedule.set_defaults(run=_run_schedule)
 
 
 def _run_schedule(args: argparse.Namespace) -> int:
     from hf_ftpipe.errors import PipelineError
+    from hf_ftpipe.schedules.lowering import Lowering, chain_dataflow, format_program
     from hf_ftpipe.schedules.orders import StreamingSchedule, check_order, format_actions, make_schedule
 
     try:
@@ -63,8 +70,13 @@ def _run_schedule(args: argparse.Namespace) -> int:
         steps, total = [("step", schedule.global_order())], args.num_microbatches
     check_order([a for _, order in steps for a in order], stage_rank, schedule.edges, range(total))
     ranks = range(max(stage_rank) + 1)
+    lowering = Lowering(chain_dataflow(stage_rank), stage_rank)
     for title, order in steps:
         print(f"{title}:")
+        programs = lowering.lower(order) if args.messages else {}
         for rank in ranks:
-            print(f"  rank {rank}: {format_actions([a for a in order if stage_rank[a.stage_index] == rank])}")
+            if args.messages:
+                print(f"  rank {rank}: {format_program(programs.get(rank, []))}")
+            else:
+                print(f"  rank {rank}: {format_actions([a for a in order if stage_rank[a.stage_index] == rank])}")
     return 0

@@ -34,7 +34,7 @@ from typing import Literal
 
 from hf_ftpipe.schedules.actions import Action
 
-__all__ = ["Comm", "Dataflow", "Lowering", "Op", "Route", "format_program"]
+__all__ = ["Comm", "Dataflow", "Lowering", "Op", "Route", "chain_dataflow", "format_program"]
 
 
 @dataclass(frozen=True)
@@ -86,6 +86,29 @@ class Comm:
 
 
 Op = Action | Comm
+
+
+def chain_dataflow(stage_rank: Sequence[int]) -> Dataflow:
+    """The data flow of stages that feed each other in order, for a schedule printed without a model.
+
+    Stage s sends one value, ``h<s>``, to stage s + 1 (a message only where they sit on different
+    ranks), and the last stage's loss goes to every other rank, as the runtime copies it.
+    """
+    last = len(stage_rank) - 1
+    routes = {
+        f"h{s}": Route(f"h{s}", s, stage_rank[s], [stage_rank[s + 1]], [stage_rank[s + 1]], True)
+        for s in range(last)
+        if stage_rank[s] != stage_rank[s + 1]
+    }
+    others = sorted(set(stage_rank) - {stage_rank[last]})
+    if others:
+        routes["loss"] = Route("loss", last, stage_rank[last], others, [], False)
+    return Dataflow(
+        sent=[[f"h{s}"] for s in range(last)] + [["loss"]],
+        received=[[]] + [[f"h{s - 1}"] for s in range(1, last + 1)],
+        consumers={**{f"h{s}": [s + 1] for s in range(last)}, "loss": []},
+        routes=routes,
+    )
 
 
 def format_program(program: Sequence[Op]) -> str:

@@ -21,3 +21,42 @@ def test_schedule_prints_each_ranks_actions(capsys: pytest.CaptureFixture[str]) 
 def test_schedule_refuses_a_placement_with_an_idle_rank(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["schedule", "--placement", "0,2"]) == 2
     assert "ranks must be 0..N-1, each holding a stage; got [0, 2]" in capsys.readouterr().err
+
+
+def test_schedule_messages_prints_each_ranks_program_with_its_sends_and_receives(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # GPipe on two ranks: rank 1 receives h0 before each forward, copies the loss back, and sends
+    # h0's gradient after each backward; rank 0 posts every receive in the order rank 1 sends.
+    assert cli.main(["schedule", "--placement", "0,1", "--num-microbatches", "2", "--messages"]) == 0
+    assert capsys.readouterr().out == (
+        "step:\n"
+        "  rank 0: 0F0 SEND_F0:h0>1 0F1 SEND_F1:h0>1 RECV_F0:loss<1 RECV_F1:loss<1 RECV_B0:h0<1 RECV_B1:h0<1 0B0 0B1\n"
+        "  rank 1: RECV_F0:h0<0 RECV_F1:h0<0 1F0 SEND_F0:loss>0 1F1 SEND_F1:loss>0 1B0 SEND_B0:h0>0 1B1 SEND_B1:h0>0\n"
+    )
+
+
+def test_schedule_messages_pair_every_send_with_a_receive_on_a_mixed_placement(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Stages 0 and 3 share rank 0: h0 and h2 cross ranks, h1 stays on rank 1 and is never sent.
+    argv = ["schedule", "--placement", "0,1,1,0", "--schedule", "1f1b", "--num-microbatches", "2", "--messages"]
+    assert cli.main(argv) == 0
+    programs = {}
+    for line in capsys.readouterr().out.splitlines()[1:]:
+        rank, program = line.removeprefix("  rank ").split(": ")
+        programs[int(rank)] = program.split()
+    sends, receives = [], []
+    for rank, program in programs.items():
+        for op in program:
+            if op.startswith("SEND_"):
+                what, peer = op.removeprefix("SEND_").split(">")
+                sends.append((what, rank, int(peer)))
+            elif op.startswith("RECV_"):
+                what, peer = op.removeprefix("RECV_").split("<")
+                receives.append((what, int(peer), rank))
+    assert sorted(sends) == sorted(receives)
+    assert sorted(what for what, src, _ in sends if src == 0) == [
+        "B0:h2", "B1:h2", "F0:h0", "F0:loss", "F1:h0", "F1:loss",
+    ]  # fmt: skip
+    assert not any("h1" in op for program in programs.values() for op in program)

@@ -47,17 +47,17 @@ class FineTuningTask:
 
 PAPER_SETUPS: tuple[FineTuningTask, ...] = (
     FineTuningTask(name="boolq", dataset="BoolQ", model="t5-3b", microbatch_size=4, seq_len=512, target_len=4,
-          optimizer="adafactor"),
+                   optimizer="adafactor"),
     FineTuningTask(name="rte", dataset="RTE", model="t5-3b", microbatch_size=8, seq_len=320, target_len=8,
-          optimizer="adafactor"),
+                   optimizer="adafactor"),
     FineTuningTask(name="wic", dataset="WiC", model="t5-3b", microbatch_size=64, seq_len=64, target_len=4,
-          optimizer="adafactor"),
+                   optimizer="adafactor"),
     FineTuningTask(name="multirc", dataset="MultiRC", model="t5-3b", microbatch_size=4, seq_len=512, target_len=4,
-          optimizer="adafactor"),
+                   optimizer="adafactor"),
     FineTuningTask(name="wikitext2", dataset="WikiText-2", model="gpt2-xl", microbatch_size=1, seq_len=1024,
-          target_len=None, optimizer="adamw"),
+                   target_len=None, optimizer="adamw"),
     FineTuningTask(name="squad", dataset="SQuAD 1.1", model="bert-large", microbatch_size=24, seq_len=384,
-          target_len=None, optimizer="adamw"),
+                   target_len=None, optimizer="adamw"),
 )  # fmt: skip
 
 

@@ -3,6 +3,7 @@
 ::
 
     hf-ftpipe schedule --placement 0,1,1,0 --schedule 1f1b --num-microbatches 4
+    hf-ftpipe schedule --placement 0,1 --schedule 1f1b --num-microbatches 2 --token-slices 2 --messages
 """
 
 from __future__ import annotations
@@ -33,6 +34,13 @@ def add_schedule_command(commands: Any) -> None:
     schedule.add_argument("--steps", type=int, default=2, help="async/2bw: steps to print before the drain")
     schedule.add_argument("--async-update-interval", type=int, default=1, help="async: backwards per update")
     schedule.add_argument(
+        "--token-slices",
+        type=int,
+        metavar="K",
+        help="gpipe/1f1b: cut each sequence into K token slices and pipeline the slices (TeraPipe); "
+        "1F0.2 is stage 1's forward of slice 2 of micro-batch 0",
+    )
+    schedule.add_argument(
         "--messages",
         action="store_true",
         help="print each rank's program with its SENDs and RECVs (RECV_F0:h0<0: the value h0 of micro-batch 0 from "
@@ -60,6 +68,7 @@ def _run_schedule(args: argparse.Namespace) -> int:
             stage_rank,
             args.num_microbatches,
             gradient_accumulation_steps=args.async_update_interval,
+            num_slices=args.token_slices,
         )
     except ValueError as error:
         raise PipelineError(str(error)) from error
@@ -68,7 +77,7 @@ def _run_schedule(args: argparse.Namespace) -> int:
         total = args.steps * args.num_microbatches
     else:
         steps, total = [("step", schedule.global_order())], args.num_microbatches
-    check_order([a for _, order in steps for a in order], stage_rank, schedule.edges, range(total))
+    check_order([a for _, order in steps for a in order], stage_rank, schedule.edges, range(total), args.token_slices)
     ranks = range(max(stage_rank) + 1)
     lowering = Lowering(chain_dataflow(stage_rank), stage_rank)
     for title, order in steps:

@@ -390,6 +390,10 @@ class PipelineEngine(Executor):
 
     def _program(self, order: list[Action]) -> list[Op]:
         """This rank's part of a training step's order, lowered with its SENDs and RECVs."""
+        if any(action.slice_index is not None for action in order):
+            raise PipelineError(
+                f"[rank {self.rank}] token slices are planned but not executed yet; run whole sequences"
+            )
         return self._lowering.lower(order).get(self.rank, [])
 
     def _flush(self, older_than: int | None = None) -> None:

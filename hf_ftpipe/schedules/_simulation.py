@@ -1,4 +1,4 @@
-"""The list-scheduling simulation that orders the 1F1B-style schedules."""
+"""The list-scheduling simulation that orders the 1F1B-style schedules, whole sequences or token slices."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from hf_ftpipe.schedules.rules import in_flight
 _FORWARD_COST, _BACKWARD_COST = 1, 2
 
 
-def limits(name: str, stage_rank: Sequence[int], num_microbatches: int) -> list[int]:
-    """Micro-batches each stage may hold between forward and backward — the partitioner's
-    `in_flight`, so the memory it predicts is the memory the schedule uses."""
+def limits(name: str, stage_rank: Sequence[int], num_microbatches: int, num_slices: int | None = None) -> list[int]:
+    """Micro-batches (token slices, with ``num_slices``) each stage may hold between forward and
+    backward — the partitioner's `in_flight`, so the memory it predicts is the memory the schedule uses."""
     schedule = "1f1b" if name == "gpipe" else name
-    return [in_flight(schedule, s, stage_rank, num_microbatches) for s in range(len(stage_rank))]
+    return [in_flight(schedule, s, stage_rank, num_microbatches, num_slices=num_slices) for s in range(len(stage_rank))]
 
 
 class Simulation:
@@ -27,6 +27,11 @@ class Simulation:
     busier than oldest-micro-batch-first. Forwards cost 1, backwards 2. The start
     order is the global order. With ``update_every``, a stage updates after every that many
     backwards (a ``U`` action right after the backward).
+
+    With ``num_slices`` = k the units are token slices: a stage's n-th forward is slice n mod k of
+    micro-batch n // k, and its backwards take each sequence's slices last-in-first-out (Seq1F1B),
+    the last slice first, because a slice's backward needs the dK/dV of the later ones. ``limits``
+    then counts slices.
     """
 
     def __init__(
@@ -35,7 +40,11 @@ class Simulation:
         edges: Sequence[tuple[int, int]],
         limits: Sequence[int],
         update_every: int | None = None,
+        num_slices: int | None = None,
     ) -> None:
+        if num_slices is not None and update_every is not None:
+            raise ValueError("streaming schedules version weights by sequence: they do not take token slices")
+        self.num_slices = num_slices
         self.stage_rank = list(stage_rank)
         self.limits = list(limits)
         self.update_every = update_every
@@ -50,9 +59,10 @@ class Simulation:
         self.now = 0
         self.busy_until = dict.fromkeys(self.ranks, 0)
         self.events: list[int] = []  # finish times of started actions (a heap), kept between runs
-        self.done: dict[tuple[int, str, int], int] = {}  # action → finish time
-        self.next_forward = [0] * self.num_stages  # forwards run in micro-batch order per stage
-        self.next_backward = [0] * self.num_stages
+        self.done: dict[Action, int] = {}  # action → finish time
+        self.next_forward = [0] * self.num_stages  # forwards (and backwards) started per stage: units in
+        self.next_backward = [0] * self.num_stages  # the order `_forward_unit` (`_backward_unit`) numbers
+        self.last_kind = ["B"] * self.num_stages  # a stage's last computation: token slices alternate
 
     def run(self, available: int | None = None, until_finished: int | None = None) -> list[Action]:
         """Simulate, returning the actions in start order: with ``available``, until nothing more
@@ -72,10 +82,11 @@ class Simulation:
                 cost = _FORWARD_COST if action.computation == "F" else _BACKWARD_COST
                 finish = self.now + cost
                 self.busy_until[rank] = finish
-                self.done[(action.stage_index, action.computation, action.microbatch_index)] = finish
+                self.done[action] = finish
                 heapq.heappush(events, finish)
                 order.append(action)
                 s = action.stage_index
+                self.last_kind[s] = action.computation
                 if action.computation == "F":
                     self.next_forward[s] += 1
                 else:
@@ -92,26 +103,49 @@ class Simulation:
             self.now = events[0]
         return order
 
-    def _finished(self, key: tuple[int, str, int]) -> bool:
-        finish = self.done.get(key)
+    def _finished(self, action: Action) -> bool:
+        finish = self.done.get(action)
         return finish is not None and finish <= self.now
+
+    def _forward_unit(self, n: int) -> tuple[int, int | None]:
+        """(micro-batch, slice) of a stage's n-th forward: sequences in order, slices in order."""
+        k = self.num_slices
+        return (n, None) if k is None else (n // k, n % k)
+
+    def _backward_unit(self, n: int) -> tuple[int, int | None]:
+        """(micro-batch, slice) of a stage's n-th backward: sequences in order, slices last first."""
+        k = self.num_slices
+        return (n, None) if k is None else (n // k, k - 1 - n % k)
 
     def _most_urgent(self, rank: int, available: int | None) -> Action | None:
         ready = []
         for s in self.rank_stages[rank]:
-            m = self.next_backward[s]
-            if m < self.next_forward[s] and self._finished((s, "F", m)):
-                if all(self._finished((c, "B", m)) for c in self.consumers[s]):
-                    ready.append(Action(s, "B", m))
-            m = self.next_forward[s]
-            if (available is None or m < available) and m - self.next_backward[s] < self.limits[s]:
-                if all(self._finished((p, "F", m)) for p in self.producers[s]):
-                    ready.append(Action(s, "F", m))
+            n = self.next_backward[s]
+            if n < self.next_forward[s]:
+                m, i = self._backward_unit(n)
+                if self._finished(Action(s, "F", m, i)):
+                    if all(self._finished(Action(c, "B", m, i)) for c in self.consumers[s]):
+                        ready.append(Action(s, "B", m, i))
+            n = self.next_forward[s]
+            m, i = self._forward_unit(n)
+            if (available is None or m < available) and n - self.next_backward[s] < self.limits[s]:
+                if all(self._finished(Action(p, "F", m, i)) for p in self.producers[s]):
+                    ready.append(Action(s, "F", m, i))
         # The deepest stage first (it frees the micro-batches the earlier stages wait for), then
-        # the oldest micro-batch: a stage's backward before its next forward.
-        return min(ready, key=lambda a: (-a.stage_index, a.microbatch_index), default=None)
+        # the oldest micro-batch: a stage's backward before its next forward. With token slices the
+        # backwards of a sequence are ready one after another, and running them all starves the
+        # stages downstream of forwards: a stage alternates instead (Seq1F1B's one forward, one
+        # backward), the other kind than its last action first when both are ready.
+        if self.num_slices is None:
+            return min(ready, key=lambda a: (-a.stage_index, a.microbatch_index), default=None)
+        return min(
+            ready,
+            key=lambda a: (-a.stage_index, a.computation == self.last_kind[a.stage_index], a.microbatch_index),
+            default=None,
+        )
 
     def check_finished(self, count: int) -> None:
+        """Raise unless every stage ran ``count`` backwards (units: micro-batches or slices)."""
         unfinished = [s for s in range(self.num_stages) if self.next_backward[s] < count]
         if unfinished:
             raise RuntimeError(

@@ -1,15 +1,21 @@
-"""Actions: the forward, backward or weight update of one micro-batch at one stage.
+"""Actions: the forward, backward or weight update of one micro-batch (or one token slice of it) at one stage.
 
 An action is ``(stage_index, computation, microbatch_index)`` and prints as ``1F0`` (stage 1,
 forward, micro-batch 0), ``0B3`` (backward) or ``0U3`` (stage 0 updates its weights, right after
 the backward of micro-batch 3); `Action.parse` reads that form back, in the manner of
 torch.distributed.pipelining's ``_Action``.
+
+Token-level pipelining (TeraPipe, Li et al., 2021) cuts each sequence of a causal LM into slices
+along its tokens: ``1F0.2`` is stage 1's forward of slice 2 of micro-batch 0. Token t at a layer
+reads only tokens <= t at the layer below, so a slice's forward needs that slice's hidden states
+from the stage before and the stage's own keys/values of the earlier slices of the sequence; its
+backward needs the gradient from the stage after and the dK/dV that the later slices of the same
+sequence accumulated, so a sequence's backwards run from its last slice to its first.
 """
 
 from __future__ import annotations
 
 import re
-from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -17,27 +23,35 @@ from typing import Literal
 __all__ = ["Action", "Computation", "chain_edges", "check_order", "dependencies", "format_actions"]
 
 Computation = Literal["F", "B", "U"]
-_ACTION = re.compile(r"^(\d+)([FBU])(\d+)$")
+_ACTION = re.compile(r"^(\d+)([FBU])(\d+)(?:\.(\d+))?$")
 
 
 @dataclass(frozen=True)
 class Action:
     """One unit of work: the forward or backward of one micro-batch through one stage, or a
-    stage's weight update (``U``, numbered by the micro-batch whose backward it follows)."""
+    stage's weight update (``U``, numbered by the micro-batch whose backward it follows).
+
+    ``slice_index`` is the token slice of the micro-batch's sequences, ``None`` for the whole
+    sequence: one more index on the same action, so the checks, the lowering and the printing
+    treat a slice as a unit of work like any other.
+    """
 
     stage_index: int
     computation: Computation
     microbatch_index: int
+    slice_index: int | None = None
 
     def __str__(self) -> str:
-        return f"{self.stage_index}{self.computation}{self.microbatch_index}"
+        text = f"{self.stage_index}{self.computation}{self.microbatch_index}"
+        return text if self.slice_index is None else f"{text}.{self.slice_index}"
 
     @classmethod
     def parse(cls, text: str) -> Action:
         match = _ACTION.match(text.strip())
         if match is None:
-            raise ValueError(f"cannot parse action {text!r}; expected e.g. '1F0', '0B3' or '0U3'")
-        return cls(int(match[1]), match[2], int(match[3]))  # type: ignore[arg-type]
+            raise ValueError(f"cannot parse action {text!r}; expected e.g. '1F0', '0B3', '0U3' or '1F0.2'")
+        slice_index = None if match[4] is None else int(match[4])
+        return cls(int(match[1]), match[2], int(match[3]), slice_index)  # type: ignore[arg-type]
 
 
 def format_actions(actions: Sequence[Action]) -> str:
@@ -50,45 +64,67 @@ def chain_edges(num_stages: int) -> list[tuple[int, int]]:
 
 
 def check_order(
-    order: Sequence[Action], stage_rank: Sequence[int], edges: Sequence[tuple[int, int]], microbatches: range
+    order: Sequence[Action],
+    stage_rank: Sequence[int],
+    edges: Sequence[tuple[int, int]],
+    microbatches: range,
+    num_slices: int | None = None,
 ) -> None:
-    """Raise `ValueError` unless ``order`` runs every forward and backward of ``microbatches`` once,
-    each after what it depends on — a schedule checked without starting any process."""
+    """Raise `ValueError` unless ``order`` runs every forward and backward of ``microbatches`` (of
+    each of their ``num_slices`` token slices, if given) once, each after what it depends on
+    (`dependencies`) — a schedule checked without starting any process."""
     num_stages = len(stage_rank)
-    consumers: dict[int, list[int]] = defaultdict(list)
-    producers: dict[int, list[int]] = defaultdict(list)
+    consumers: list[list[int]] = [[] for _ in range(num_stages)]
+    producers: list[list[int]] = [[] for _ in range(num_stages)]
     for producer, consumer in edges:
         consumers[producer].append(consumer)
         producers[consumer].append(producer)
-    done: set[tuple[int, str, int]] = set()
+    slices: list[int | None] = [None] if num_slices is None else list(range(num_slices))
+    done: set[Action] = set()
     for action in order:
-        key = (action.stage_index, action.computation, action.microbatch_index)
+        if action.slice_index not in slices:
+            expected = "unsliced actions" if num_slices is None else f"slices 0..{num_slices - 1}"
+            raise ValueError(f"{action} does not belong to this order, which has {expected}")
         if action.computation == "U":
             continue
-        if key in done:
+        if action in done:
             raise ValueError(f"{action} appears twice")
-        s, m = action.stage_index, action.microbatch_index
-        needs = [(p, "F", m) for p in producers[s]] if action.computation == "F" else [(s, "F", m)]
-        if action.computation == "B":
-            needs += [(c, "B", m) for c in consumers[s]]
-        missing = [f"{a}{c}{b}" for a, c, b in needs if (a, c, b) not in done]
+        missing = [str(need) for need in dependencies(action, producers, consumers, num_slices) if need not in done]
         if missing:
             raise ValueError(f"{action} comes before {', '.join(missing)}, which it depends on")
-        done.add(key)
-    expected = {(s, c, m) for s in range(num_stages) for c in "FB" for m in microbatches}
-    if done != expected:
-        missing = sorted(expected - done)[:5]
-        raise ValueError(f"the order misses {len(expected - done)} actions, e.g. {missing}")
+        done.add(action)
+    expected_actions = {
+        Action(s, c, m, i) for s in range(num_stages) for c in "FB" for m in microbatches for i in slices  # type: ignore[arg-type]
+    }
+    if done != expected_actions:
+        left = sorted(map(str, expected_actions - done))
+        raise ValueError(f"the order misses {len(left)} actions, e.g. {left[:5]}")
 
 
 def dependencies(
-    action: Action, producers: Sequence[Sequence[int]], consumers: Sequence[Sequence[int]]
-) -> list[tuple[int, str, int]]:
+    action: Action,
+    producers: Sequence[Sequence[int]],
+    consumers: Sequence[Sequence[int]],
+    num_slices: int | None = None,
+) -> list[Action]:
     """What ``action`` needs done first: the forwards feeding a forward; a stage's own forward and
-    its consumers' backwards for a backward; the backward it follows for an update."""
-    s, m = action.stage_index, action.microbatch_index
+    its consumers' backwards for a backward; the backward it follows for an update.
+
+    A token slice i of micro-batch m also needs, at its own stage, the forward of slice i − 1 (the
+    keys/values of the earlier tokens) for its forward, and the backward of slice i + 1 (the dK/dV
+    that the later tokens accumulated) for its backward: ``num_slices`` tells which slice is last.
+    """
+    s, m, i = action.stage_index, action.microbatch_index, action.slice_index
+    if i is not None and num_slices is None:
+        raise ValueError(f"{action} is a token slice: pass `num_slices` to know which slice is the last")
     if action.computation == "F":
-        return [(p, "F", m) for p in producers[s]]
+        needs = [Action(p, "F", m, i) for p in producers[s]]
+        if i is not None and i > 0:
+            needs.append(Action(s, "F", m, i - 1))
+        return needs
     if action.computation == "B":
-        return [(s, "F", m)] + [(c, "B", m) for c in consumers[s]]
-    return [(s, "B", m)]
+        needs = [Action(s, "F", m, i)] + [Action(c, "B", m, i) for c in consumers[s]]
+        if i is not None and num_slices is not None and i + 1 < num_slices:
+            needs.append(Action(s, "B", m, i + 1))
+        return needs
+    return [Action(s, "B", m, i)]

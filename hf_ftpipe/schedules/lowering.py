@@ -23,6 +23,15 @@ SEND as ``SEND_B0:h>0`` (its gradient, to rank 0)::
 The receives a rank's actions do not read (the loss, copied to every rank) are collected at the end
 of its program; receives after the last of them belong to a later step of a streaming schedule and
 open that step's program.
+
+Token slices (``1F0.2``) follow the same rules, one message per slice: a slice's forward sends its
+hidden states (``SEND_F0.2:h0>1``), its backward sends their gradient back (``SEND_B0.2:h0>0``).
+Keys and values never cross stages (a stage keeps those of its own layers), so they have no
+messages. The loss too goes per slice: the last stage sends each slice's *sum* of token losses to
+every other rank (``SEND_F0.2:loss>0``), the rule for whole sequences applied to each forward; a
+rank adds a sequence's slices up and divides by its token count, which is the unsliced mean
+whatever the slice lengths (a mean of the slices' means would weigh short slices too much), and
+needs no message to wait for the last slice.
 """
 
 from __future__ import annotations
@@ -79,10 +88,13 @@ class Comm:
     microbatch_index: int
     backward: bool
     peer: int
+    slice_index: int | None = None
+    """The token slice it carries, ``None`` for whole sequences."""
 
     def __str__(self) -> str:
         arrow = ">" if self.kind == "SEND" else "<"
-        return f"{self.kind}_{'B' if self.backward else 'F'}{self.microbatch_index}:{self.value}{arrow}{self.peer}"
+        unit = str(self.microbatch_index) if self.slice_index is None else f"{self.microbatch_index}.{self.slice_index}"
+        return f"{self.kind}_{'B' if self.backward else 'F'}{unit}:{self.value}{arrow}{self.peer}"
 
 
 Op = Action | Comm
@@ -129,17 +141,17 @@ class Lowering:
         self.reset()
 
     def reset(self) -> None:
-        self._backwards_left: dict[tuple[str, int, int], int] = {}
-        """(value, micro-batch, reading rank) → backwards still to run there before the gradient goes."""
+        self._backwards_left: dict[tuple[str, int, int | None, int], int] = {}
+        """(value, micro-batch, slice, reading rank) → backwards still to run there before the gradient goes."""
         self._carried: dict[int, list[Comm]] = {}
 
     def lower(self, order: Sequence[Action]) -> dict[int, list[Op]]:
         """Each rank's program for ``order``: its actions with their SENDs and RECVs."""
         sends: dict[int, list[Comm]] = defaultdict(list)
         receives: dict[int, deque[tuple[int, Comm]]] = defaultdict(deque)
-        for position, src, dst, value, m, backward in self._messages(order):
-            sends[position].append(Comm("SEND", value, m, backward, dst))
-            receives[dst].append((position, Comm("RECV", value, m, backward, src)))
+        for position, src, dst, value, (m, i), backward in self._messages(order):
+            sends[position].append(Comm("SEND", value, m, backward, dst, i))
+            receives[dst].append((position, Comm("RECV", value, m, backward, src, i)))
         programs: dict[int, list[Op]] = defaultdict(list)
         for rank, carried in self._carried.items():
             programs[rank].extend(carried)
@@ -163,29 +175,29 @@ class Lowering:
     def _reads(self, rank: int, value: str) -> bool:
         return rank in self.dataflow.routes[value].reader_ranks
 
-    def _messages(self, order: Sequence[Action]) -> list[tuple[int, int, int, str, int, bool]]:
-        """``(position, src, dst, value, micro-batch, backward)`` of every message, in send order."""
+    def _messages(self, order: Sequence[Action]) -> list[tuple[int, int, int, str, tuple[int, int | None], bool]]:
+        """``(position, src, dst, value, (micro-batch, slice), backward)`` of every message, in send order."""
         flow = self.dataflow
         messages = []
         for position, action in enumerate(order):
-            s, m = action.stage_index, action.microbatch_index
+            s, unit = action.stage_index, (action.microbatch_index, action.slice_index)
             rank = self.stage_rank[s]
             if action.computation == "F":
                 for value in flow.sent[s]:
                     route = flow.routes.get(value)
                     if route is not None:
-                        messages += [(position, rank, dst, value, m, False) for dst in route.target_ranks]
+                        messages += [(position, rank, dst, value, unit, False) for dst in route.target_ranks]
             elif action.computation == "B":
                 for value in flow.received[s]:
                     route = flow.routes.get(value)
                     if route is None or route.source_rank == rank or not route.carries_gradient:
                         continue
-                    key = (value, m, rank)
+                    key = (value, *unit, rank)
                     if key not in self._backwards_left:
                         readers = flow.consumers[value]
                         self._backwards_left[key] = sum(1 for c in readers if self.stage_rank[c] == rank)
                     self._backwards_left[key] -= 1
                     if self._backwards_left[key] == 0:
                         del self._backwards_left[key]
-                        messages.append((position, rank, route.source_rank, value, m, True))
+                        messages.append((position, rank, route.source_rank, value, unit, True))
         return messages

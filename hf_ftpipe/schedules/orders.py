@@ -30,6 +30,15 @@ forwards. With one stage per rank it yields the textbook orders::
     1f1b, 2 stages on 2 ranks, 4 micro-batches
     rank 0: 0F0 0F1 0B0 0F2 0B1 0F3 0B2 0B3
     rank 1: 1F0 1B0 1F1 1B1 1F2 1B2 1F3 1B3
+
+``gpipe`` and ``1f1b`` also run token slices (TeraPipe, Li et al., 2021; ``num_slices``): the unit
+of work is one slice of one micro-batch's sequences (``1F0.2``), a stage's forwards take the
+sequences in order and their slices in order, and a sequence's backwards run from its last slice
+to its first. Under ``1f1b`` (Seq1F1B's order, Sun et al., 2024) a stage holds up to
+S − stage_index + k − 1 slices (`in_flight`): 2 stages, 1 micro-batch of 3 slices::
+
+    rank 0: 0F0.0 0F0.1 0F0.2 0B0.2 0B0.1 0B0.0
+    rank 1: 1F0.0 1F0.1 1F0.2 1B0.2 1B0.1 1B0.0
 """
 
 from __future__ import annotations
@@ -62,6 +71,8 @@ class Schedule:
         num_microbatches (`int`): micro-batches per mini-batch.
         edges (`Sequence[tuple[int, int]]`, *optional*): ``(producer, consumer)`` stage pairs; a chain
             by default. The engine passes the real data flow of the plan.
+        num_slices (`int`, *optional*): token slices per sequence (schedules whose traits have
+            ``token_slices``); ``None``, the default, runs whole sequences.
     """
 
     name: ScheduleName
@@ -72,8 +83,15 @@ class Schedule:
         return schedule_traits(self.name)
 
     def __init__(
-        self, stage_rank: Sequence[int], num_microbatches: int, edges: Sequence[tuple[int, int]] | None = None
+        self,
+        stage_rank: Sequence[int],
+        num_microbatches: int,
+        edges: Sequence[tuple[int, int]] | None = None,
+        num_slices: int | None = None,
     ) -> None:
+        if num_slices is not None:
+            _check_slices(self.name, num_slices)
+        self.num_slices = num_slices
         if num_microbatches < 1:
             raise ValueError(f"num_microbatches must be at least 1, got {num_microbatches}")
         if not stage_rank:
@@ -120,8 +138,15 @@ class ScheduleGPipe(Schedule):
     def global_order(self) -> list[Action]:
         stages = range(self.num_stages)
         microbatches = range(self.num_microbatches)
-        forwards = [Action(s, "F", m) for s in stages for m in microbatches]
-        backwards = [Action(s, "B", m) for s in reversed(stages) for m in microbatches]
+        if self.num_slices is None:
+            forwards = [Action(s, "F", m) for s in stages for m in microbatches]
+            backwards = [Action(s, "B", m) for s in reversed(stages) for m in microbatches]
+            return forwards + backwards
+        # Token slices: the units (micro-batch, slice) in order, backward in exact reverse, since a
+        # slice's backward waits for the dK/dV of the later slices of its sequence.
+        units = [(m, i) for m in microbatches for i in range(self.num_slices)]
+        forwards = [Action(s, "F", m, i) for s in stages for m, i in units]
+        backwards = [Action(s, "B", m, i) for s in reversed(stages) for m, i in reversed(units)]
         return forwards + backwards
 
 
@@ -132,9 +157,10 @@ class Schedule1F1B(Schedule):
     name = "1f1b"
 
     def global_order(self) -> list[Action]:
-        simulation = Simulation(self.stage_rank, self.edges, limits("1f1b", self.stage_rank, self.num_microbatches))
+        held = limits("1f1b", self.stage_rank, self.num_microbatches, self.num_slices)
+        simulation = Simulation(self.stage_rank, self.edges, held, num_slices=self.num_slices)
         order = simulation.run(available=self.num_microbatches)
-        simulation.check_finished(self.num_microbatches)
+        simulation.check_finished(self.num_microbatches * (self.num_slices or 1))
         return order
 
 
@@ -209,18 +235,17 @@ class StreamingSchedule(Schedule):
 
     def _closed_prefix(self, pending: list[Action], limit: int) -> tuple[list[Action], list[Action]]:
         blocked_ranks: set[int] = set()
-        held: set[tuple[int, str, int]] = set()
+        held: set[Action] = set()
         taken, kept = [], []
         for action in pending:
-            s, m = action.stage_index, action.microbatch_index
-            rank = self.stage_rank[s]
-            hold = rank in blocked_ranks or (action.computation == "F" and m >= limit)
+            rank = self.stage_rank[action.stage_index]
+            hold = rank in blocked_ranks or (action.computation == "F" and action.microbatch_index >= limit)
             if not hold:
                 hold = any(
                     dep in held for dep in dependencies(action, self._simulation.producers, self._simulation.consumers)
                 )
             if hold:
-                held.add((s, action.computation, m))
+                held.add(action)
                 blocked_ranks.add(rank)
                 kept.append(action)
             else:
@@ -246,13 +271,28 @@ def make_schedule(
     edges: Sequence[tuple[int, int]] | None = None,
     *,
     gradient_accumulation_steps: int = 1,
+    num_slices: int | None = None,
 ) -> Schedule:
-    """The schedule called ``name`` (one of `ScheduleName`), chosen by its traits."""
+    """The schedule called ``name`` (one of `ScheduleName`), chosen by its traits; with
+    ``num_slices``, over that many token slices per sequence (``gpipe`` and ``1f1b`` only)."""
     traits = schedule_traits(name)
+    if num_slices is not None:
+        _check_slices(name, num_slices)
     if not traits.flushes:
         return StreamingSchedule(
             traits.name, stage_rank, num_microbatches, edges, gradient_accumulation_steps=gradient_accumulation_steps
         )
     if traits.holds_every_microbatch:
-        return ScheduleGPipe(stage_rank, num_microbatches, edges)
-    return Schedule1F1B(stage_rank, num_microbatches, edges)
+        return ScheduleGPipe(stage_rank, num_microbatches, edges, num_slices)
+    return Schedule1F1B(stage_rank, num_microbatches, edges, num_slices)
+
+
+def _check_slices(name: str, num_slices: int) -> None:
+    if not schedule_traits(name).token_slices:
+        takers = [n for n, traits in SCHEDULES.items() if traits.token_slices]
+        raise ValueError(
+            f"schedule {name!r} does not take token slices (streaming schedules version weights by sequence, "
+            f"not by slice); schedules that do: {takers}"
+        )
+    if num_slices < 1:
+        raise ValueError(f"num_slices must be at least 1, got {num_slices}")

@@ -38,6 +38,10 @@ class ScheduleTraits:
     once per mini-batch."""
     weight_prediction: bool
     """Whether its gradients are stale in a way weight prediction can extrapolate."""
+    token_slices: bool
+    """Whether it can cut each sequence into token slices (TeraPipe) and pipeline the slices
+    (``gpipe``, ``1f1b``). The streaming schedules version weights by sequence: a slice's
+    backward must see the weights of its sequence's other slices, so they do not, for now."""
     help: str
     """One sentence for the trainer's ``pipeline_schedule`` help."""
 
@@ -56,6 +60,7 @@ SCHEDULES: dict[str, ScheduleTraits] = {
             weights="single",
             updates_every_group=False,
             weight_prediction=False,
+            token_slices=True,
             help="all forwards, then all backwards, one update per mini-batch.",
         ),
         ScheduleTraits(
@@ -65,6 +70,7 @@ SCHEDULES: dict[str, ScheduleTraits] = {
             weights="single",
             updates_every_group=False,
             weight_prediction=False,
+            token_slices=True,
             help="the same update with less activation memory (backwards start as soon as they can).",
         ),
         ScheduleTraits(
@@ -74,6 +80,7 @@ SCHEDULES: dict[str, ScheduleTraits] = {
             weights="stashed",
             updates_every_group=True,
             weight_prediction=True,
+            token_slices=False,
             help="PipeDream: no flush between mini-batches, each stage updates every "
             "`async_update_interval` micro-batches, weight stashing keeps each micro-batch on one weight "
             "version (fastest; gradients are stale by the pipeline depth).",
@@ -85,6 +92,7 @@ SCHEDULES: dict[str, ScheduleTraits] = {
             weights="double-buffered",
             updates_every_group=False,
             weight_prediction=False,
+            token_slices=False,
             help="PipeDream-2BW: no flush, one update per mini-batch applying the gradient of the weights one "
             "update older, two weight copies.",
         ),

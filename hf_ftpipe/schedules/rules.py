@@ -15,8 +15,15 @@ from hf_ftpipe.schedules.registry import schedule_traits
 __all__ = ["gradients_persist", "in_flight", "weight_versions"]
 
 
-def in_flight(schedule: str, stage_index: int, stage_device: Sequence[int], num_microbatches: int) -> int:
-    """Micro-batches whose activations a stage holds at once.
+def in_flight(
+    schedule: str,
+    stage_index: int,
+    stage_device: Sequence[int],
+    num_microbatches: int,
+    *,
+    num_slices: int | None = None,
+) -> int:
+    """Micro-batches whose activations a stage holds at once (token slices, with ``num_slices``).
 
     GPipe runs every forward before any backward: all M = ``num_microbatches``. The 1F1B-style
     schedules (``1f1b``, ``async``, ``2bw``) run a backward as soon as one is ready and hold
@@ -39,17 +46,26 @@ def in_flight(schedule: str, stage_index: int, stage_device: Sequence[int], num_
         GPU             0   1   1   0
         in flight       4   3   2   1
 
+    Token slices (TeraPipe; Seq1F1B's 1F1B): a stage holds k = ``num_slices`` slices per sequence,
+    all M·k under GPipe, min(M·k, S − ``stage_index`` + k − 1) under ``1f1b``. A sequence's first
+    backward is that of its last slice, so a stage runs all k of its forwards, and then keeps the
+    pipeline busy for the round trip to the end, one slice per stage downstream, S − stage_index − 1
+    more: a warm-up of S − stage_index + k − 2 forwards, then one forward per backward. Fewer leave
+    the stage idle while the last stage works through the sequence (k = 1 is the rule above).
+
     Args:
         stage_device (`Sequence[int]`): stage index → GPU index, for every stage of the plan.
+        num_slices (`int`, *optional*): token slices per sequence; the count is then in slices.
     """
     if not 0 <= stage_index < len(stage_device):
         raise PartitionError(
             f"`stage_index` {stage_index} is outside the plan's stages 0..{len(stage_device) - 1} "
             f"(`stage_device` has {len(stage_device)} entries)"
         )
+    k = 1 if num_slices is None else num_slices
     if schedule_traits(schedule).holds_every_microbatch:
-        return num_microbatches
-    return min(num_microbatches, len(stage_device) - stage_index)
+        return num_microbatches * k
+    return min(num_microbatches * k, len(stage_device) - stage_index + k - 1)
 
 
 def weight_versions(

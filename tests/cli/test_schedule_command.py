@@ -60,3 +60,24 @@ def test_schedule_messages_pair_every_send_with_a_receive_on_a_mixed_placement(
         "B0:h2", "B1:h2", "F0:h0", "F0:loss", "F1:h0", "F1:loss",
     ]  # fmt: skip
     assert not any("h1" in op for program in programs.values() for op in program)
+
+
+def test_schedule_token_slices_prints_the_sliced_orders_and_their_messages(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["schedule", "--placement", "0,1", "--schedule", "1f1b", "--num-microbatches", "2", "--token-slices", "2"]
+    assert cli.main(argv) == 0
+    assert capsys.readouterr().out == (
+        "step:\n"
+        "  rank 0: 0F0.0 0F0.1 0F1.0 0B0.1 0F1.1 0B0.0 0B1.1 0B1.0\n"
+        "  rank 1: 1F0.0 1F0.1 1B0.1 1F1.0 1B0.0 1F1.1 1B1.1 1B1.0\n"
+    )
+    argv = ["schedule", "--placement", "0,1", "--num-microbatches", "1", "--token-slices", "2", "--messages"]
+    assert cli.main(argv) == 0
+    assert capsys.readouterr().out == (
+        "step:\n"
+        "  rank 0: 0F0.0 SEND_F0.0:h0>1 0F0.1 SEND_F0.1:h0>1 RECV_F0.0:loss<1 RECV_F0.1:loss<1 "
+        "RECV_B0.1:h0<1 RECV_B0.0:h0<1 0B0.1 0B0.0\n"
+        "  rank 1: RECV_F0.0:h0<0 RECV_F0.1:h0<0 1F0.0 SEND_F0.0:loss>0 1F0.1 SEND_F0.1:loss>0 "
+        "1B0.1 SEND_B0.1:h0>0 1B0.0 SEND_B0.0:h0>0\n"
+    )
+    assert cli.main(["schedule", "--placement", "0,1", "--schedule", "2bw", "--token-slices", "2"]) == 2
+    assert "'2bw' does not take token slices" in capsys.readouterr().err

@@ -1,7 +1,7 @@
 """The lowering: each rank's program with its SENDs and RECVs, asserted literally, without processes."""
 
 from hf_ftpipe.schedules import make_schedule
-from hf_ftpipe.schedules.lowering import Comm, Dataflow, Lowering, Route, format_program
+from hf_ftpipe.schedules.lowering import Comm, Dataflow, Lowering, Route, chain_dataflow, format_program
 
 # Stage 0 on rank 0 sends h to stage 1 on rank 1, which computes the loss and copies it to rank 0.
 CHAIN = Dataflow(
@@ -69,3 +69,63 @@ def test_a_gradient_goes_back_after_the_last_local_reader() -> None:
 
 def _is(op: object, kind: str, peer: int) -> bool:
     return isinstance(op, Comm) and op.kind == kind and op.peer == peer
+
+
+def sliced_programs(name: str, num_microbatches: int, num_slices: int) -> dict[int, str]:
+    schedule = make_schedule(name, [0, 1], num_microbatches, num_slices=num_slices)
+    lowered = Lowering(CHAIN, [0, 1]).lower(schedule.global_order())
+    return {rank: format_program(program) for rank, program in lowered.items()}
+
+
+def test_token_slices_send_hidden_states_gradients_and_partial_losses_per_slice() -> None:
+    """One message per slice and value; no keys/values cross: a stage keeps those of its layers."""
+    assert sliced_programs("gpipe", 1, 3) == {
+        0: "0F0.0 SEND_F0.0:h>1 0F0.1 SEND_F0.1:h>1 0F0.2 SEND_F0.2:h>1 "
+        "RECV_F0.0:loss<1 RECV_F0.1:loss<1 RECV_F0.2:loss<1 RECV_B0.2:h<1 RECV_B0.1:h<1 RECV_B0.0:h<1 "
+        "0B0.2 0B0.1 0B0.0",
+        1: "RECV_F0.0:h<0 RECV_F0.1:h<0 RECV_F0.2:h<0 1F0.0 SEND_F0.0:loss>0 1F0.1 SEND_F0.1:loss>0 "
+        "1F0.2 SEND_F0.2:loss>0 1B0.2 SEND_B0.2:h>0 1B0.1 SEND_B0.1:h>0 1B0.0 SEND_B0.0:h>0",
+    }
+    assert sliced_programs("1f1b", 1, 3) == {
+        0: "0F0.0 SEND_F0.0:h>1 0F0.1 SEND_F0.1:h>1 RECV_F0.0:loss<1 0F0.2 SEND_F0.2:h>1 "
+        "RECV_F0.1:loss<1 RECV_F0.2:loss<1 RECV_B0.2:h<1 0B0.2 RECV_B0.1:h<1 0B0.1 RECV_B0.0:h<1 0B0.0",
+        1: "RECV_F0.0:h<0 RECV_F0.1:h<0 1F0.0 SEND_F0.0:loss>0 RECV_F0.2:h<0 1F0.1 SEND_F0.1:loss>0 "
+        "1F0.2 SEND_F0.2:loss>0 1B0.2 SEND_B0.2:h>0 1B0.1 SEND_B0.1:h>0 1B0.0 SEND_B0.0:h>0",
+    }
+
+
+def test_token_slices_of_two_microbatches_lowered() -> None:
+    assert sliced_programs("gpipe", 2, 2) == {
+        0: "0F0.0 SEND_F0.0:h>1 0F0.1 SEND_F0.1:h>1 0F1.0 SEND_F1.0:h>1 0F1.1 SEND_F1.1:h>1 "
+        "RECV_F0.0:loss<1 RECV_F0.1:loss<1 RECV_F1.0:loss<1 RECV_F1.1:loss<1 "
+        "RECV_B1.1:h<1 RECV_B1.0:h<1 RECV_B0.1:h<1 RECV_B0.0:h<1 0B1.1 0B1.0 0B0.1 0B0.0",
+        1: "RECV_F0.0:h<0 RECV_F0.1:h<0 RECV_F1.0:h<0 RECV_F1.1:h<0 1F0.0 SEND_F0.0:loss>0 1F0.1 SEND_F0.1:loss>0 "
+        "1F1.0 SEND_F1.0:loss>0 1F1.1 SEND_F1.1:loss>0 "
+        "1B1.1 SEND_B1.1:h>0 1B1.0 SEND_B1.0:h>0 1B0.1 SEND_B0.1:h>0 1B0.0 SEND_B0.0:h>0",
+    }
+    assert sliced_programs("1f1b", 2, 2) == {
+        0: "0F0.0 SEND_F0.0:h>1 0F0.1 SEND_F0.1:h>1 RECV_F0.0:loss<1 0F1.0 SEND_F1.0:h>1 RECV_F0.1:loss<1 "
+        "RECV_B0.1:h<1 0B0.1 RECV_F1.0:loss<1 RECV_B0.0:h<1 0F1.1 SEND_F1.1:h>1 0B0.0 RECV_F1.1:loss<1 "
+        "RECV_B1.1:h<1 0B1.1 RECV_B1.0:h<1 0B1.0",
+        1: "RECV_F0.0:h<0 RECV_F0.1:h<0 1F0.0 SEND_F0.0:loss>0 RECV_F1.0:h<0 1F0.1 SEND_F0.1:loss>0 "
+        "1B0.1 SEND_B0.1:h>0 1F1.0 SEND_F1.0:loss>0 1B0.0 SEND_B0.0:h>0 RECV_F1.1:h<0 1F1.1 SEND_F1.1:loss>0 "
+        "1B1.1 SEND_B1.1:h>0 1B1.0 SEND_B1.0:h>0",
+    }
+    assert str(Comm("SEND", "h", 0, False, 1, 2)) == "SEND_F0.2:h>1"
+
+
+def test_both_ends_of_every_sliced_message_agree_on_a_mixed_placement() -> None:
+    """Stages 0 and 3 share rank 0: every SEND has its RECV, in order, per slice; h1 never crosses."""
+    stage_rank = [0, 1, 1, 0]
+    for name in ("gpipe", "1f1b"):
+        schedule = make_schedule(name, stage_rank, 2, num_slices=3)
+        lowered = Lowering(chain_dataflow(stage_rank), stage_rank).lower(schedule.global_order())
+        for src, dst in ((0, 1), (1, 0)):
+            sent = [_unit(c) for c in lowered[src] if _is(c, "SEND", dst)]
+            received = [_unit(c) for c in lowered[dst] if _is(c, "RECV", src)]
+            assert sent == received and len(sent) == 2 * 3 * (3 if src == 0 else 2), (name, src, dst)
+        assert not any(isinstance(op, Comm) and op.value == "h1" for program in lowered.values() for op in program)
+
+
+def _unit(comm: Comm) -> tuple[str, int, int | None, bool]:
+    return comm.value, comm.microbatch_index, comm.slice_index, comm.backward

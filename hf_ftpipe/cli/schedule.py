@@ -62,6 +62,8 @@ def _run_schedule(args: argparse.Namespace) -> int:
         ) from None
     if sorted(set(stage_rank)) != list(range(max(stage_rank) + 1)):
         raise PipelineError(f"ranks must be 0..N-1, each holding a stage; got {stage_rank}")
+    if args.token_slices is not None and args.token_slices < 1:
+        raise PipelineError(f"--token-slices takes the slices per sequence, at least 1; got {args.token_slices}")
     try:
         schedule = make_schedule(
             args.schedule,

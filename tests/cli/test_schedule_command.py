@@ -81,3 +81,8 @@ def test_schedule_token_slices_prints_the_sliced_orders_and_their_messages(capsy
     )
     assert cli.main(["schedule", "--placement", "0,1", "--schedule", "2bw", "--token-slices", "2"]) == 2
     assert "'2bw' does not take token slices" in capsys.readouterr().err
+
+
+def test_schedule_refuses_zero_token_slices_naming_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["schedule", "--placement", "0,1", "--token-slices", "0"]) == 2
+    assert "--token-slices takes the slices per sequence, at least 1; got 0" in capsys.readouterr().err

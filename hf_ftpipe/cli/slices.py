@@ -146,7 +146,7 @@ def _format(summary: dict[str, Any]) -> str:
     lines = [
         f"{summary['model']} ({summary['model_class']}): {summary['seq_len']} tokens × {summary['batch_size']} "
         f"on {summary['num_stages']} stages of {summary['gpu_profile']}, latency from the "
-        f"{summary['latency']['source']}",
+        f"{summary['latency']['source']} (fitted within {summary['latency']['fit_error']:.0%})",
         table(cells),
         "chosen slicing"
         + "".join(f"\n  {size} sequence{'s' * (size > 1)}: {', '.join(map(str, slices))}" for size, slices in chosen),

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING
 
 from hf_ftpipe import _strict_json
@@ -90,9 +90,13 @@ class SliceLatency:
     """Per (slice token)²: attention of the slice over itself."""
     source: str = "fit"
     """Where the coefficients came from: ``"cost-model"`` or ``"measured"``; for messages."""
+    fit_error: float = 0.0
+    """Largest relative error of the fit over the samples it was fitted to. The form is smooth; a
+    roofline is not (an op turns from memory- to compute-bound as slices grow), so a cost-model
+    fit misses by this much somewhere on its grid."""
 
     def __post_init__(self) -> None:
-        problems = _coefficient_problems({name: getattr(self, name) for name in _COEFFICIENTS})
+        problems = _coefficient_problems({name: getattr(self, name) for name in (*_COEFFICIENTS, "fit_error")})
         if problems:
             raise LatencyFormatError("; ".join(problems))
 
@@ -109,13 +113,16 @@ class SliceLatency:
 
     @classmethod
     def fit(cls, samples: Iterable[LatencySample], key: LatencyKey, *, source: str = "measured") -> SliceLatency:
-        """Least-squares fit of the five coefficients to ``samples``, none negative.
+        """Least-squares fit of the five coefficients to ``samples`` (of relative error), none negative.
 
         A coefficient the data would make negative (noise in a term that barely matters) is set to
         zero and the rest fitted again, one at a time, so the model stays monotone in ``s`` and
         ``c`` as the slicing DP expects. Needs samples at several slice and context lengths.
         """
-        rows = [(_features(x), x.time_s) for x in samples]
+        # Relative least squares (each row over its own time): short slices, where the fixed cost
+        # decides, count as much as long ones; a timing's noise is about proportional to it too.
+        kept = [x for x in samples if x.time_s > 0]
+        rows = [([f / x.time_s for f in _features(x)], 1.0) for x in kept]
         if len(rows) < len(_COEFFICIENTS):
             raise ValueError(
                 f"fit needs at least {len(_COEFFICIENTS)} samples, got {len(rows)}; time a grid of lengths"
@@ -128,7 +135,9 @@ class SliceLatency:
                 coefficients[_COEFFICIENTS[i]] = value
             worst = min(active, key=lambda i: coefficients[_COEFFICIENTS[i]])
             if coefficients[_COEFFICIENTS[worst]] >= 0:
-                return cls(key=key, source=source, **coefficients)
+                fitted = cls(key=key, source=source, **coefficients)
+                error = max(abs(fitted(x.slice_len, x.context_len, x.batch_size) / x.time_s - 1) for x in kept)
+                return replace(fitted, fit_error=error)
             active.remove(worst)
 
     @classmethod
@@ -169,7 +178,7 @@ class SliceLatency:
             seq_len=seq_len,
             num_stages=num_stages,
             device=profile.name,
-            dtype=dtype or (ops[0].dtype if ops else "float32"),
+            dtype=dtype or _main_dtype(ops),
         )
         return cls.fit(samples, key, source="cost-model")
 
@@ -264,7 +273,9 @@ def _least_squares(rows: Sequence[Sequence[float]], targets: Sequence[float]) ->
 
 
 def _grid(seq_len: int, start: int = 1) -> list[int]:
+    """Lengths to sample: fractions of the sequence, and the short slices the DP's first steps try."""
     points = {max(start, round(seq_len * f)) for f in (0.0, 1 / 16, 1 / 8, 1 / 4, 1 / 2, 3 / 4, 1.0)}
+    points |= {p for p in (8, 16, 32) if p < seq_len}
     return sorted(p for p in points if p >= start)
 
 
@@ -311,6 +322,12 @@ def _scalable_ops(graph: CostGraph, profile: GPUProfile, seq_len: int, dtype: st
             )
         )
     return ops
+
+
+def _main_dtype(ops: list[_Op]) -> str:
+    """The floating dtype most ops compute in (index and mask ops are not what the key means)."""
+    floating = [op.dtype for op in ops if op.dtype in ("float32", "float16", "bfloat16", "float64")]
+    return max(set(floating), key=floating.count) if floating else "float32"
 
 
 def _traced_shape(graph: CostGraph) -> tuple[int, int]:

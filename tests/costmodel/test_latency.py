@@ -36,6 +36,7 @@ def test_fit_recovers_the_coefficients_of_exact_samples() -> None:
     for name, value in TRUE.items():
         assert getattr(fitted, name) == pytest.approx(value, rel=1e-6), name
     assert fitted(32, 16, 2) == pytest.approx(SliceLatency(key=KEY, **TRUE)(32, 16, 2))
+    assert fitted.fit_error < 1e-9 and fitted.source == "measured"
 
 
 def test_fit_sets_a_coefficient_the_noise_makes_negative_to_zero() -> None:
@@ -44,6 +45,7 @@ def test_fit_sets_a_coefficient_the_noise_makes_negative_to_zero() -> None:
     noisy = [replace(x, time_s=x.time_s * (1 + rng.uniform(-0.01, 0.01))) for x in grid(flat)]
     fitted = SliceLatency.fit(noisy, KEY)
     assert min(getattr(fitted, name) for name in TRUE) >= 0
+    assert 0 < fitted.fit_error < 0.02  # the noise, no more
     assert fitted.token_s == pytest.approx(TRUE["token_s"], rel=0.1)
 
 

@@ -51,7 +51,7 @@ def add_slices_command(commands: Any) -> None:
 
 def _run_slices(args: argparse.Namespace) -> int:
     from hf_ftpipe.costmodel import detect_profile, get_profile
-    from hf_ftpipe.costmodel.latency import LatencyKey, SliceLatency
+    from hf_ftpipe.costmodel.latency import LatencyKey, RooflineSliceTime, SliceLatency
     from hf_ftpipe.errors import PartitionError
     from hf_ftpipe.partitioners.slicing import plan_slicing, step_time_s, uniform_slices
 
@@ -72,17 +72,21 @@ def _run_slices(args: argparse.Namespace) -> int:
             device=profile.name,
             dtype=dtype,
         )
-        latency = SliceLatency.load(args.latency, expected_key=key)
+        latency = fitted = SliceLatency.load(args.latency, expected_key=key)
+        source = f"{args.latency} ({fitted.source})"
     else:
-        latency = SliceLatency.from_cost_model(
+        # The DP reads the cost model itself; the fitted form is what a file keeps.
+        latency = RooflineSliceTime.from_graph(
             graph,
             profile,
             num_stages=args.gpus,
             boundary_bytes_per_token=hidden_size * _DTYPE_BYTES.get(dtype, 4),
             dtype=dtype,
         )
+        fitted = SliceLatency.fit(latency.samples(), latency.key, source="cost-model")
+        source = f"the cost model (its five-term fit, what --save-latency writes, is within {fitted.fit_error:.0%})"
     if args.save_latency:
-        latency.save(args.save_latency)
+        fitted.save(args.save_latency)
     started = time.perf_counter()
     chosen = plan_slicing(
         latency, args.seq_len, args.gpus, batch_size=args.batch_size, step=args.step, tolerance=args.tolerance
@@ -108,7 +112,8 @@ def _run_slices(args: argparse.Namespace) -> int:
         "gpu_profile": profile.name,
         "batch_size": batch,
         "step": args.step,
-        "latency": {k: v for k, v in latency.to_dict().items() if k not in ("format", "format_version", "key")},
+        "latency_source": source,
+        "latency_fit": {k: v for k, v in fitted.to_dict().items() if k not in ("format", "format_version", "key")},
         "chosen": rows[-1],
         "rows": rows,
         "dp_time_s": dp_time_s,
@@ -145,8 +150,7 @@ def _format(summary: dict[str, Any]) -> str:
     chosen = summary["chosen"]["microbatches"]
     lines = [
         f"{summary['model']} ({summary['model_class']}): {summary['seq_len']} tokens × {summary['batch_size']} "
-        f"on {summary['num_stages']} stages of {summary['gpu_profile']}, latency from the "
-        f"{summary['latency']['source']} (fitted within {summary['latency']['fit_error']:.0%})",
+        f"on {summary['num_stages']} stages of {summary['gpu_profile']}; latency from {summary['latency_source']}",
         table(cells),
         "chosen slicing"
         + "".join(f"\n  {size} sequence{'s' * (size > 1)}: {', '.join(map(str, slices))}" for size, slices in chosen),

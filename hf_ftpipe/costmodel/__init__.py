@@ -13,7 +13,7 @@ from hf_ftpipe.costmodel.estimate import (
     gpu_cost_s,
     usable_capacity,
 )
-from hf_ftpipe.costmodel.latency import LatencyKey, LatencySample, SliceLatency
+from hf_ftpipe.costmodel.latency import LatencyKey, LatencySample, RooflineSliceTime, SliceLatency
 from hf_ftpipe.costmodel.memory_rules import optimizer_state_bytes
 from hf_ftpipe.costmodel.op_time import (
     NodeCost,
@@ -48,6 +48,7 @@ __all__ = [
     "NodeCost",
     "Optimizer",
     "Prediction",
+    "RooflineSliceTime",
     "Schedule",
     "SliceLatency",
     "StageCost",

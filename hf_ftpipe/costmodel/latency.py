@@ -12,8 +12,8 @@ regression on a grid of timings; here the model is::
 with ``b`` the sequences in the micro-batch. The ``s²`` term is attention's own square (a slice
 attends to itself), which TeraPipe folds into ``a``; with it a cost-model fit is exact for
 compute-bound ops. The coefficients come from timings (`fit`) or from the analytical cost model
-(`from_cost_model`, which samples the roofline time of every op at each grid point and fits
-those). A model is saved as JSON keyed by the model, its length, the stage count and the device,
+(`from_cost_model` fits `RooflineSliceTime`, the sum of every op's roofline time, which the slicing
+DP can also take as it is). A model is saved as JSON keyed by the model, its length, the stage count and the device,
 so a later run reads it only for the setup it was fitted for. Pure Python: no torch.
 """
 
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING
@@ -33,7 +34,7 @@ from hf_ftpipe.errors import LatencyFormatError
 if TYPE_CHECKING:  # only read here; importing hf_ftpipe.graph at runtime pulls in torch
     from hf_ftpipe.graph.cost_graph import CostGraph
 
-__all__ = ["FORMAT_NAME", "FORMAT_VERSION", "LatencyKey", "LatencySample", "SliceLatency"]
+__all__ = ["FORMAT_NAME", "FORMAT_VERSION", "LatencyKey", "LatencySample", "RooflineSliceTime", "SliceLatency"]
 
 FORMAT_NAME = "hf_ftpipe.slice_latency"
 """Value of the ``"format"`` field: tells a latency file from any other JSON file."""
@@ -150,37 +151,12 @@ class SliceLatency:
         boundary_bytes_per_token: float,
         dtype: str | None = None,
     ) -> SliceLatency:
-        """Derive the model from the analytical cost model of a traced causal LM.
-
-        ``graph`` is traced at ``input_ids`` of shape ``[B, L]``. An op whose input or output has
-        two dimensions of length ``L`` (attention scores, their softmax and mask, the product with
-        the values) or that is fused attention does work ``∝ s·(c + s)``; any other op ``∝ s``.
-        Weights are read once per slice whatever ``s``. The model's time is split evenly over
-        ``num_stages`` (TeraPipe's equal stages); between stages a slice sends
-        ``boundary_bytes_per_token`` per token forward and as much back. Each op's roofline time is
-        taken at a grid of ``(s, c, b)`` and the five coefficients fitted to the sums.
-        """
-        batch, seq_len = _traced_shape(graph)
-        ops = _scalable_ops(graph, profile, seq_len, dtype)
-        samples = []
-        for b in (1, 2):
-            for s in _grid(seq_len):
-                for c in _grid(seq_len, start=0):
-                    if s + c > seq_len:
-                        continue
-                    time_s = sum(op.time_s(s, c, b / batch, seq_len, profile) for op in ops) / num_stages
-                    if num_stages > 1:
-                        time_s += 2 * comm_time_s(b * s * boundary_bytes_per_token, profile)
-                    samples.append(LatencySample(s, c, b, time_s))
-        key = LatencyKey(
-            model_fingerprint=graph.fingerprint,
-            model_class=graph.model_class,
-            seq_len=seq_len,
-            num_stages=num_stages,
-            device=profile.name,
-            dtype=dtype or _main_dtype(ops),
+        """The five coefficients fitted to `RooflineSliceTime` (the cost model itself) on a grid of
+        ``(s, c, b)``; ``fit_error`` says how closely."""
+        exact = RooflineSliceTime.from_graph(
+            graph, profile, num_stages=num_stages, boundary_bytes_per_token=boundary_bytes_per_token, dtype=dtype
         )
-        return cls.fit(samples, key, source="cost-model")
+        return cls.fit(exact.samples(), exact.key, source="cost-model")
 
     def to_dict(self) -> dict[str, object]:
         data = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION}
@@ -213,6 +189,74 @@ class SliceLatency:
 
 
 _REFIT = "fit the latency model again for this setup (or pass the file written for it)"
+
+
+@dataclass(frozen=True, kw_only=True)
+class RooflineSliceTime:
+    """``t(s, c, b)`` straight from the analytical cost model of a traced causal LM: the sum of
+    every op's roofline time at the slice's share of the work, not a fitted form.
+
+    ``graph`` is traced at ``input_ids`` of shape ``[B, L]``. An op whose input or output has two
+    dimensions of length ``L`` (attention scores, their softmax and mask, the product with the
+    values) or that is fused attention does work ``∝ s·(c + s)``; any other op ``∝ s``. Weights are
+    read once per slice whatever ``s``, so short slices are memory-bound where long ones compute:
+    a kink no smooth form follows, hence this exact sum for the DP. The model's time is split evenly
+    over ``num_stages`` (TeraPipe's equal stages); between stages a slice sends
+    ``boundary_bytes_per_token`` per token forward and as much back. (If ``L`` equals another
+    dimension, such as the hidden size, more ops look quadratic: trace at another length.)
+    """
+
+    key: LatencyKey
+    profile: GPUProfile
+    ops: tuple[tuple[_Op, int], ...]
+    """Each distinct op with how many times it occurs (a model's layers repeat the same ops)."""
+    traced_batch: int
+    boundary_bytes_per_token: float
+
+    @classmethod
+    def from_graph(
+        cls,
+        graph: CostGraph,
+        profile: GPUProfile,
+        *,
+        num_stages: int,
+        boundary_bytes_per_token: float,
+        dtype: str | None = None,
+    ) -> RooflineSliceTime:
+        batch, seq_len = _traced_shape(graph)
+        ops = _scalable_ops(graph, profile, seq_len, dtype)
+        key = LatencyKey(
+            model_fingerprint=graph.fingerprint,
+            model_class=graph.model_class,
+            seq_len=seq_len,
+            num_stages=num_stages,
+            device=profile.name,
+            dtype=dtype or _main_dtype(ops),
+        )
+        counts = Counter(ops)
+        return cls(
+            key=key,
+            profile=profile,
+            ops=tuple(counts.items()),
+            traced_batch=batch,
+            boundary_bytes_per_token=boundary_bytes_per_token,
+        )
+
+    def time_s(self, slice_len: int, context_len: int, batch_size: int = 1) -> float:
+        seq_len, ratio = self.key.seq_len, batch_size / self.traced_batch
+        compute = sum(n * op.time_s(slice_len, context_len, ratio, seq_len, self.profile) for op, n in self.ops)
+        time_s = compute / self.key.num_stages
+        if self.key.num_stages > 1:
+            time_s += 2 * comm_time_s(batch_size * slice_len * self.boundary_bytes_per_token, self.profile)
+        return time_s
+
+    __call__ = time_s
+
+    def samples(self) -> list[LatencySample]:
+        """The times on the grid `SliceLatency.fit` takes."""
+        seq_len = self.key.seq_len
+        points = [(s, c) for s in _grid(seq_len) for c in _grid(seq_len, start=0) if s + c <= seq_len]
+        return [LatencySample(s, c, b, self.time_s(s, c, b)) for b in (1, 2) for s, c in points]
 
 
 def _parse(data: object) -> SliceLatency:

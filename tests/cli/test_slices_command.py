@@ -80,7 +80,7 @@ def test_prints_the_chosen_slicing_against_unsliced_and_uniform(configs: dict[st
     code, out, err = run("slices", configs["gpt2"], "--seq-len", "64", "--gpus", "4", "--gpu-profile", "a100-80gb")
     assert code == 0, err
     lines = out.splitlines()
-    assert "64 tokens × 1 on 4 stages of a100-80gb, latency from the cost-model" in lines[0]
+    assert "64 tokens × 1 on 4 stages of a100-80gb; latency from the cost model (its five-term fit" in lines[0]
     assert lines[1].split() == ["slicing", "slices", "step", "time", "(ms)", "vs", "unsliced"]
     names = [line.split("  ")[0].strip() for line in lines[3:8]]
     assert names == ["unsliced", "uniform 2", "uniform 4", "uniform 8", "TeraPipe DP"]
@@ -103,7 +103,10 @@ def test_json_is_one_object_whose_slices_add_up(configs: dict[str, str], tmp_pat
     # The saved model reads back for the same setup, and is refused for another.
     code, again, err = run(*argv, "--batch-size", "2", "--json", "--latency", str(latency_file))
     assert code == 0, err
-    assert json.loads(again)["chosen"] == chosen
+    from_file = json.loads(again)
+    assert from_file["latency_source"] == f"{latency_file} (cost-model)"
+    assert from_file["latency_fit"] == summary["latency_fit"]
+    assert all(sum(slices) == 64 for _, slices in from_file["chosen"]["microbatches"])
     code, _, err = run(
         "slices",
         configs["gpt2"],

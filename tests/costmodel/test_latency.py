@@ -10,8 +10,8 @@ from pathlib import Path
 import networkx as nx
 import pytest
 
-from hf_ftpipe.costmodel import get_profile
-from hf_ftpipe.costmodel.latency import LatencyKey, LatencySample, SliceLatency
+from hf_ftpipe.costmodel import get_profile, node_costs
+from hf_ftpipe.costmodel.latency import LatencyKey, LatencySample, RooflineSliceTime, SliceLatency
 from hf_ftpipe.errors import LatencyFormatError
 from hf_ftpipe.graph.cost_graph import CostGraph, InputInfo, ParamInfo
 
@@ -153,3 +153,12 @@ def test_from_cost_model_has_per_token_and_attention_terms() -> None:
     assert latency.token_context_s > 0 and latency.token_squared_s > 0  # attention over context and itself
     assert latency(32, 32) > latency(32, 0) > latency(16, 0) > 0
     assert latency(16, 0, batch_size=2) > latency(16, 0)
+
+
+def test_the_roofline_sum_of_the_whole_sequence_is_the_cost_model_of_the_graph() -> None:
+    graph, profile = toy_causal_lm(), get_profile("a100-80gb", count=1)
+    exact = RooflineSliceTime.from_graph(graph, profile, num_stages=1, boundary_bytes_per_token=128)
+    whole = sum(cost.total_s for cost in node_costs(graph, profile).values())
+    assert exact(64, 0) == pytest.approx(whole, rel=1e-12)
+    assert exact(32, 32) + exact(32, 0) < whole  # slicing skips the masked half of the scores
+    assert SliceLatency.from_cost_model(graph, profile, num_stages=1, boundary_bytes_per_token=128).fit_error < 0.5

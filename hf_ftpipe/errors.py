@@ -63,6 +63,10 @@ class PartitionFormatError(PartitionError):
     """A partition file is corrupt, truncated, foreign or made for another model or setup."""
 
 
+class LatencyFormatError(FtpipeError, ValueError):
+    """A slice-latency file is corrupt, foreign, or was fitted for another model, shape or device."""
+
+
 class PipelineError(FtpipeError, RuntimeError):
     """A pipeline rank failed; the message begins ``[rank r, stage s]``."""
 

@@ -1,4 +1,5 @@
-"""The cost model: GPU profiles, the time of each op, the memory rules and the estimate of a plan.
+"""The cost model: GPU profiles, the time of each op, the memory rules, the estimate of a plan, and
+the latency of a token slice (for TeraPipe's slicing).
 
 Pure arithmetic on plain data: no devices, no torch.distributed.
 """
@@ -12,6 +13,7 @@ from hf_ftpipe.costmodel.estimate import (
     gpu_cost_s,
     usable_capacity,
 )
+from hf_ftpipe.costmodel.latency import LatencyKey, LatencySample, RooflineSliceTime, SliceLatency
 from hf_ftpipe.costmodel.memory_rules import optimizer_state_bytes
 from hf_ftpipe.costmodel.op_time import (
     NodeCost,
@@ -40,11 +42,15 @@ __all__ = [
     "DType",
     "GPUCost",
     "GPUProfile",
+    "LatencyKey",
+    "LatencySample",
     "MemoryOptions",
     "NodeCost",
     "Optimizer",
     "Prediction",
+    "RooflineSliceTime",
     "Schedule",
+    "SliceLatency",
     "StageCost",
     "backward_factor",
     "backward_time_s",

@@ -1,4 +1,5 @@
 """The partitioners: each turns a CostGraph and a request into a Partition; ``auto`` runs them all.
+Beside them, ``plan_slicing`` cuts a causal LM's sequences into token slices (TeraPipe).
 
 Importing the package registers every built-in partitioner under its name.
 """
@@ -9,8 +10,10 @@ from hf_ftpipe.partitioners.mixed import partition_mixed
 from hf_ftpipe.partitioners.registry import available_partitioners, get_partitioner, register_partitioner
 from hf_ftpipe.partitioners.seq_dp import partition_seq_dp
 from hf_ftpipe.partitioners.seq_greedy import greedy_cuts, partition_seq_greedy
+from hf_ftpipe.partitioners.slicing import Slicing, plan_slicing
 
 __all__ = [
+    "Slicing",
     "available_partitioners",
     "compare_partitioners",
     "find_blocks",
@@ -22,5 +25,6 @@ __all__ = [
     "partition_seq_dp",
     "partition_seq_greedy",
     "partition_uniform",
+    "plan_slicing",
     "register_partitioner",
 ]

@@ -1,0 +1,191 @@
+"""``hf-ftpipe slices``: TeraPipe's token slicing of a causal LM, predicted against no slicing.
+
+::
+
+    hf-ftpipe slices gpt2-xl --seq-len 1024 --gpus 8 --gpu-profile a100-80gb [--batch-size 1] \\
+        [--step 8] [--latency FILE | --save-latency FILE] [--json]
+
+The model is traced on the meta device at one sequence; the latency of a slice on one of ``--gpus``
+equal stages comes from the cost model (or from ``--latency``, a file fitted earlier for the same
+model, length, stage count and device), and TeraPipe's dynamic program picks the slice lengths.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+__all__ = ["add_slices_command"]
+
+_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+def add_slices_command(commands: Any) -> None:
+    """Add ``slices`` to the ``hf-ftpipe`` subparsers ``commands``."""
+    slices = commands.add_parser(
+        "slices",
+        help="choose TeraPipe token slices for a causal LM and predict the step time",
+        description="Cut each sequence of a causal LM into token slices that flow through the pipeline "
+        "(TeraPipe's dynamic program) and print the predicted step time against no slicing and uniform slicing.",
+    )
+    slices.add_argument(
+        "model", help="a causal LM: a shipped short name (gpt2-xl), a folder with config.json, a config JSON file"
+    )
+    slices.add_argument("--seq-len", type=int, required=True, help="sequence length in tokens")
+    slices.add_argument("--gpus", type=int, required=True, help="pipeline stages, one per GPU")
+    slices.add_argument("--gpu-profile", help="built-in GPU profile or a JSON file (default: the local device)")
+    slices.add_argument("--batch-size", type=int, default=1, help="sequences per step (default: 1)")
+    slices.add_argument("--step", type=int, default=8, help="slice lengths are multiples of this (default: 8)")
+    slices.add_argument("--dtype", help="compute dtype for the costs, e.g. bfloat16 (default: the weights')")
+    slices.add_argument("--latency", help="read the latency model from this file instead of the cost model")
+    slices.add_argument("--save-latency", help="write the latency model used to this file")
+    slices.add_argument(
+        "--tolerance", type=float, default=1e-3, help="relative slack of the DP's bounds; 0 is exact (default: 1e-3)"
+    )
+    slices.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    slices.set_defaults(run=_run_slices)
+
+
+def _run_slices(args: argparse.Namespace) -> int:
+    from hf_ftpipe.costmodel import detect_profile, get_profile
+    from hf_ftpipe.costmodel.latency import LatencyKey, RooflineSliceTime, SliceLatency
+    from hf_ftpipe.errors import PartitionError
+    from hf_ftpipe.partitioners.slicing import plan_slicing, step_time_s, uniform_slices
+
+    for name in ("gpus", "seq_len", "batch_size", "step"):
+        if getattr(args, name) < 1:
+            raise PartitionError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.seq_len % args.step:
+        raise PartitionError(f"--seq-len {args.seq_len} is not a multiple of --step {args.step}; change either")
+    profile = get_profile(args.gpu_profile, count=args.gpus) if args.gpu_profile else detect_profile(args.gpus)
+    graph, hidden_size = _trace_causal(args)
+    dtype = args.dtype or _graph_dtype(graph)
+    if args.latency:
+        key = LatencyKey(
+            model_fingerprint=graph.fingerprint,
+            model_class=graph.model_class,
+            seq_len=args.seq_len,
+            num_stages=args.gpus,
+            device=profile.name,
+            dtype=dtype,
+        )
+        latency = fitted = SliceLatency.load(args.latency, expected_key=key)
+        source = f"{args.latency} ({fitted.source})"
+    else:
+        # The DP reads the cost model itself; the fitted form is what a file keeps.
+        latency = RooflineSliceTime.from_graph(
+            graph,
+            profile,
+            num_stages=args.gpus,
+            boundary_bytes_per_token=hidden_size * _DTYPE_BYTES.get(dtype, 4),
+            dtype=dtype,
+        )
+        fitted = SliceLatency.fit(latency.samples(), latency.key, source="cost-model")
+        source = f"the cost model (its five-term fit, what --save-latency writes, is within {fitted.fit_error:.0%})"
+    if args.save_latency:
+        fitted.save(args.save_latency)
+    started = time.perf_counter()
+    chosen = plan_slicing(
+        latency, args.seq_len, args.gpus, batch_size=args.batch_size, step=args.step, tolerance=args.tolerance
+    )
+    dp_time_s = time.perf_counter() - started
+    batch, units = args.batch_size, args.seq_len // args.step
+    unsliced = step_time_s(latency, [(batch, [args.seq_len])], args.gpus)
+    rows = [_row("unsliced", [(batch, (args.seq_len,))], unsliced, unsliced)]
+    if batch > 1:
+        gpipe = [(1, (args.seq_len,))] * batch
+        rows.append(_row(f"{batch} micro-batches of 1", gpipe, step_time_s(latency, gpipe, args.gpus), unsliced))
+    count = 2
+    while count <= units:
+        even = [(batch, tuple(uniform_slices(args.seq_len, count, args.step)))]
+        rows.append(_row(f"uniform {count}", even, step_time_s(latency, even, args.gpus), unsliced))
+        count *= 2
+    rows.append(_row("TeraPipe DP", chosen.microbatches, chosen.step_time_s, unsliced))
+    summary = {
+        "model": args.model,
+        "model_class": graph.model_class,
+        "seq_len": args.seq_len,
+        "num_stages": args.gpus,
+        "gpu_profile": profile.name,
+        "batch_size": batch,
+        "step": args.step,
+        "latency_source": source,
+        "latency_fit": {k: v for k, v in fitted.to_dict().items() if k not in ("format", "format_version", "key")},
+        "chosen": rows[-1],
+        "rows": rows,
+        "dp_time_s": dp_time_s,
+    }
+    if args.json:
+        print(json.dumps(summary, indent=1))
+    else:
+        print(_format(summary))
+    return 0
+
+
+def _row(name: str, microbatches: Any, time_s: float, unsliced_s: float) -> dict[str, Any]:
+    return {
+        "slicing": name,
+        "microbatches": [[size, list(slices)] for size, slices in microbatches],
+        "step_time_s": time_s,
+        "speedup": unsliced_s / time_s if time_s > 0 else None,
+    }
+
+
+def _format(summary: dict[str, Any]) -> str:
+    from hf_ftpipe.cli.format import table
+
+    header = ["slicing", "slices", "step time (ms)", "vs unsliced"]
+    cells = [header] + [
+        [
+            row["slicing"],
+            str(sum(len(slices) for _, slices in row["microbatches"])),
+            f"{row['step_time_s'] * 1e3:.3f}",
+            f"{row['speedup']:.2f}×" if row["speedup"] else "-",
+        ]
+        for row in summary["rows"]
+    ]
+    chosen = summary["chosen"]["microbatches"]
+    lines = [
+        f"{summary['model']} ({summary['model_class']}): {summary['seq_len']} tokens × {summary['batch_size']} "
+        f"on {summary['num_stages']} stages of {summary['gpu_profile']}; latency from {summary['latency_source']}",
+        table(cells),
+        "chosen slicing"
+        + "".join(f"\n  {size} sequence{'s' * (size > 1)}: {', '.join(map(str, slices))}" for size, slices in chosen),
+    ]
+    return "\n".join(lines)
+
+
+def _trace_causal(args: argparse.Namespace) -> tuple[Any, int]:
+    """The traced graph of one sequence and the hidden size; refuses models slicing cannot run."""
+    from hf_ftpipe.errors import PartitionError
+    from hf_ftpipe.graph import trace_model
+    from hf_ftpipe.graph.sources import load_model_for_planning, sample_inputs_for
+
+    started = time.perf_counter()
+    model = load_model_for_planning(args.model)
+    config, name = model.config, type(model).__name__
+    if getattr(config, "is_encoder_decoder", False):
+        raise PartitionError(
+            f"{args.model} is an encoder-decoder ({name}): token slicing needs a causal decoder "
+            "(GPT-2-, Llama-style); use micro-batches (`--num-microbatches` of `hf-ftpipe partition`)"
+        )
+    if not name.endswith(("ForCausalLM", "LMHeadModel")):
+        raise PartitionError(
+            f"{args.model} is not a causal LM ({name}): token slicing needs a causal decoder (GPT-2-, Llama-style) "
+            "whose tokens see only earlier ones; use micro-batches (`--num-microbatches` of `hf-ftpipe partition`)"
+        )
+    graph = trace_model(model, sample_inputs_for(model, 1, args.seq_len))
+    print(
+        f"traced {graph.model_class} ({graph.num_nodes} ops) in {time.perf_counter() - started:.1f} s", file=sys.stderr
+    )
+    return graph, int(config.hidden_size)
+
+
+def _graph_dtype(graph: Any) -> str:
+    from hf_ftpipe.costmodel import canonical_dtype
+
+    weights = [info.dtype for info in graph.params.values() if not info.is_buffer]
+    return canonical_dtype(weights[0]) if weights else "float32"

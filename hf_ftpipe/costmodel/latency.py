@@ -1,0 +1,384 @@
+"""The time one pipeline stage takes for one slice of tokens: fitted, saved, loaded, or derived.
+
+TeraPipe (Li et al., ICML 2021, §3.3) slices a sequence along its tokens and chooses the slice
+lengths with a dynamic program over a latency model ``t(slice length, context length)``. A slice of
+``s`` tokens after ``c`` tokens of context does per-token work (projections, MLP: ``∝ s``) and
+attention over the context and itself (``∝ s·(c + s)``), plus a fixed cost per slice (a send's
+start-up, reading the weights once). TeraPipe fits ``t − t0 ≈ a·b·s + β·b·c + γ·b·s·c`` by linear
+regression on a grid of timings; here the model is::
+
+    t(s, c, b) = fixed_s + b · (token_s·s + context_s·c + token_context_s·s·c + token_squared_s·s²)
+
+with ``b`` the sequences in the micro-batch. The ``s²`` term is attention's own square (a slice
+attends to itself), which TeraPipe folds into ``a``; with it a cost-model fit is exact for
+compute-bound ops. The coefficients come from timings (`fit`) or from the analytical cost model
+(`from_cost_model` fits `RooflineSliceTime`, the sum of every op's roofline time, which the slicing
+DP can also take as it is). A model is saved as JSON keyed by the model, its length, the stage count and the device,
+so a later run reads it only for the setup it was fitted for. Pure Python: no torch.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, replace
+from typing import TYPE_CHECKING
+
+from hf_ftpipe import _strict_json
+from hf_ftpipe.costmodel.op_time import _first_dtype, comm_time_s, compute_time_s, node_costs
+from hf_ftpipe.costmodel.profiles import GPUProfile
+from hf_ftpipe.errors import LatencyFormatError
+
+if TYPE_CHECKING:  # only read here; importing hf_ftpipe.graph at runtime pulls in torch
+    from hf_ftpipe.graph.cost_graph import CostGraph
+
+__all__ = ["FORMAT_NAME", "FORMAT_VERSION", "LatencyKey", "LatencySample", "RooflineSliceTime", "SliceLatency"]
+
+FORMAT_NAME = "hf_ftpipe.slice_latency"
+"""Value of the ``"format"`` field: tells a latency file from any other JSON file."""
+FORMAT_VERSION = 1
+MAX_FILE_BYTES = 2**20
+"""A latency file holds five numbers and a key: anything this big is not one."""
+
+_COEFFICIENTS = ("fixed_s", "token_s", "context_s", "token_context_s", "token_squared_s")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LatencyKey:
+    """What a latency model was fitted for; a file is used only where the keys are equal."""
+
+    model_fingerprint: str
+    """``CostGraph.fingerprint`` of the model."""
+    model_class: str
+    """e.g. ``"GPT2LMHeadModel"``; for messages."""
+    seq_len: int
+    """Full sequence length the slices add up to."""
+    num_stages: int
+    """The model is cut into this many equal stages; the latency is one stage's."""
+    device: str
+    """``GPUProfile.name`` (or the measured device's name)."""
+    dtype: str
+    """Compute dtype, e.g. ``"bfloat16"``."""
+
+
+@dataclass(frozen=True)
+class LatencySample:
+    """One timing: ``time_s`` for a slice of ``slice_len`` tokens after ``context_len`` tokens, for
+    ``batch_size`` sequences."""
+
+    slice_len: int
+    context_len: int
+    batch_size: int
+    time_s: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class SliceLatency:
+    """One stage's forward+backward time of one slice, ``t(s, c, b)`` (see the module docstring)."""
+
+    key: LatencyKey
+    fixed_s: float
+    """Cost of a slice whatever its length (send start-ups, weight reads), seconds."""
+    token_s: float
+    """Per token of the slice, per sequence."""
+    context_s: float
+    """Per token of context, per sequence (reading the earlier slices' keys and values)."""
+    token_context_s: float
+    """Per (slice token × context token): attention of the slice over its context."""
+    token_squared_s: float = 0.0
+    """Per (slice token)²: attention of the slice over itself."""
+    source: str = "fit"
+    """Where the coefficients came from: ``"cost-model"`` or ``"measured"``; for messages."""
+    fit_error: float = 0.0
+    """Largest relative error of the fit over the samples it was fitted to. The form is smooth; a
+    roofline is not (an op turns from memory- to compute-bound as slices grow), so a cost-model
+    fit misses by this much somewhere on its grid."""
+
+    def __post_init__(self) -> None:
+        problems = _coefficient_problems({name: getattr(self, name) for name in (*_COEFFICIENTS, "fit_error")})
+        if problems:
+            raise LatencyFormatError("; ".join(problems))
+
+    def time_s(self, slice_len: int, context_len: int, batch_size: int = 1) -> float:
+        """Predicted time of one slice of ``slice_len`` tokens after ``context_len``, ``batch_size``
+        sequences."""
+        s, c = slice_len, context_len
+        per_sequence = (
+            self.token_s * s + self.context_s * c + self.token_context_s * s * c + self.token_squared_s * s * s
+        )
+        return self.fixed_s + batch_size * per_sequence
+
+    __call__ = time_s
+
+    @classmethod
+    def fit(cls, samples: Iterable[LatencySample], key: LatencyKey, *, source: str = "measured") -> SliceLatency:
+        """Least-squares fit of the five coefficients to ``samples`` (of relative error), none negative.
+
+        A coefficient the data would make negative (noise in a term that barely matters) is set to
+        zero and the rest fitted again, one at a time, so the model stays monotone in ``s`` and
+        ``c`` as the slicing DP expects. Needs samples at several slice and context lengths.
+        """
+        # Relative least squares (each row over its own time): short slices, where the fixed cost
+        # decides, count as much as long ones; a timing's noise is about proportional to it too.
+        kept = [x for x in samples if x.time_s > 0]
+        rows = [([f / x.time_s for f in _features(x)], 1.0) for x in kept]
+        if len(rows) < len(_COEFFICIENTS):
+            raise ValueError(
+                f"fit needs at least {len(_COEFFICIENTS)} samples, got {len(rows)}; time a grid of lengths"
+            )
+        active = list(range(len(_COEFFICIENTS)))
+        while True:
+            solution = _least_squares([[f[i] for i in active] for f, _ in rows], [t for _, t in rows])
+            coefficients = dict.fromkeys(_COEFFICIENTS, 0.0)
+            for i, value in zip(active, solution, strict=True):
+                coefficients[_COEFFICIENTS[i]] = value
+            worst = min(active, key=lambda i: coefficients[_COEFFICIENTS[i]])
+            if coefficients[_COEFFICIENTS[worst]] >= 0:
+                fitted = cls(key=key, source=source, **coefficients)
+                error = max(abs(fitted(x.slice_len, x.context_len, x.batch_size) / x.time_s - 1) for x in kept)
+                return replace(fitted, fit_error=error)
+            active.remove(worst)
+
+    @classmethod
+    def from_cost_model(
+        cls,
+        graph: CostGraph,
+        profile: GPUProfile,
+        *,
+        num_stages: int,
+        boundary_bytes_per_token: float,
+        dtype: str | None = None,
+    ) -> SliceLatency:
+        """The five coefficients fitted to `RooflineSliceTime` (the cost model itself) on a grid of
+        ``(s, c, b)``; ``fit_error`` says how closely."""
+        exact = RooflineSliceTime.from_graph(
+            graph, profile, num_stages=num_stages, boundary_bytes_per_token=boundary_bytes_per_token, dtype=dtype
+        )
+        return cls.fit(exact.samples(), exact.key, source="cost-model")
+
+    def to_dict(self) -> dict[str, object]:
+        data = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION}
+        data.update(asdict(self))
+        return data
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the model as JSON (see `load`)."""
+        import json
+
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(self.to_dict(), f, indent=2, sort_keys=True)
+            f.write("\n")
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, expected_key: LatencyKey | None = None) -> SliceLatency:
+        """Read a file written by `save`; every defect (and a key other than ``expected_key``) is a
+        `LatencyFormatError` naming the file, the field and the fix."""
+        where = os.fspath(path)
+        data = _strict_json.read_json(where, error=LatencyFormatError, what="latency file", max_bytes=MAX_FILE_BYTES)
+        try:
+            latency = _parse(data)
+        except LatencyFormatError as e:
+            raise LatencyFormatError(f"{where}: {e}; {_REFIT}") from None
+        if expected_key is not None and latency.key != expected_key:
+            ours, theirs = asdict(expected_key), asdict(latency.key)
+            differ = [f"key.{k} is {theirs[k]!r}, expected {ours[k]!r}" for k in ours if ours[k] != theirs[k]]
+            raise LatencyFormatError(f"{where}: fitted for another setup: {'; '.join(differ)}; {_REFIT}")
+        return latency
+
+
+_REFIT = "fit the latency model again for this setup (or pass the file written for it)"
+
+
+@dataclass(frozen=True, kw_only=True)
+class RooflineSliceTime:
+    """``t(s, c, b)`` straight from the analytical cost model of a traced causal LM: the sum of
+    every op's roofline time at the slice's share of the work, not a fitted form.
+
+    ``graph`` is traced at ``input_ids`` of shape ``[B, L]``. An op whose input or output has two
+    dimensions of length ``L`` (attention scores, their softmax and mask, the product with the
+    values) or that is fused attention does work ``∝ s·(c + s)``; any other op ``∝ s``. Weights are
+    read once per slice whatever ``s``, so short slices are memory-bound where long ones compute:
+    a kink no smooth form follows, hence this exact sum for the DP. The model's time is split evenly
+    over ``num_stages`` (TeraPipe's equal stages); between stages a slice sends
+    ``boundary_bytes_per_token`` per token forward and as much back. (If ``L`` equals another
+    dimension, such as the hidden size, more ops look quadratic: trace at another length.)
+    """
+
+    key: LatencyKey
+    profile: GPUProfile
+    ops: tuple[tuple[_Op, int], ...]
+    """Each distinct op with how many times it occurs (a model's layers repeat the same ops)."""
+    traced_batch: int
+    boundary_bytes_per_token: float
+
+    @classmethod
+    def from_graph(
+        cls,
+        graph: CostGraph,
+        profile: GPUProfile,
+        *,
+        num_stages: int,
+        boundary_bytes_per_token: float,
+        dtype: str | None = None,
+    ) -> RooflineSliceTime:
+        batch, seq_len = _traced_shape(graph)
+        ops = _scalable_ops(graph, profile, seq_len, dtype)
+        key = LatencyKey(
+            model_fingerprint=graph.fingerprint,
+            model_class=graph.model_class,
+            seq_len=seq_len,
+            num_stages=num_stages,
+            device=profile.name,
+            dtype=dtype or _main_dtype(ops),
+        )
+        counts = Counter(ops)
+        return cls(
+            key=key,
+            profile=profile,
+            ops=tuple(counts.items()),
+            traced_batch=batch,
+            boundary_bytes_per_token=boundary_bytes_per_token,
+        )
+
+    def time_s(self, slice_len: int, context_len: int, batch_size: int = 1) -> float:
+        seq_len, ratio = self.key.seq_len, batch_size / self.traced_batch
+        compute = sum(n * op.time_s(slice_len, context_len, ratio, seq_len, self.profile) for op, n in self.ops)
+        time_s = compute / self.key.num_stages
+        if self.key.num_stages > 1:
+            time_s += 2 * comm_time_s(batch_size * slice_len * self.boundary_bytes_per_token, self.profile)
+        return time_s
+
+    __call__ = time_s
+
+    def samples(self) -> list[LatencySample]:
+        """The times on the grid `SliceLatency.fit` takes."""
+        seq_len = self.key.seq_len
+        points = [(s, c) for s in _grid(seq_len) for c in _grid(seq_len, start=0) if s + c <= seq_len]
+        return [LatencySample(s, c, b, self.time_s(s, c, b)) for b in (1, 2) for s, c in points]
+
+
+def _parse(data: object) -> SliceLatency:
+    if not isinstance(data, dict):
+        raise LatencyFormatError(f"not a latency file: expected a JSON object, got {_strict_json.json_type(data)}")
+    if data.get("format") != FORMAT_NAME:
+        found = f"is {data['format']!r}" if "format" in data else "is missing"
+        raise LatencyFormatError(f"not a latency file: field 'format' {found}, expected {FORMAT_NAME!r}")
+    version = data.get("format_version")
+    if version != FORMAT_VERSION or isinstance(version, bool):
+        raise LatencyFormatError(
+            f"field 'format_version' is {version!r}; this hf_ftpipe reads version {FORMAT_VERSION} only"
+        )
+    body = {k: v for k, v in data.items() if k not in ("format", "format_version")}
+    latency = _strict_json.build(SliceLatency, body, "", LatencyFormatError)
+    key = latency.key
+    if key.seq_len < 1 or key.num_stages < 1:
+        raise LatencyFormatError(
+            f"fields 'key.seq_len' and 'key.num_stages' must be ≥ 1, got {key.seq_len}, {key.num_stages}"
+        )
+    return latency
+
+
+def _coefficient_problems(values: dict[str, float]) -> list[str]:
+    return [
+        f"field '{name}' must be a finite number ≥ 0, got {value!r}"
+        for name, value in values.items()
+        if isinstance(value, bool) or not (math.isfinite(value) and value >= 0)
+    ]
+
+
+def _features(x: LatencySample) -> list[float]:
+    s, c, b = x.slice_len, x.context_len, x.batch_size
+    return [1.0, b * s, b * c, b * s * c, b * s * s]
+
+
+def _least_squares(rows: Sequence[Sequence[float]], targets: Sequence[float]) -> list[float]:
+    """Solve the normal equations by Gaussian elimination with partial pivoting; columns are
+    scaled first, since ``s·c`` is millions of times ``1``."""
+    n = len(rows[0])
+    scale = [max(abs(r[j]) for r in rows) or 1.0 for j in range(n)]
+    scaled = [[r[j] / scale[j] for j in range(n)] for r in rows]
+    a = [[sum(r[i] * r[j] for r in scaled) for j in range(n)] for i in range(n)]
+    y = [sum(r[i] * t for r, t in zip(scaled, targets, strict=True)) for i in range(n)]
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda r: abs(a[r][col]))
+        if abs(a[pivot][col]) < 1e-12 * max(1.0, max(abs(v) for row in a for v in row)):
+            raise ValueError("the samples cannot tell the coefficients apart; time more slice and context lengths")
+        a[col], a[pivot], y[col], y[pivot] = a[pivot], a[col], y[pivot], y[col]
+        for r in range(col + 1, n):
+            factor = a[r][col] / a[col][col]
+            a[r] = [v - factor * w for v, w in zip(a[r], a[col], strict=True)]
+            y[r] -= factor * y[col]
+    x = [0.0] * n
+    for i in reversed(range(n)):
+        x[i] = (y[i] - sum(a[i][j] * x[j] for j in range(i + 1, n))) / a[i][i]
+    return [v / s for v, s in zip(x, scale, strict=True)]
+
+
+def _grid(seq_len: int, start: int = 1) -> list[int]:
+    """Lengths to sample: fractions of the sequence, and the short slices the DP's first steps try."""
+    points = {max(start, round(seq_len * f)) for f in (0.0, 1 / 16, 1 / 8, 1 / 4, 1 / 2, 3 / 4, 1.0)}
+    points |= {p for p in (8, 16, 32) if p < seq_len}
+    return sorted(p for p in points if p >= start)
+
+
+@dataclass(frozen=True)
+class _Op:
+    """One op's forward work at the traced shape, split into what scales with the slice and what
+    does not, and how many forward-sized products its backward does."""
+
+    flops: float
+    scaled_bytes: float
+    fixed_bytes: float
+    quadratic: bool
+    passes: int
+    dtype: str
+
+    def time_s(self, s: int, c: int, batch_ratio: float, seq_len: int, profile: GPUProfile) -> float:
+        share = s * (c + s) / seq_len**2 if self.quadratic else s / seq_len
+        share *= batch_ratio
+        forward = compute_time_s(self.flops * share, self.fixed_bytes + self.scaled_bytes * share, profile, self.dtype)
+        return self.passes * forward
+
+
+def _scalable_ops(graph: CostGraph, profile: GPUProfile, seq_len: int, dtype: str | None) -> list[_Op]:
+    costs = node_costs(graph, profile, dtype)
+    nodes = graph.graph.nodes
+    ops = []
+    for name, attrs in nodes(data=True):
+        cost = costs[name]
+        passes = 1 + (round(cost.backward_s / cost.forward_s) if cost.forward_s > 0 else 0)
+        fixed = float(sum(graph.params[p].bytes for p in attrs.get("params", ()) if p in graph.params))
+        shapes = list(attrs.get("output_shapes") or ())
+        shapes += [s for u in graph.graph.predecessors(name) for s in (nodes[u].get("output_shapes") or ())]
+        quadratic = "scaled_dot_product" in attrs.get("op", "") or any(
+            list(shape).count(seq_len) >= 2 for shape in shapes if shape
+        )
+        ops.append(
+            _Op(
+                flops=float(attrs["flops"]),
+                scaled_bytes=max(0.0, float(attrs["bytes_accessed"]) - fixed),
+                fixed_bytes=fixed,
+                quadratic=quadratic,
+                passes=passes,
+                dtype=dtype or _first_dtype(attrs),
+            )
+        )
+    return ops
+
+
+def _main_dtype(ops: list[_Op]) -> str:
+    """The floating dtype most ops compute in (index and mask ops are not what the key means)."""
+    floating = [op.dtype for op in ops if op.dtype in ("float32", "float16", "bfloat16", "float64")]
+    return max(set(floating), key=floating.count) if floating else "float32"
+
+
+def _traced_shape(graph: CostGraph) -> tuple[int, int]:
+    info = graph.inputs.get("input_ids")
+    if info is None or info.shape is None or len(info.shape) != 2:
+        raise ValueError(
+            f"from_cost_model needs a graph traced with `input_ids` of shape [batch, seq_len]; "
+            f"its inputs are {sorted(graph.inputs)}"
+        )
+    return info.shape[0], info.shape[1]

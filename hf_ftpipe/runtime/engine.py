@@ -196,8 +196,8 @@ class PipelineEngine(Executor):
         )
         self._dataflow = dataflow(self.specs, self.transfers)
         self._lowering = Lowering(self._dataflow, self.stage_rank)
-        """Lowers the training steps; a streaming schedule's carries what a step leaves to the next."""
-        self._orders: dict[bool, list[Action]] = {}
+        """Lowers a streaming schedule's steps, carrying what a step leaves to the next."""
+        self._programs: dict[bool, list[Op]] = {}
         self._reset_state()
 
     def _reset_state(self) -> None:
@@ -298,15 +298,15 @@ class PipelineEngine(Executor):
         self._update_norms.clear()
         if isinstance(self.schedule, StreamingSchedule):
             first = self.schedule.given
-            order = self.schedule.next_step()
+            program = self._streaming_program(self.schedule.next_step())
         else:
             first = 0
-            order = self._order(training=True)
+            program = self._flushing_program(training=True)
         for offset, microbatch in enumerate(microbatches):
             self.state.data[first + offset] = microbatch
             self.state.loss_weight[first + offset] = weights[offset]
         self.module.train(True)
-        losses = self._run(self._program(order), training=True)
+        losses = self._run(program, training=True)
         if not self.streaming:
             self._flush()
             self.weight_sync.sum_tied_gradients(dict(self.named_parameters()))
@@ -323,7 +323,7 @@ class PipelineEngine(Executor):
             return
         order = self.schedule.drain()
         self.module.train(True)
-        self._run(self._program(order), training=True)
+        self._run(self._streaming_program(order), training=True)
         self._flush()
         assert self.streaming_weights is not None
         self.streaming_weights.settle()
@@ -342,8 +342,7 @@ class PipelineEngine(Executor):
         for offset, microbatch in enumerate(split_batch(self.graph, batch, self.num_microbatches, self.device)):
             self.state.data[offset] = microbatch
         self.module.train(False)
-        program = Lowering(self._dataflow, self.stage_rank).lower(self._order(training=False)).get(self.rank, [])
-        losses = [loss for _, loss in self._run(program, training=False)]
+        losses = [loss for _, loss in self._run(self._flushing_program(training=False), training=False)]
         self._flush()
         outputs: dict[str, torch.Tensor] = {}
         for name in output_names:
@@ -377,23 +376,23 @@ class PipelineEngine(Executor):
 
     # -- the step ---------------------------------------------------------------------------
 
-    def _order(self, training: bool) -> list[Action]:
-        """The flushing order of one mini-batch (forwards only for evaluation), computed once."""
-        if training not in self._orders:
+    def _flushing_program(self, training: bool) -> list[Op]:
+        """This rank's program for one mini-batch that flushes (forwards only for evaluation).
+
+        The order is the same every step, so it is lowered once, by a `Lowering` of its own: an
+        evaluation must not touch what a streaming schedule's steps carry over.
+        """
+        if training not in self._programs:
             if training:
                 order = self.schedule.global_order()
             else:  # GPipe's forwards: each stage streams its micro-batches on to the next
                 gpipe = ScheduleGPipe(self.stage_rank, self.num_microbatches, self.schedule.edges)
                 order = [a for a in gpipe.global_order() if a.computation == "F"]
-            self._orders[training] = order
-        return self._orders[training]
+            self._programs[training] = Lowering(self._dataflow, self.stage_rank).lower(order).get(self.rank, [])
+        return self._programs[training]
 
-    def _program(self, order: list[Action]) -> list[Op]:
-        """This rank's part of a training step's order, lowered with its SENDs and RECVs."""
-        if any(action.slice_index is not None for action in order):
-            raise PipelineError(
-                f"[rank {self.rank}] token slices are planned but not executed yet; run whole sequences"
-            )
+    def _streaming_program(self, order: list[Action]) -> list[Op]:
+        """This rank's part of a streaming step (or the drain), lowered with what earlier steps left."""
         return self._lowering.lower(order).get(self.rank, [])
 
     def _flush(self, older_than: int | None = None) -> None:

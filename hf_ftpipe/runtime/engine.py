@@ -35,6 +35,7 @@ from hf_ftpipe.runtime.rank_stages import build_rank_stages
 from hf_ftpipe.runtime.stage import plan_stages
 from hf_ftpipe.runtime.state import MicrobatchState
 from hf_ftpipe.runtime.streaming import StreamingWeights
+from hf_ftpipe.runtime.token_slicing import TokenSlicing
 from hf_ftpipe.runtime.watchdog import Watchdog
 from hf_ftpipe.runtime.weight_sync import WeightSync
 from hf_ftpipe.schedules.actions import Action
@@ -42,6 +43,8 @@ from hf_ftpipe.schedules.lowering import Lowering, Op
 from hf_ftpipe.schedules.orders import Schedule, ScheduleGPipe, StreamingSchedule, make_schedule
 from hf_ftpipe.schedules.registry import SCHEDULES
 from hf_ftpipe.schedules.rules import in_flight
+
+from hf_ftpipe.graph.token_slices import DERIVED_INPUTS, SlicedModel
 
 if TYPE_CHECKING:
     from hf_ftpipe.graph.trace import TracedModel
@@ -62,7 +65,9 @@ class PipelineEngine(Executor):
     """Runs one rank's share of a pipeline.
 
     Args:
-        traced (`TracedModel`): the model captured on a micro-batch (every rank captures the same).
+        traced (`TracedModel` or `SlicedModel`): the model captured on a micro-batch (every rank
+            captures the same); a `SlicedModel` (`hf_ftpipe.graph.capture_token_slices`) trains
+            each micro-batch as token slices (TeraPipe), ``gpipe`` or ``1f1b`` only.
         placement (`StagePlacement`): the partition; ``stage_device[s]`` is the rank running stage ``s``.
         num_microbatches (`int`): micro-batches per mini-batch.
         schedule (`str`, defaults to ``"gpipe"``): ``gpipe``, ``1f1b``, ``async`` or ``2bw`` (see
@@ -93,7 +98,7 @@ class PipelineEngine(Executor):
 
     def __init__(
         self,
-        traced: TracedModel,
+        traced: TracedModel | SlicedModel,
         placement: StagePlacement,
         *,
         num_microbatches: int,
@@ -111,6 +116,10 @@ class PipelineEngine(Executor):
             raise PipelineError(
                 "torch.distributed is not initialised; start the job with `accelerate launch` or `torchrun`"
             )
+        sliced = traced if isinstance(traced, SlicedModel) else None
+        if sliced is not None:
+            traced = sliced.full
+        num_slices = None if sliced is None else len(sliced.slice_lengths)
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
         self.device = torch.device(device)
@@ -135,13 +144,18 @@ class PipelineEngine(Executor):
                 num_microbatches,
                 edges,
                 gradient_accumulation_steps=gradient_accumulation_steps,
+                num_slices=num_slices,
             )
         except ValueError as error:
             raise PipelineError(str(error)) from error
         self.traits = self.schedule.traits
         self.streaming = not self.traits.flushes
-        self._limits = [in_flight(schedule, s, self.stage_rank, num_microbatches) for s in range(len(self.stage_rank))]
-        """Micro-batches each stage holds at most between forward and backward (the schedules' rule)."""
+        # Units a stage holds at most between forward and backward (the schedules' rule). A sequence's
+        # slices go backward last-first, so a slice's forward proves nothing of older units' backwards.
+        self._limits = [
+            in_flight(schedule, s, self.stage_rank, num_microbatches) if sliced is None else num_microbatches * num_slices
+            for s in range(len(self.stage_rank))
+        ]
         self.gradient_accumulation_steps = gradient_accumulation_steps
         self.recompute = recompute
         if weight_prediction and not self.traits.weight_prediction:
@@ -176,6 +190,11 @@ class PipelineEngine(Executor):
             self.messenger.report_failure(message)
             raise PipelineError(message) from error
         self.module = nn.ModuleDict({str(s): m for s, m in self.modules.items()})
+        self.token_slicing = (
+            None
+            if sliced is None
+            else TokenSlicing(sliced, self.specs, placement.node_stage, self.modules, self.device)
+        )
         self.optimizer: torch.optim.Optimizer | None = None
         self.max_grad_norm: float | None = None
         self._update_norms: list[torch.Tensor] = []
@@ -207,6 +226,8 @@ class PipelineEngine(Executor):
         if self.streaming_weights is not None:
             self.streaming_weights.reset()
         self._deliveries = Deliveries(self.messenger, self._limits)
+        if self.token_slicing is not None:
+            self.token_slicing.reset()
 
     # -- public API -------------------------------------------------------------------------
 
@@ -293,7 +314,7 @@ class PipelineEngine(Executor):
                 f"the {self.schedule.name!r} schedule updates weights inside the pipeline; call "
                 "`attach_optimizer(optimizer)` before the first train_step"
             )
-        microbatches = split_batch(self.graph, batch, self.num_microbatches, self.device)
+        microbatches = split_batch(self.graph, batch, self.num_microbatches, self.device, DERIVED_INPUTS)
         weights = check_loss_weights(loss_weights, self.num_microbatches)
         self._update_norms.clear()
         if isinstance(self.schedule, StreamingSchedule):
@@ -302,9 +323,7 @@ class PipelineEngine(Executor):
         else:
             first = 0
             program = self._flushing_program(training=True)
-        for offset, microbatch in enumerate(microbatches):
-            self.state.data[first + offset] = microbatch
-            self.state.loss_weight[first + offset] = weights[offset]
+        units = self._units(microbatches, first, weights)
         self.module.train(True)
         losses = self._run(program, training=True)
         if not self.streaming:
@@ -313,7 +332,7 @@ class PipelineEngine(Executor):
         else:  # this step's sends may be received in the next step; the previous step's are done
             self._flush(older_than=self.messenger.generation)
             self.messenger.generation += 1
-        return mean_loss(losses, self.state.loss_weight, self.num_microbatches, self.device)
+        return mean_loss(losses, self.state.loss_weight, units, self.device)
 
     def drain(self) -> None:
         """Finish every micro-batch still in flight (``async``, ``2bw``) and apply their updates;
@@ -339,8 +358,10 @@ class PipelineEngine(Executor):
         A streaming pipeline is drained first, so evaluation sees the latest weights.
         """
         self.drain()
-        for offset, microbatch in enumerate(split_batch(self.graph, batch, self.num_microbatches, self.device)):
-            self.state.data[offset] = microbatch
+        for offset, microbatch in enumerate(
+            split_batch(self.graph, batch, self.num_microbatches, self.device, DERIVED_INPUTS)
+        ):  # a sliced model evaluates whole sequences: no backward, so no bubble to fill
+            self.state.data[offset] = microbatch if self.token_slicing is None else TokenSlicing.complete(microbatch)
         self.module.train(False)
         losses = [loss for _, loss in self._run(self._flushing_program(training=False), training=False)]
         self._flush()
@@ -375,6 +396,22 @@ class PipelineEngine(Executor):
         return self.train(False)
 
     # -- the step ---------------------------------------------------------------------------
+
+    def _units(self, microbatches: list[dict[str, Any]], first: int, weights: list[float]) -> int:
+        """Store the step's micro-batches (or their token slices) and loss weights; returns how many.
+
+        A slice's loss is its share of its sequence's mean (`hf_ftpipe.graph.token_slices`), so every
+        slice of micro-batch m takes m's weight and the slices' weighted losses add up to m's.
+        """
+        for offset, microbatch in enumerate(microbatches):
+            m = first + offset
+            if self.token_slicing is None:
+                self.state.data[m], self.state.loss_weight[m] = microbatch, weights[offset]
+                continue
+            for i, piece in enumerate(self.token_slicing.split(m, microbatch)):
+                unit = self.token_slicing.unit(m, i)
+                self.state.data[unit], self.state.loss_weight[unit] = piece, weights[offset]
+        return self.num_microbatches * (1 if self.token_slicing is None else self.token_slicing.num_slices)
 
     def _flushing_program(self, training: bool) -> list[Op]:
         """This rank's program for one mini-batch that flushes (forwards only for evaluation).

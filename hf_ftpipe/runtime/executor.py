@@ -25,6 +25,7 @@ from hf_ftpipe.runtime.messages import Transfer
 from hf_ftpipe.runtime.stage import StageSpec
 from hf_ftpipe.runtime.state import MicrobatchState
 from hf_ftpipe.runtime.streaming import StreamingWeights
+from hf_ftpipe.runtime.token_slicing import TokenSlicing
 from hf_ftpipe.schedules.actions import Action
 from hf_ftpipe.schedules.lowering import Comm, Op
 from hf_ftpipe.schedules.registry import ScheduleTraits
@@ -55,6 +56,7 @@ class Executor:
     optimizer: torch.optim.Optimizer | None
     max_grad_norm: float | None
     streaming_weights: StreamingWeights | None
+    token_slicing: TokenSlicing | None
     state: MicrobatchState
     _deliveries: Deliveries
     _update_norms: list[torch.Tensor]
@@ -81,7 +83,7 @@ class Executor:
                 if op.computation == "F":
                     loss = self._forward(op, training)
                     if loss is not None:
-                        losses.append((op.microbatch_index, loss))
+                        losses.append((self._unit(op), loss))
                 elif op.computation == "B":
                     self._backward(op)
                 else:
@@ -94,13 +96,30 @@ class Executor:
             except Exception as error:
                 self._fail(op, error)
             if op.computation != "U" and training:
-                self.state.action_done(op.microbatch_index)
+                self.state.action_done(self._unit(op))
         for comm in loss_receives:
-            losses.append((comm.microbatch_index, self._take(comm, f"the loss of micro-batch {comm.microbatch_index}")))
+            losses.append((self._unit(comm), self._take(comm, f"the loss of {_unit_name(comm)}")))
         return losses
 
+    def _unit(self, op: Action | Comm) -> int:
+        """The key of what this rank keeps for ``op``'s micro-batch (and token slice)."""
+        if op.slice_index is None or self.token_slicing is None:
+            return op.microbatch_index
+        return self.token_slicing.unit(op.microbatch_index, op.slice_index)
+
+    def _stage(self, action: Action) -> tuple[StageSpec, fx.GraphModule]:
+        """The stage's data flow and module for ``action``: a token slice's run at its own length."""
+        s = action.stage_index
+        if action.slice_index is None or self.token_slicing is None:
+            return self.specs[s], self.modules[s]
+        return self.token_slicing.spec(s, action.slice_index), self.token_slicing.module(s, action.slice_index)
+
+    def _point_slice(self, action: Action) -> None:
+        if action.slice_index is not None and self.token_slicing is not None:
+            self.token_slicing.point(action.stage_index, action.microbatch_index, action.slice_index)
+
     def _fail(self, action: Action, error: Exception) -> None:
-        context = f"[rank {self.rank}, stage {action.stage_index}] micro-batch {action.microbatch_index}, "
+        context = f"[rank {self.rank}, stage {action.stage_index}] {_unit_name(action)}, "
         context += _DOING[action.computation]
         if isinstance(error, PipelineError):  # a transfer failed: say what this rank was doing
             detail = str(error).removeprefix(f"[rank {self.rank}] ")
@@ -112,16 +131,16 @@ class Executor:
         raise PipelineError(message) from error
 
     def _forward(self, action: Action, training: bool) -> torch.Tensor | None:
-        spec = self.specs[action.stage_index]
-        m = action.microbatch_index
+        spec, module = self._stage(action)
+        m = self._unit(action)
         leaves = []
         for value in spec.received:
-            leaf = self._incoming(value, m).detach()
+            leaf = self._incoming(value, action).detach()
             if training and self.graph.node(value)["requires_grad"] and leaf.is_floating_point():
                 leaf.requires_grad_(True)
             leaves.append(leaf)
         args = [*[self.state.data[m][name] for name in spec.batch_inputs], *leaves]
-        module = self.modules[spec.stage_index]
+        self._point_slice(action)
         if training and self.streaming_weights is not None:
             older = sum(1 for stage, _ in self.state.saved if stage == spec.stage_index)
             weights = self.streaming_weights.forward_weights(spec.stage_index, m, older, self.optimizer)
@@ -138,6 +157,8 @@ class Executor:
                 outputs = run(*args)
         if training:
             self.state.saved[(spec.stage_index, m)] = (leaves, outputs)
+        elif self.token_slicing is not None and action.slice_index == self.token_slicing.num_slices - 1:
+            self.token_slicing.release(spec.stage_index, action.microbatch_index)
         self._outbox = {}
         for value, tensor in zip(spec.sent, outputs, strict=True):
             if spec.consumers[value] and any(self.stage_rank[c] == self.rank for c in spec.consumers[value]):
@@ -152,8 +173,8 @@ class Executor:
         return None
 
     def _backward(self, action: Action) -> None:
-        spec = self.specs[action.stage_index]
-        m = action.microbatch_index
+        spec, _ = self._stage(action)
+        m = self._unit(action)
         leaves, outputs = self.state.saved.pop((spec.stage_index, m))
         roots, grads = [], []
         for value, tensor in zip(spec.sent, outputs, strict=True):
@@ -163,12 +184,15 @@ class Executor:
                     roots.append(tensor)
                     grads.append(torch.full_like(tensor, seed))
             elif spec.consumers.get(value):
-                grad = self._output_grad(value, m)
+                grad = self._output_grad(value, action)
                 if grad is not None and tensor.requires_grad:
                     roots.append(tensor)
                     grads.append(grad.to(tensor.dtype))  # autocast may have made a bfloat16 output
         if roots:
+            self._point_slice(action)  # a recomputed forward reads the sequence's keys and values
             torch.autograd.backward(roots, grads)
+        if self.token_slicing is not None and action.slice_index == 0:  # the sequence is done here
+            self.token_slicing.release(spec.stage_index, action.microbatch_index)
         if self.streaming_weights is not None:
             self.streaming_weights.backward_done(spec.stage_index, m)
         for value, leaf in zip(spec.received, leaves, strict=True):
@@ -188,13 +212,13 @@ class Executor:
 
     def _send(self, comm: Comm, training: bool) -> None:
         transfer = self.transfers[comm.value]
-        m = comm.microbatch_index
+        m = self._unit(comm)
         if not comm.backward:
             send_id = self.messenger.send(
                 self._outbox[comm.value].to(transfer.dtype),
                 comm.peer,
                 self._tag(transfer, m, backward=False),
-                f"{comm.value} of micro-batch {m}",
+                f"{comm.value} of {_unit_name(comm)}",
             )
             if training and transfer.carries_gradient and comm.peer in transfer.reader_ranks:
                 self._deliveries.activation_sent(comm.value, m, comm.peer, send_id)
@@ -203,14 +227,17 @@ class Executor:
             self.state.grads.pop((comm.value, m)).to(transfer.dtype),
             comm.peer,
             self._tag(transfer, m, backward=True),
-            f"gradient of {comm.value} for micro-batch {m}",
+            f"gradient of {comm.value} for {_unit_name(comm)}",
         )
         self._deliveries.gradient_sent(transfer.producer_stage, m, send_id)
 
     def _post(self, comm: Comm) -> None:
         transfer = self.transfers[comm.value]
-        tag = self._tag(transfer, comm.microbatch_index, comm.backward)
-        self.state.posted[comm] = self.messenger.post_recv(transfer.shape, transfer.dtype, self.device, comm.peer, tag)
+        tag = self._tag(transfer, self._unit(comm), comm.backward)
+        shape = transfer.shape
+        if comm.slice_index is not None and self.token_slicing is not None:
+            shape = self.token_slicing.shape(comm.value, comm.slice_index)
+        self.state.posted[comm] = self.messenger.post_recv(shape, transfer.dtype, self.device, comm.peer, tag)
 
     def _take(self, comm: Comm, what: str) -> torch.Tensor:
         if comm not in self.state.posted:  # every message is lowered; this would be a bug
@@ -219,27 +246,37 @@ class Executor:
         self.messenger.wait(work, f"receiving {what} from rank {comm.peer}")
         return buffer
 
-    def _incoming(self, value: str, m: int) -> torch.Tensor:
+    def _incoming(self, value: str, action: Action) -> torch.Tensor:
+        m = self._unit(action)
         if (value, m) in self.state.outputs:
             return self.state.outputs[(value, m)]
         if (value, m) not in self.state.received:
             transfer = self.transfers[value]
-            comm = Comm("RECV", value, m, False, transfer.source_rank)
-            self.state.received[(value, m)] = self._take(comm, f"{value} of micro-batch {m}")
+            comm = Comm("RECV", value, action.microbatch_index, False, transfer.source_rank, action.slice_index)
+            self.state.received[(value, m)] = self._take(comm, f"{value} of {_unit_name(comm)}")
             self._deliveries.forward_ran(transfer.producer_stage, m)
         return self.state.received[(value, m)]
 
-    def _output_grad(self, value: str, m: int) -> torch.Tensor | None:
+    def _output_grad(self, value: str, action: Action) -> torch.Tensor | None:
         """The gradient of a sent value: local consumers' share plus one message per remote rank."""
+        m = self._unit(action)
         grad = self.state.grads.pop((value, m), None)
         transfer = self.transfers.get(value)
         if transfer is not None and transfer.carries_gradient:
             for src in transfer.reader_ranks:
-                remote = self._take(Comm("RECV", value, m, True, src), f"gradient of {value} for micro-batch {m}")
+                comm = Comm("RECV", value, action.microbatch_index, True, src, action.slice_index)
+                remote = self._take(comm, f"gradient of {value} for {_unit_name(comm)}")
                 grad = remote if grad is None else grad + remote
                 self._deliveries.gradient_came_back(value, m, src)
         return grad
 
-    def _tag(self, transfer: Transfer, m: int, backward: bool) -> int:
+    def _tag(self, transfer: Transfer, unit: int, backward: bool) -> int:
         # Messages with one tag between two ranks arrive in the order sent, so indices may wrap.
-        return (transfer.value_id * 2 + int(backward)) * self.num_microbatches + m % self.num_microbatches
+        units = self.num_microbatches * (self.token_slicing.num_slices if self.token_slicing is not None else 1)
+        return (transfer.value_id * 2 + int(backward)) * units + unit % units
+
+
+def _unit_name(op: Action | Comm) -> str:
+    if op.slice_index is None:
+        return f"micro-batch {op.microbatch_index}"
+    return f"micro-batch {op.microbatch_index} slice {op.slice_index}"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -14,11 +14,18 @@ __all__ = ["check_loss_weights", "mean_loss", "split_batch"]
 
 
 def split_batch(
-    graph: CostGraph, batch: Mapping[str, Any], num_microbatches: int, device: torch.device
+    graph: CostGraph,
+    batch: Mapping[str, Any],
+    num_microbatches: int,
+    device: torch.device,
+    derived: Collection[str] = (),
 ) -> list[dict[str, Any]]:
-    """The rank's own copy of the mini-batch as micro-batches of the traced shape."""
+    """The rank's own copy of the mini-batch as micro-batches of the traced shape; the inputs in
+    ``derived`` are left out (the runtime makes them per micro-batch)."""
     microbatches: list[dict[str, Any]] = [{} for _ in range(num_microbatches)]
     for name, info in graph.inputs.items():
+        if name in derived:
+            continue
         if info.shape is None:
             for mb in microbatches:
                 mb[name] = info.constant

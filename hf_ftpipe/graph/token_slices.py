@@ -1,0 +1,184 @@
+"""A causal LM captured for token slicing (TeraPipe): the whole sequence and one graph per slice length.
+
+A slice runs the model on its own tokens with global positions, so every graph of a sliced model
+takes ``position_ids``, the labels already shifted across the whole sequence (``shift_labels``, so a
+slice's last token learns the next slice's first) and ``num_items_in_batch``, the sequence's label
+count: each slice's loss is then its share of the sequence's mean loss, and the slices' losses add
+up to it exactly. The whole-sequence graph takes the same inputs: the partition is planned on it,
+evaluation runs it, and each slice graph is the same computation at another length.
+
+Shapes are fixed into an exported graph, so each distinct slice length gets its own (a model on
+the meta device exports in seconds).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from hf_ftpipe.errors import TraceError
+from hf_ftpipe.graph.trace import TracedModel, capture_model
+
+__all__ = [
+    "DERIVED_INPUTS",
+    "SlicedModel",
+    "capture_token_slices",
+    "check_sliceable",
+    "cut_slices",
+    "sequence_inputs",
+]
+
+IGNORE_INDEX = -100
+DERIVED_INPUTS = frozenset({"position_ids", "shift_labels", "num_items_in_batch"})
+"""Inputs the pipeline derives from a batch of ``input_ids`` (and ``attention_mask``, ``labels``)."""
+
+_DROPOUT_FIELDS = ("attn_pdrop", "resid_pdrop", "embd_pdrop", "attention_dropout", "hidden_dropout", "dropout")
+
+
+@dataclass
+class SlicedModel:
+    """A causal LM captured whole and at every slice length it is cut into."""
+
+    full: TracedModel
+    by_length: dict[int, TracedModel]
+    slice_lengths: tuple[int, ...]
+
+    @property
+    def seq_len(self) -> int:
+        return sum(self.slice_lengths)
+
+
+def check_sliceable(model: nn.Module, seq_len: int | None = None, what: str | None = None) -> None:
+    """Refuse a model token slicing cannot train exactly, naming what to use instead; warn on dropout.
+
+    Raises:
+        `TraceError`: an encoder-decoder or a model that is not a causal LM; Hugging Face gradient
+            checkpointing (it drops the cache in training); dynamic-NTK RoPE (it rescales by the
+            longest position of each call, which a slice does not know); a sliding window shorter
+            than the sequence; an attention implementation other than ``sdpa``.
+    """
+    config, name = model.config, type(model).__name__
+    what = what or name
+    micro = "use micro-batches instead (`num_microbatches`)"
+    if getattr(config, "is_encoder_decoder", False):
+        raise TraceError(
+            f"{what} is an encoder-decoder ({name}): token slicing needs a causal decoder (GPT-2-, Llama-style) "
+            f"whose tokens see only earlier ones, and cross-attention reads the whole source; {micro}"
+        )
+    if not name.endswith(("ForCausalLM", "LMHeadModel")):
+        raise TraceError(
+            f"{what} is not a causal LM ({name}): token slicing needs a causal decoder (GPT-2-, Llama-style) "
+            f"whose tokens see only earlier ones; {micro}"
+        )
+    if getattr(model, "is_gradient_checkpointing", False):
+        raise TraceError(
+            f"{name} has Hugging Face gradient checkpointing on, which drops the keys and values of earlier "
+            "slices in training; call `model.gradient_checkpointing_disable()` and recompute per stage with "
+            "`PipeTrainingArguments(activation_checkpointing=True)` instead"
+        )
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    if isinstance(rope, Mapping) and "dynamic" in (rope.get("rope_type"), rope.get("type")):
+        raise TraceError(
+            f"{name} uses dynamic-NTK RoPE scaling, which rescales by the longest position each call sees: a "
+            "slice would be rotated unlike the whole sequence; use a fixed scaling ('linear', 'yarn', 'llama3') "
+            "or no token slicing"
+        )
+    window = getattr(config, "sliding_window", None)
+    if window is not None and (getattr(config, "use_sliding_window", True) is not False):
+        if seq_len is None or seq_len > window:
+            raise TraceError(
+                f"{name} attends within a sliding window of {window} tokens, which sliced attention does not "
+                f"apply; train sequences of at most {window} tokens or set `sliding_window=None`"
+            )
+    implementation = getattr(config, "_attn_implementation", None)
+    if implementation != "sdpa":
+        raise TraceError(
+            f"{name} runs attention with {implementation!r}; token slicing replaces each "
+            "scaled_dot_product_attention call, so load the model with `attn_implementation=\"sdpa\"`"
+        )
+    dropouts = {f: getattr(config, f) for f in _DROPOUT_FIELDS if isinstance(getattr(config, f, None), float)}
+    if any(p > 0 for p in dropouts.values()):
+        active = ", ".join(f"{f}={p}" for f, p in dropouts.items() if p > 0)
+        warnings.warn(
+            f"{name} has dropout ({active}): token slices draw their dropout masks in another order than the "
+            "whole sequence, so training is equal only statistically; set them to 0 for exact equality",
+            stacklevel=2,
+        )
+
+
+def sequence_inputs(batch: Mapping[str, Any]) -> dict[str, Any]:
+    """``batch`` with the inputs a sliced model's graphs take: global positions, labels shifted
+    across the sequence (``-100`` after the last token) and the label count."""
+    if "input_ids" not in batch or "labels" not in batch:
+        raise TraceError(f"token slicing trains a causal LM on `input_ids` and `labels`; the batch has {sorted(batch)}")
+    input_ids = torch.as_tensor(batch["input_ids"])
+    labels = torch.as_tensor(batch["labels"])
+    if labels.shape != input_ids.shape:
+        raise TraceError(
+            f"`labels` {tuple(labels.shape)} must have the shape of `input_ids` {tuple(input_ids.shape)} for a causal LM"
+        )
+    inputs = dict(batch)
+    if "position_ids" not in inputs:
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+        inputs["position_ids"] = positions.expand_as(input_ids)
+    shifted = torch.full_like(labels, IGNORE_INDEX)
+    shifted[:, :-1] = labels[:, 1:]
+    inputs["shift_labels"] = shifted
+    inputs["labels"] = shifted
+    inputs["num_items_in_batch"] = (shifted != IGNORE_INDEX).sum()
+    return inputs
+
+
+def cut_slices(inputs: Mapping[str, Any], slice_lengths: Sequence[int]) -> list[dict[str, Any]]:
+    """One input dict per slice: every per-token input cut along the sequence, the rest as is."""
+    seq_len = int(torch.as_tensor(inputs["input_ids"]).shape[1])
+    if sum(slice_lengths) != seq_len or min(slice_lengths) < 1:
+        raise TraceError(
+            f"token slices {list(slice_lengths)} (sum {sum(slice_lengths)}) must be positive lengths that add up "
+            f"to the sequence length {seq_len}"
+        )
+    pieces: list[dict[str, Any]] = []
+    offset = 0
+    for length in slice_lengths:
+        piece = {}
+        for name, value in inputs.items():
+            per_token = isinstance(value, torch.Tensor) and value.dim() >= 2 and value.shape[1] == seq_len
+            piece[name] = value[:, offset : offset + length].contiguous() if per_token else value
+        pieces.append(piece)
+        offset += length
+    return pieces
+
+
+def capture_token_slices(
+    model: nn.Module, sample_inputs: Mapping[str, Any], slice_lengths: Sequence[int]
+) -> SlicedModel:
+    """Capture ``model`` on one micro-batch, whole and at each distinct length of ``slice_lengths``.
+
+    Raises:
+        `TraceError`: the model cannot be sliced (see `check_sliceable`), or the lengths do not add
+            up to the sample's sequence length.
+    """
+    full_inputs = sequence_inputs(sample_inputs)
+    seq_len = int(full_inputs["input_ids"].shape[1])
+    check_sliceable(model, seq_len)
+    pieces = cut_slices(full_inputs, slice_lengths)
+    full = capture_model(model, full_inputs)
+    if not any(_is_attention(node) for node in full.graph_module.modules()):
+        raise TraceError(
+            f"{type(model).__name__}'s graph has no scaled_dot_product_attention call to slice; "
+            "load it with `attn_implementation=\"sdpa\"`"
+        )
+    by_length: dict[int, TracedModel] = {}
+    for length, piece in zip(slice_lengths, pieces, strict=True):
+        if length not in by_length:
+            by_length[length] = full if length == seq_len else capture_model(model, piece)
+    return SlicedModel(full=full, by_length=by_length, slice_lengths=tuple(slice_lengths))
+
+
+def _is_attention(module: nn.Module) -> bool:
+    return getattr(module, "op", None) is torch.ops.aten.scaled_dot_product_attention.default

@@ -16,6 +16,7 @@ import argparse
 import json
 import sys
 import time
+import warnings
 from typing import Any
 
 __all__ = ["add_slices_command"]
@@ -160,28 +161,20 @@ def _format(summary: dict[str, Any]) -> str:
 
 def _trace_causal(args: argparse.Namespace) -> tuple[Any, int]:
     """The traced graph of one sequence and the hidden size; refuses models slicing cannot run."""
-    from hf_ftpipe.errors import PartitionError
     from hf_ftpipe.graph import trace_model
     from hf_ftpipe.graph.sources import load_model_for_planning, sample_inputs_for
+    from hf_ftpipe.graph.token_slices import check_sliceable
 
     started = time.perf_counter()
     model = load_model_for_planning(args.model)
-    config, name = model.config, type(model).__name__
-    if getattr(config, "is_encoder_decoder", False):
-        raise PartitionError(
-            f"{args.model} is an encoder-decoder ({name}): token slicing needs a causal decoder "
-            "(GPT-2-, Llama-style); use micro-batches (`--num-microbatches` of `hf-ftpipe partition`)"
-        )
-    if not name.endswith(("ForCausalLM", "LMHeadModel")):
-        raise PartitionError(
-            f"{args.model} is not a causal LM ({name}): token slicing needs a causal decoder (GPT-2-, Llama-style) "
-            "whose tokens see only earlier ones; use micro-batches (`--num-microbatches` of `hf-ftpipe partition`)"
-        )
+    with warnings.catch_warnings():  # dropout matters to a training run's exactness, not to its plan
+        warnings.simplefilter("ignore", UserWarning)
+        check_sliceable(model, args.seq_len, what=args.model)
     graph = trace_model(model, sample_inputs_for(model, 1, args.seq_len))
     print(
         f"traced {graph.model_class} ({graph.num_nodes} ops) in {time.perf_counter() - started:.1f} s", file=sys.stderr
     )
-    return graph, int(config.hidden_size)
+    return graph, int(model.config.hidden_size)
 
 
 def _graph_dtype(graph: Any) -> str:

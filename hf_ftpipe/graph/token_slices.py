@@ -64,7 +64,7 @@ def check_sliceable(model: nn.Module, seq_len: int | None = None, what: str | No
     """
     config, name = model.config, type(model).__name__
     what = what or name
-    micro = "use micro-batches instead (`num_microbatches`)"
+    micro = "use micro-batches (`--num-microbatches` of `hf-ftpipe partition`, `num_microbatches` in Python)"
     if getattr(config, "is_encoder_decoder", False):
         raise TraceError(
             f"{what} is an encoder-decoder ({name}): token slicing needs a causal decoder (GPT-2-, Llama-style) "
@@ -75,10 +75,10 @@ def check_sliceable(model: nn.Module, seq_len: int | None = None, what: str | No
             f"{what} is not a causal LM ({name}): token slicing needs a causal decoder (GPT-2-, Llama-style) "
             f"whose tokens see only earlier ones; {micro}"
         )
-    if getattr(model, "is_gradient_checkpointing", False):
+    if _checkpointing(model):
         raise TraceError(
-            f"{name} has Hugging Face gradient checkpointing on, which drops the keys and values of earlier "
-            "slices in training; call `model.gradient_checkpointing_disable()` and recompute per stage with "
+            f"{name} has Hugging Face activation (gradient) checkpointing on, which drops the keys and values of "
+            "earlier slices in training; turn it off on the model and recompute per stage with "
             "`PipeTrainingArguments(activation_checkpointing=True)` instead"
         )
     rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
@@ -109,6 +109,13 @@ def check_sliceable(model: nn.Module, seq_len: int | None = None, what: str | No
             "whole sequence, so training is equal only statistically; set them to 0 for exact equality",
             stacklevel=2,
         )
+
+
+def _checkpointing(model: nn.Module) -> bool:
+    # transformers 5.x renamed `is_gradient_checkpointing` (deprecated) to `is_activation_checkpointing`
+    flag = getattr(type(model), "is_activation_checkpointing", None)
+    name = "is_activation_checkpointing" if flag is not None else "is_gradient_checkpointing"
+    return bool(getattr(model, name, False))
 
 
 def sequence_inputs(batch: Mapping[str, Any]) -> dict[str, Any]:

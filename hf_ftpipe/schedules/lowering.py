@@ -27,11 +27,11 @@ open that step's program.
 Token slices (``1F0.2``) follow the same rules, one message per slice: a slice's forward sends its
 hidden states (``SEND_F0.2:h0>1``), its backward sends their gradient back (``SEND_B0.2:h0>0``).
 Keys and values never cross stages (a stage keeps those of its own layers), so they have no
-messages. The loss too goes per slice: the last stage sends each slice's *sum* of token losses to
-every other rank (``SEND_F0.2:loss>0``), the rule for whole sequences applied to each forward; a
-rank adds a sequence's slices up and divides by its token count, which is the unsliced mean
-whatever the slice lengths (a mean of the slices' means would weigh short slices too much), and
-needs no message to wait for the last slice.
+messages. The loss too goes per slice: the last stage sends each slice's share of its sequence's
+mean loss (its token losses summed, over the whole sequence's token count) to every other rank
+(``SEND_F0.2:loss>0``), the rule for whole sequences applied to each forward; a rank adds a
+sequence's slices up, which is the unsliced mean whatever the slice lengths (a mean of the
+slices' means would weigh short slices too much), and needs no message to wait for the last slice.
 """
 
 from __future__ import annotations

@@ -1,0 +1,139 @@
+"""Token slices (TeraPipe) compute exactly what whole sequences compute: in one process, loss and
+every gradient of GPT-2 (learned positions) and a Llama-style model (RoPE, grouped-query
+attention); across two gloo ranks, training under gpipe and 1f1b, step by step."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hf_ftpipe.errors import PipelineError, TraceError
+from hf_ftpipe.graph.token_slices import capture_token_slices, check_sliceable, cut_slices, sequence_inputs
+from hf_ftpipe.runtime import PipelineEngine
+
+from distributed import run_ranks, values_or_raise
+from engine_runs import LR, MICROBATCH, NUM_MICROBATCHES, batches, reference_run
+from models import SEQ, tiny_batch, tiny_model
+from placements import contiguous_placement
+
+SLICES = [3, 1, 4]
+"""Uneven, with a one-token slice; tiny_batch pads the last two tokens of its first sequence."""
+CASES = [(kind, dtype) for kind in ("gpt2", "llama") for dtype in (torch.float64, torch.float32)]
+TOLERANCE = {torch.float64: 1e-12, torch.float32: 1e-5}
+
+
+def one_process_run(rank: int, world_size: int) -> dict:
+    """Both stages on this one rank: loss and gradients of one sliced mini-batch per case."""
+    results = {}
+    for kind, dtype in CASES:
+        batch = tiny_batch(kind, MICROBATCH)
+        sliced = capture_token_slices(tiny_model(kind).to(dtype), batch, SLICES)
+        engine = PipelineEngine(sliced, contiguous_placement(sliced.full.cost_graph, [0, 0]), num_microbatches=1)
+        loss = engine.train_step(batch)
+        results[(kind, dtype)] = loss, {name: p.grad.clone() for name, p in engine.named_parameters()}
+    return results
+
+
+def test_slices_equal_the_whole_sequence_in_one_process() -> None:
+    (results,) = values_or_raise(run_ranks(one_process_run, 1))
+    for kind, dtype in CASES:
+        model = tiny_model(kind).to(dtype)
+        reference = model(**tiny_batch(kind, MICROBATCH)).loss
+        reference.backward()
+        loss, grads = results[(kind, dtype)]
+        # transformers computes the loss in float32 (`logits.float()`), whatever the model's dtype
+        assert loss.item() == pytest.approx(reference.item(), rel=1e-6), (kind, dtype)
+        expected = dict(model.named_parameters())
+        assert grads and set(grads) <= set(expected)
+        for name, grad in grads.items():
+            assert (grad - expected[name].grad).abs().max().item() <= TOLERANCE[dtype], (kind, dtype, name)
+
+
+def pipeline_run(rank: int, world_size: int) -> dict:
+    """SGD steps of the sliced pipeline, one stage per rank, for each schedule."""
+    results = {}
+    for kind, schedule in (("gpt2", "gpipe"), ("gpt2", "1f1b"), ("llama", "1f1b")):
+        data = batches(kind)
+        sample = {name: value[:MICROBATCH] for name, value in data[0].items()}
+        sliced = capture_token_slices(tiny_model(kind), sample, SLICES)
+        engine = PipelineEngine(
+            sliced,
+            contiguous_placement(sliced.full.cost_graph, [0, 1]),
+            num_microbatches=NUM_MICROBATCHES,
+            schedule=schedule,
+        )
+        optimizer = torch.optim.SGD(engine.parameters(), lr=LR)
+        losses = []
+        for batch in data:
+            optimizer.zero_grad()
+            losses.append(engine.train_step(batch).item())
+            optimizer.step()
+        results[(kind, schedule)] = losses, engine.state_dict()
+    return results
+
+
+def test_sliced_pipeline_trains_like_one_process() -> None:
+    per_rank = values_or_raise(run_ranks(pipeline_run, 2))
+    for kind, schedule in per_rank[0]:
+        reference_losses, reference_state = reference_run(kind)
+        for rank_results in per_rank:
+            losses, state = rank_results[(kind, schedule)]
+            assert losses == pytest.approx(reference_losses, rel=1e-5), (kind, schedule)
+            for name, value in state.items():
+                torch.testing.assert_close(value, reference_state[name], rtol=1e-5, atol=1e-5)
+        covered = set(per_rank[0][(kind, schedule)][1]) | set(per_rank[1][(kind, schedule)][1])
+        assert {n for n, p in tiny_model(kind).named_parameters()} <= covered | {"lm_head.weight"}
+
+
+def test_slice_inputs_shift_labels_across_slices_and_keep_global_positions() -> None:
+    batch = tiny_batch("gpt2", 2)
+    pieces = cut_slices(sequence_inputs(batch), SLICES)
+    assert [p["input_ids"].shape[1] for p in pieces] == SLICES
+    assert pieces[1]["position_ids"].tolist() == [[3], [3]]
+    # slice 0's last token learns slice 1's token; the sequence's last token learns nothing
+    assert pieces[0]["shift_labels"][:, -1].tolist() == batch["labels"][:, 3].tolist()
+    assert pieces[-1]["shift_labels"][:, -1].tolist() == [-100, -100]
+    labelled = int((batch["labels"][:, 1:] != -100).sum())
+    assert all(int(p["num_items_in_batch"]) == labelled for p in pieces)
+    with pytest.raises(TraceError, match=r"\[3, 4\] \(sum 7\).*sequence length 8"):
+        cut_slices(sequence_inputs(batch), [3, 4])
+
+
+def test_models_slicing_cannot_train_exactly_are_refused_with_the_fix() -> None:
+    with pytest.raises(TraceError, match="encoder-decoder.*num_microbatches"):
+        check_sliceable(tiny_model("t5"), SEQ)
+    with pytest.raises(TraceError, match="not a causal LM.*num_microbatches"):
+        check_sliceable(tiny_model("bert"), SEQ)
+    checkpointed = tiny_model("llama")
+    checkpointed.activation_checkpointing_enable()
+    with pytest.raises(TraceError, match="activation .gradient. checkpointing.*activation_checkpointing=True"):
+        check_sliceable(checkpointed, SEQ)
+    dynamic = tiny_model("llama")
+    dynamic.config.rope_parameters = {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}
+    with pytest.raises(TraceError, match="dynamic-NTK"):
+        check_sliceable(dynamic, SEQ)
+    windowed = tiny_model("llama")
+    windowed.config.sliding_window = 4
+    with pytest.raises(TraceError, match="sliding window of 4 tokens"):
+        check_sliceable(windowed, SEQ)
+    eager = tiny_model("gpt2")
+    eager.config._attn_implementation = "eager"
+    with pytest.raises(TraceError, match='attn_implementation="sdpa"'):
+        check_sliceable(eager, SEQ)
+    with pytest.warns(UserWarning, match=r"dropout \(.*0\.1.*equal only statistically"):
+        check_sliceable(tiny_model("gpt2", dropout=0.1), SEQ)
+
+
+def streaming_run(rank: int, world_size: int) -> str:
+    batch = tiny_batch("gpt2", MICROBATCH)
+    sliced = capture_token_slices(tiny_model("gpt2"), batch, SLICES)
+    try:
+        PipelineEngine(sliced, contiguous_placement(sliced.full.cost_graph, [0]), num_microbatches=1, schedule="async")
+    except PipelineError as error:
+        return str(error)
+    return "no error"
+
+
+def test_streaming_schedules_refuse_token_slices() -> None:
+    (message,) = values_or_raise(run_ranks(streaming_run, 1))
+    assert "token slices" in message and "gpipe" in message and "1f1b" in message

@@ -24,6 +24,7 @@ import torch.distributed as dist
 from torch import nn
 
 from hf_ftpipe.errors import PartitionError, PipelineError
+from hf_ftpipe.graph.token_slices import DERIVED_INPUTS, SlicedModel
 from hf_ftpipe.runtime.autocast import autocast_dtypes
 from hf_ftpipe.runtime.comm import Messenger
 from hf_ftpipe.runtime.deliveries import Deliveries
@@ -43,8 +44,6 @@ from hf_ftpipe.schedules.lowering import Lowering, Op
 from hf_ftpipe.schedules.orders import Schedule, ScheduleGPipe, StreamingSchedule, make_schedule
 from hf_ftpipe.schedules.registry import SCHEDULES
 from hf_ftpipe.schedules.rules import in_flight
-
-from hf_ftpipe.graph.token_slices import DERIVED_INPUTS, SlicedModel
 
 if TYPE_CHECKING:
     from hf_ftpipe.graph.trace import TracedModel
@@ -153,7 +152,7 @@ class PipelineEngine(Executor):
         # Units a stage holds at most between forward and backward (the schedules' rule). A sequence's
         # slices go backward last-first, so a slice's forward proves nothing of older units' backwards.
         self._limits = [
-            in_flight(schedule, s, self.stage_rank, num_microbatches) if sliced is None else num_microbatches * num_slices
+            num_microbatches * num_slices if num_slices else in_flight(schedule, s, self.stage_rank, num_microbatches)
             for s in range(len(self.stage_rank))
         ]
         self.gradient_accumulation_steps = gradient_accumulation_steps

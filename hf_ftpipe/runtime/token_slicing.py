@@ -146,8 +146,10 @@ class TokenSlicing:
             _check_same_boundary(mine, theirs, length)
         built = {}
         for stage, whole_module in modules.items():
+            # the whole stage's weights: loaded there (`weights_path`) and trained there
             tensors = {**traced.tensors, **dict(whole_module.named_parameters()), **dict(whole_module.named_buffers())}
-            module = build_stage_module(traced.graph_module, slice_specs[stage], traced.canonical_names, tensors, device)
+            spec = slice_specs[stage]
+            module = build_stage_module(traced.graph_module, spec, traced.canonical_names, tensors, device)
             _use_prefix_attention(module, self.cursors[stage])
             built[stage] = module.to(device)
         to_slice = {whole_name: name for name, whole_name in to_whole.items()}

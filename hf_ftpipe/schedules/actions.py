@@ -94,7 +94,11 @@ def check_order(
             raise ValueError(f"{action} comes before {', '.join(missing)}, which it depends on")
         done.add(action)
     expected_actions = {
-        Action(s, c, m, i) for s in range(num_stages) for c in "FB" for m in microbatches for i in slices  # type: ignore[arg-type]
+        Action(s, c, m, i)
+        for s in range(num_stages)
+        for c in "FB"
+        for m in microbatches
+        for i in slices  # type: ignore[arg-type]
     }
     if done != expected_actions:
         left = sorted(map(str, expected_actions - done))

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from engine_runs import LR, MICROBATCH, NUM_MICROBATCHES, STEPS, batches, reference_run
 
 from hf_ftpipe.graph import capture_model
 from hf_ftpipe.runtime import PipelineEngine
 
 from distributed import run_ranks, values_or_raise
+from engine_runs import LR, MICROBATCH, NUM_MICROBATCHES, STEPS, batches, reference_run
 from models import tiny_batch, tiny_model
 from placements import contiguous_placement
 

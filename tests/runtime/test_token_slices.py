@@ -70,7 +70,8 @@ def pipeline_run(rank: int, world_size: int) -> dict:
             optimizer.zero_grad()
             losses.append(engine.train_step(batch).item())
             optimizer.step()
-        results[(kind, schedule)] = losses, engine.state_dict()
+        evaluated = engine.eval_step(data[0], ("loss",))["loss"]  # whole sequences
+        results[(kind, schedule)] = losses, engine.state_dict(), evaluated
     return results
 
 
@@ -78,11 +79,20 @@ def test_sliced_pipeline_trains_like_one_process() -> None:
     per_rank = values_or_raise(run_ranks(pipeline_run, 2))
     for kind, schedule in per_rank[0]:
         reference_losses, reference_state = reference_run(kind)
+        trained = tiny_model(kind).eval()
+        trained.load_state_dict(reference_state)
+        first = batches(kind)[0]
+        with torch.no_grad():
+            expected_eval = [
+                trained(**{k: v[m * MICROBATCH : (m + 1) * MICROBATCH] for k, v in first.items()}).loss.item()
+                for m in range(NUM_MICROBATCHES)
+            ]
         for rank_results in per_rank:
-            losses, state = rank_results[(kind, schedule)]
+            losses, state, evaluated = rank_results[(kind, schedule)]
             assert losses == pytest.approx(reference_losses, rel=1e-5), (kind, schedule)
             for name, value in state.items():
                 torch.testing.assert_close(value, reference_state[name], rtol=1e-5, atol=1e-5)
+            assert evaluated.tolist() == pytest.approx(expected_eval, rel=1e-5)
         covered = set(per_rank[0][(kind, schedule)][1]) | set(per_rank[1][(kind, schedule)][1])
         assert {n for n, p in tiny_model(kind).named_parameters()} <= covered | {"lm_head.weight"}
 

@@ -109,6 +109,8 @@ class _PrefixAttentionFunction(torch.autograd.Function):
         end = offset + key.shape[-2]
         mask = sequence.mask(offset, query.shape[-2])
         ctx.rng = _rng_state(query.device) if options["dropout_p"] > 0 else None
+        device_type = query.device.type
+        ctx.autocast = torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type)
         ctx.sequence, ctx.layer, ctx.offset, ctx.options = sequence, layer, offset, options
         ctx.save_for_backward(query)
         keys, values = sequence.keys[layer][..., :end, :], sequence.values[layer][..., :end, :]
@@ -125,7 +127,9 @@ class _PrefixAttentionFunction(torch.autograd.Function):
         query = query.detach().requires_grad_(True)
         keys = sequence.keys[layer][..., :end, :].detach().requires_grad_(True)
         values = sequence.values[layer][..., :end, :].detach().requires_grad_(True)
-        with torch.enable_grad(), _restored_rng(query.device, ctx.rng):
+        enabled, dtype = ctx.autocast  # recompute in the precision the forward ran in
+        autocast = torch.autocast(query.device.type, dtype=dtype, enabled=enabled)
+        with torch.enable_grad(), _restored_rng(query.device, ctx.rng), autocast:
             output = F.scaled_dot_product_attention(
                 query, keys, values, attn_mask=sequence.mask(offset, end - offset), **ctx.options
             )

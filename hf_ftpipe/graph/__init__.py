@@ -16,6 +16,9 @@ _HOMES = {
     "TracedModel": "hf_ftpipe.graph.trace",
     "capture_model": "hf_ftpipe.graph.trace",
     "trace_model": "hf_ftpipe.graph.trace",
+    "SlicedModel": "hf_ftpipe.graph.token_slices",
+    "capture_token_slices": "hf_ftpipe.graph.token_slices",
+    "check_sliceable": "hf_ftpipe.graph.token_slices",
 }
 __all__ = sorted(_HOMES)
 __getattr__ = lazy_getattr(__name__, _HOMES)

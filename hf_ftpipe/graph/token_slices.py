@@ -99,7 +99,7 @@ def check_sliceable(model: nn.Module, seq_len: int | None = None, what: str | No
     if implementation != "sdpa":
         raise TraceError(
             f"{name} runs attention with {implementation!r}; token slicing replaces each "
-            "scaled_dot_product_attention call, so load the model with `attn_implementation=\"sdpa\"`"
+            'scaled_dot_product_attention call, so load the model with `attn_implementation="sdpa"`'
         )
     dropouts = {f: getattr(config, f) for f in _DROPOUT_FIELDS if isinstance(getattr(config, f, None), float)}
     if any(p > 0 for p in dropouts.values()):
@@ -120,7 +120,8 @@ def sequence_inputs(batch: Mapping[str, Any]) -> dict[str, Any]:
     labels = torch.as_tensor(batch["labels"])
     if labels.shape != input_ids.shape:
         raise TraceError(
-            f"`labels` {tuple(labels.shape)} must have the shape of `input_ids` {tuple(input_ids.shape)} for a causal LM"
+            f"`labels` {tuple(labels.shape)} must have the shape of `input_ids` {tuple(input_ids.shape)} "
+            "for a causal LM"
         )
     inputs = dict(batch)
     if "position_ids" not in inputs:
@@ -155,9 +156,16 @@ def cut_slices(inputs: Mapping[str, Any], slice_lengths: Sequence[int]) -> list[
 
 
 def capture_token_slices(
-    model: nn.Module, sample_inputs: Mapping[str, Any], slice_lengths: Sequence[int]
+    model: nn.Module,
+    sample_inputs: Mapping[str, Any],
+    slice_lengths: Sequence[int],
+    *,
+    full: TracedModel | None = None,
 ) -> SlicedModel:
     """Capture ``model`` on one micro-batch, whole and at each distinct length of ``slice_lengths``.
+
+    ``full``: the whole-sequence capture of an earlier call on the same model and sample, reused
+    (choosing the lengths needs it first: PipeTrainer's ``token_slices="auto"``).
 
     Raises:
         `TraceError`: the model cannot be sliced (see `check_sliceable`), or the lengths do not add
@@ -167,11 +175,11 @@ def capture_token_slices(
     seq_len = int(full_inputs["input_ids"].shape[1])
     check_sliceable(model, seq_len)
     pieces = cut_slices(full_inputs, slice_lengths)
-    full = capture_model(model, full_inputs)
+    full = full if full is not None else capture_model(model, full_inputs)
     if not any(_is_attention(node) for node in full.graph_module.modules()):
         raise TraceError(
             f"{type(model).__name__}'s graph has no scaled_dot_product_attention call to slice; "
-            "load it with `attn_implementation=\"sdpa\"`"
+            'load it with `attn_implementation="sdpa"`'
         )
     by_length: dict[int, TracedModel] = {}
     for length, piece in zip(slice_lengths, pieces, strict=True):

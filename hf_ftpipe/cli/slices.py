@@ -21,8 +21,6 @@ from typing import Any
 
 __all__ = ["add_slices_command"]
 
-_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
-
 
 def add_slices_command(commands: Any) -> None:
     """Add ``slices`` to the ``hf-ftpipe`` subparsers ``commands``."""
@@ -52,7 +50,7 @@ def add_slices_command(commands: Any) -> None:
 
 def _run_slices(args: argparse.Namespace) -> int:
     from hf_ftpipe.costmodel import detect_profile, get_profile
-    from hf_ftpipe.costmodel.latency import LatencyKey, RooflineSliceTime, SliceLatency
+    from hf_ftpipe.costmodel.latency import LatencyKey, SliceLatency, cost_model_slice_time, weights_dtype
     from hf_ftpipe.errors import PartitionError
     from hf_ftpipe.partitioners.slicing import plan_slicing, step_time_s, uniform_slices
 
@@ -63,7 +61,7 @@ def _run_slices(args: argparse.Namespace) -> int:
         raise PartitionError(f"--seq-len {args.seq_len} is not a multiple of --step {args.step}; change either")
     profile = get_profile(args.gpu_profile, count=args.gpus) if args.gpu_profile else detect_profile(args.gpus)
     graph, hidden_size = _trace_causal(args)
-    dtype = args.dtype or _graph_dtype(graph)
+    dtype = args.dtype or weights_dtype(graph)
     if args.latency:
         key = LatencyKey(
             model_fingerprint=graph.fingerprint,
@@ -77,13 +75,7 @@ def _run_slices(args: argparse.Namespace) -> int:
         source = f"{args.latency} ({fitted.source})"
     else:
         # The DP reads the cost model itself; the fitted form is what a file keeps.
-        latency = RooflineSliceTime.from_graph(
-            graph,
-            profile,
-            num_stages=args.gpus,
-            boundary_bytes_per_token=hidden_size * _DTYPE_BYTES.get(dtype, 4),
-            dtype=dtype,
-        )
+        latency = cost_model_slice_time(graph, profile, num_stages=args.gpus, hidden_size=hidden_size, dtype=dtype)
         fitted = SliceLatency.fit(latency.samples(), latency.key, source="cost-model")
         source = f"the cost model (its five-term fit, what --save-latency writes, is within {fitted.fit_error:.0%})"
     if args.save_latency:
@@ -175,10 +167,3 @@ def _trace_causal(args: argparse.Namespace) -> tuple[Any, int]:
         f"traced {graph.model_class} ({graph.num_nodes} ops) in {time.perf_counter() - started:.1f} s", file=sys.stderr
     )
     return graph, int(model.config.hidden_size)
-
-
-def _graph_dtype(graph: Any) -> str:
-    from hf_ftpipe.costmodel import canonical_dtype
-
-    weights = [info.dtype for info in graph.params.values() if not info.is_buffer]
-    return canonical_dtype(weights[0]) if weights else "float32"

@@ -28,13 +28,22 @@ from typing import TYPE_CHECKING
 
 from hf_ftpipe import _strict_json
 from hf_ftpipe.costmodel.op_time import _first_dtype, comm_time_s, compute_time_s, node_costs
-from hf_ftpipe.costmodel.profiles import GPUProfile
+from hf_ftpipe.costmodel.profiles import GPUProfile, canonical_dtype
 from hf_ftpipe.errors import LatencyFormatError
 
 if TYPE_CHECKING:  # only read here; importing hf_ftpipe.graph at runtime pulls in torch
     from hf_ftpipe.graph.cost_graph import CostGraph
 
-__all__ = ["FORMAT_NAME", "FORMAT_VERSION", "LatencyKey", "LatencySample", "RooflineSliceTime", "SliceLatency"]
+__all__ = [
+    "FORMAT_NAME",
+    "FORMAT_VERSION",
+    "LatencyKey",
+    "LatencySample",
+    "RooflineSliceTime",
+    "SliceLatency",
+    "cost_model_slice_time",
+    "weights_dtype",
+]
 
 FORMAT_NAME = "hf_ftpipe.slice_latency"
 """Value of the ``"format"`` field: tells a latency file from any other JSON file."""
@@ -186,6 +195,34 @@ class SliceLatency:
             differ = [f"key.{k} is {theirs[k]!r}, expected {ours[k]!r}" for k in ours if ours[k] != theirs[k]]
             raise LatencyFormatError(f"{where}: fitted for another setup: {'; '.join(differ)}; {_REFIT}")
         return latency
+
+
+_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+def weights_dtype(graph: CostGraph) -> str:
+    """The dtype of the traced model's first weight (float32 when it has none)."""
+    weights = [info.dtype for info in graph.params.values() if not info.is_buffer]
+    return canonical_dtype(weights[0]) if weights else "float32"
+
+
+def cost_model_slice_time(
+    graph: CostGraph, profile: GPUProfile, *, num_stages: int, hidden_size: int, dtype: str | None = None
+) -> RooflineSliceTime:
+    """`RooflineSliceTime` of a causal LM split over ``num_stages`` stages (the slicing DP's latency,
+    as ``hf-ftpipe slices`` and PipeTrainer's ``token_slices="auto"`` use it).
+
+    Between stages a slice sends one hidden state per token, ``hidden_size`` values of ``dtype``
+    (default: the weights' dtype).
+    """
+    dtype = dtype or weights_dtype(graph)
+    return RooflineSliceTime.from_graph(
+        graph,
+        profile,
+        num_stages=num_stages,
+        boundary_bytes_per_token=hidden_size * _DTYPE_BYTES.get(dtype, 4),
+        dtype=dtype,
+    )
 
 
 _REFIT = "fit the latency model again for this setup (or pass the file written for it)"

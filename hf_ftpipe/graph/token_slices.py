@@ -163,9 +163,16 @@ def cut_slices(inputs: Mapping[str, Any], slice_lengths: Sequence[int]) -> list[
 
 
 def capture_token_slices(
-    model: nn.Module, sample_inputs: Mapping[str, Any], slice_lengths: Sequence[int]
+    model: nn.Module,
+    sample_inputs: Mapping[str, Any],
+    slice_lengths: Sequence[int],
+    *,
+    full: TracedModel | None = None,
 ) -> SlicedModel:
     """Capture ``model`` on one micro-batch, whole and at each distinct length of ``slice_lengths``.
+
+    ``full``: the whole-sequence capture of an earlier call on the same model and sample, reused
+    (choosing the lengths needs it first: PipeTrainer's ``token_slices="auto"``).
 
     Raises:
         `TraceError`: the model cannot be sliced (see `check_sliceable`), or the lengths do not add
@@ -175,7 +182,7 @@ def capture_token_slices(
     seq_len = int(full_inputs["input_ids"].shape[1])
     check_sliceable(model, seq_len)
     pieces = cut_slices(full_inputs, slice_lengths)
-    full = capture_model(model, full_inputs)
+    full = full if full is not None else capture_model(model, full_inputs)
     if not any(_is_attention(node) for node in full.graph_module.modules()):
         raise TraceError(
             f"{type(model).__name__}'s graph has no scaled_dot_product_attention call to slice; "

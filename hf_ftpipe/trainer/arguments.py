@@ -11,6 +11,8 @@ from hf_ftpipe.schedules.registry import SCHEDULE_NAMES, SCHEDULES, ScheduleName
 __all__ = ["PipeTrainingArguments"]
 
 SUPPORTED_SCHEDULES = SCHEDULE_NAMES
+SLICING_SCHEDULES = [name for name, traits in SCHEDULES.items() if traits.token_slices]
+"""The schedules that can pipeline token slices (``token_slices``)."""
 
 
 @dataclass
@@ -122,6 +124,16 @@ class PipeTrainingArguments(TrainingArguments):
             "(generate's `max_length`); at most the traced label length + 1, which is the default."
         },
     )
+    token_slices: list[int] | str | None = field(
+        default=None,
+        metadata={
+            "help": f"Causal LMs, schedules {', '.join(map(repr, SLICING_SCHEDULES))}: cut each sequence into "
+            "token slices that flow through the "
+            "pipeline like micro-batches (TeraPipe). Slice lengths adding up to the sequence length, e.g. "
+            "'512,512,1024' (a list in Python), or 'auto': chosen by TeraPipe's dynamic program from the cost "
+            "model. Default: whole sequences."
+        },
+    )
     pipeline_timeout_s: float = field(
         default=300.0,
         metadata={"help": "Longest wait for any transfer between ranks before the whole job stops with an error."},
@@ -153,6 +165,13 @@ class PipeTrainingArguments(TrainingArguments):
             raise ValueError(
                 f"`async_weight_prediction=True` only applies to pipeline_schedule='async' (got "
                 f"{self.pipeline_schedule!r}), whose gradients are stale; drop it or switch the schedule"
+            )
+        self.token_slices = _parse_token_slices(self.token_slices)
+        if self.token_slices is not None and not SCHEDULES[self.pipeline_schedule].token_slices:
+            raise ValueError(
+                f"`token_slices={self.token_slices!r}` with pipeline_schedule={self.pipeline_schedule!r}: this "
+                f"schedule versions its weights per sequence and cannot pipeline the slices of one; use one of "
+                f"{SLICING_SCHEDULES}, or drop `token_slices`"
             )
         if self.num_microbatches < 1:
             raise ValueError(f"`num_microbatches` must be at least 1, got {self.num_microbatches}")
@@ -208,6 +227,32 @@ class PipeTrainingArguments(TrainingArguments):
             )
         if self.pipeline_timeout_s <= 0:
             raise ValueError(f"`pipeline_timeout_s` must be positive, got {self.pipeline_timeout_s}")
+
+
+def _parse_token_slices(value: object) -> list[int] | str | None:
+    """``token_slices`` as ``None``, ``"auto"`` or a list of positive lengths; the command line
+    gives a string, e.g. ``"512,512,1024"``."""
+    if value is None or value == "auto":
+        return value
+    if isinstance(value, str):
+        try:
+            value = [int(part) for part in value.split(",")]
+        except ValueError:
+            raise ValueError(
+                f"`token_slices={value!r}` is neither 'auto' nor comma-separated slice lengths; "
+                "use e.g. token_slices='512,512,1024'"
+            ) from None
+    if not isinstance(value, list | tuple) or not value:
+        raise ValueError(
+            f"`token_slices={value!r}` must be 'auto' or a non-empty list of slice lengths, e.g. [512, 512, 1024]"
+        )
+    wrong = [length for length in value if isinstance(length, bool) or not isinstance(length, int) or length < 1]
+    if wrong:
+        raise ValueError(
+            f"`token_slices={list(value)}` holds lengths that are not positive integers ({wrong}); each slice "
+            "is a number of tokens, and together they add up to the sequence length"
+        )
+    return list(value)
 
 
 def _unsupported_trainer_features(args: PipeTrainingArguments) -> list[str]:

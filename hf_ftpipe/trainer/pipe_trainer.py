@@ -26,7 +26,7 @@ from transformers import Trainer
 from transformers.trainer_utils import get_last_checkpoint
 
 from hf_ftpipe.errors import CheckpointError, PipelineError
-from hf_ftpipe.graph.trace import capture_model
+from hf_ftpipe.graph.token_slices import SlicedModel
 from hf_ftpipe.plan import Partition
 from hf_ftpipe.runtime import PipelineEngine, Watchdog
 from hf_ftpipe.runtime.weights import release_foreign_weights
@@ -41,6 +41,7 @@ from hf_ftpipe.trainer.float16 import Float16Training
 from hf_ftpipe.trainer.loss_weighting import label_counts, model_loss_shifts_labels
 from hf_ftpipe.trainer.plan_sharing import share_partition
 from hf_ftpipe.trainer.reporting import PipeReporting
+from hf_ftpipe.trainer.token_slicing import capture_for_pipeline
 
 __all__ = ["PipeTrainer"]
 
@@ -130,8 +131,10 @@ class PipeTrainer(PipeEvaluation, PipeCheckpointing, PipeDataLoading, PipeReport
         if any(p.is_meta for p in self.model.parameters()) and hasattr(self.model, "tie_weights"):
             # accelerate.init_empty_weights registers a new tensor per name, untying shared weights.
             self.model.tie_weights()
-        traced = capture_model(self.model, microbatch)
-        shared = share_partition(self.args, traced, microbatch, self.watchdog)
+        traced = capture_for_pipeline(self.args, self.model, microbatch, self.watchdog)
+        # A sliced model is planned on its whole-sequence graph, the computation its slices add up to.
+        whole = traced.full if isinstance(traced, SlicedModel) else traced
+        shared = share_partition(self.args, whole, microbatch, self.watchdog)
         self.partition, self.partition_source = shared.partition, shared.source
         self._built_from = self._weights_path()
         self.engine = PipelineEngine(

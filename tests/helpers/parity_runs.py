@@ -1,5 +1,8 @@
 """The runs compared in tests/trainer/test_parity.py: a tiny GPT-2, T5 and BERT with the same data,
-arguments and seed, trained by PipeTrainer (in parity_job.py, 2 ranks) or plain `Trainer` (in the test)."""
+arguments and seed, trained by PipeTrainer (in parity_job.py, 2 ranks) or plain `Trainer` (in the test).
+
+``gpt2-sliced`` is the GPT-2 run with each sequence cut into uneven token slices (TeraPipe); plain
+`Trainer` has no such thing, so its reference is the ``gpt2`` run (`base_kind`)."""
 
 from __future__ import annotations
 
@@ -11,9 +14,15 @@ from datasets import Dataset
 
 from models import SEQ, TARGET, VOCAB, tiny_model
 
-KINDS = ("gpt2", "t5", "bert")
+KINDS = ("gpt2", "t5", "bert", "gpt2-sliced")
+TOKEN_SLICES = {"gpt2-sliced": [3, 1, 4]}  # uneven, adding up to SEQ
 STEPS = 4
 OPTIMIZERS = {"gpt2": "adamw_torch", "t5": "adafactor", "bert": "sgd"}  # Trainer's `optim` names
+
+
+def base_kind(kind: str) -> str:
+    """The model, data and `Trainer` run that ``kind`` compares with (``gpt2-sliced``: ``gpt2``)."""
+    return kind.removesuffix("-sliced")
 
 
 def make_data(kind: str, rows: int, seed: int) -> Dataset:
@@ -59,13 +68,14 @@ def setup(kind: str, output_dir: str, pipe: bool) -> dict[str, Any]:
 
     from hf_ftpipe import PipeTrainingArguments
 
+    base = base_kind(kind)
     common = dict(
         output_dir=output_dir,
         use_cpu=True,
         per_device_train_batch_size=4,
         per_device_eval_batch_size=4,
         max_steps=STEPS,
-        optim=OPTIMIZERS[kind],
+        optim=OPTIMIZERS[base],
         learning_rate=3e-3,
         lr_scheduler_type="linear",
         warmup_steps=1,
@@ -77,15 +87,17 @@ def setup(kind: str, output_dir: str, pipe: bool) -> dict[str, Any]:
         data_seed=0,
     )
     if pipe:
-        args = PipeTrainingArguments(num_microbatches=2, pipeline_schedule="gpipe", **common)
+        args = PipeTrainingArguments(
+            num_microbatches=2, pipeline_schedule="gpipe", token_slices=TOKEN_SLICES.get(kind), **common
+        )
     else:
         args = TrainingArguments(**common)
     return {
-        "model": tiny_model(kind),
+        "model": tiny_model(base),
         "args": args,
-        "train_dataset": make_data(kind, 16, seed=1),
-        "eval_dataset": make_data(kind, 6, seed=2),  # a short last batch
-        "compute_metrics": None if kind == "gpt2" else compute_metrics,
+        "train_dataset": make_data(base, 16, seed=1),
+        "eval_dataset": make_data(base, 6, seed=2),  # a short last batch
+        "compute_metrics": None if base == "gpt2" else compute_metrics,
     }
 
 
@@ -95,6 +107,8 @@ def run(kind: str, output_dir: str, trainer_class: type) -> dict[str, Any]:
     trainer = trainer_class(**parts)
     trainer.train()
     result: dict[str, Any] = {"history": trainer.state.log_history, "evaluate": trainer.evaluate()}
+    slicing = getattr(getattr(trainer, "engine", None), "token_slicing", None)
+    result["token_slices"] = None if slicing is None else list(slicing.slice_lengths)  # what the pipeline ran
     predicted = trainer.predict(parts["eval_dataset"])
     result["predict"] = (predicted.predictions, predicted.label_ids, predicted.metrics)
     if kind == "t5" and trainer_class.__name__ == "PipeTrainer":

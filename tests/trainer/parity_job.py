@@ -1,4 +1,5 @@
-"""PipeTrainer (gpipe, 2 ranks) on a tiny GPT-2, T5 and BERT, for the comparison with plain `Trainer`.
+"""PipeTrainer (gpipe, 2 ranks) on a tiny GPT-2 (also cut into token slices), T5 and BERT, for the
+comparison with plain `Trainer`.
 
 Run by `test_parity.py` under `accelerate launch`; the test builds the single-process reference
 from the same `parity_runs.setup()`. Rank 0 writes, per model, ``OUTPUT/<kind>/result.pt`` (logged
@@ -15,14 +16,15 @@ import torch
 from parity_runs import KINDS, run
 
 
-def main(output_dir: str) -> None:
+def main(output_dir: str, *kinds: str) -> None:
+    """Run ``kinds`` (default: every one of `KINDS`)."""
     from hf_ftpipe import PipeTrainer
 
-    for kind in KINDS:
+    for kind in kinds or KINDS:
         result = run(kind, str(Path(output_dir) / kind), PipeTrainer)
         if torch.distributed.get_rank() == 0:
             torch.save(result, Path(output_dir) / kind / "result.pt")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:])

@@ -1,7 +1,8 @@
 """PipeTrainer (gpipe, 2 CPU processes) gives plain `Trainer`'s numbers on one process.
 
 One launched job trains a tiny GPT-2 (label padding: micro-batches differ in label tokens; AdamW),
-T5 (Adafactor) and BERT classifier (SGD); this process runs plain `Trainer` on the same seed, data and arguments and
+the same GPT-2 cut into uneven token slices (TeraPipe), T5 (Adafactor) and BERT classifier (SGD);
+this process runs plain `Trainer` on the same seed, data and arguments (once per model) and
 compares every logged loss and gradient norm, the learning rates, `evaluate()`, `predict()` and
 the final weights. The job's T5 then predicts with generation through the pipeline, which must
 equal `model.generate` on the trained weights.
@@ -9,6 +10,7 @@ equal `model.generate` on the trained weights.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +30,7 @@ from hf_ftpipe.errors import PipelineError
 from distributed import REPO
 from distributed import accelerate_launch as launch
 from models import tiny_model
-from parity_runs import KINDS, STEPS, compute_metrics, make_data, run
+from parity_runs import KINDS, STEPS, TOKEN_SLICES, base_kind, compute_metrics, make_data, run
 
 LOADERS = {"gpt2": AutoModelForCausalLM, "t5": AutoModelForSeq2SeqLM, "bert": AutoModelForSequenceClassification}
 TOLERANCE = {"atol": 1e-5, "rtol": 1e-4}
@@ -39,6 +41,22 @@ def pipeline_results(tmp_path_factory: pytest.TempPathFactory) -> Path:
     output = tmp_path_factory.mktemp("pipe")
     launch(str(REPO / "tests" / "trainer" / "parity_job.py"), str(output))
     return output
+
+
+@pytest.fixture(scope="module")
+def trainer_results(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple[dict, Path]]:
+    """Plain `Trainer`'s results and output folder for a kind's model, run once per model: the sliced
+    GPT-2 compares with the same run as the whole-sequence one."""
+    done: dict[str, tuple[dict, Path]] = {}
+
+    def results(kind: str) -> tuple[dict, Path]:
+        base = base_kind(kind)
+        if base not in done:
+            output = tmp_path_factory.mktemp(f"trainer-{base}")
+            done[base] = (run(base, str(output), Trainer), output)
+        return done[base]
+
+    return results
 
 
 def _steps(history: list[dict]) -> list[dict]:
@@ -64,9 +82,12 @@ def _metrics_close(actual: dict, expected: dict, what: str) -> None:
 @pytest.mark.distributed
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", KINDS)
-def test_pipe_trainer_matches_trainer(pipeline_results: Path, kind: str, tmp_path: Path) -> None:
+def test_pipe_trainer_matches_trainer(
+    pipeline_results: Path, trainer_results: Callable[[str], tuple[dict, Path]], kind: str
+) -> None:
     pipe = torch.load(pipeline_results / kind / "result.pt", weights_only=False)
-    reference = run(kind, str(tmp_path), Trainer)
+    reference, reference_dir = trainer_results(kind)
+    assert pipe["token_slices"] == TOKEN_SLICES.get(kind), "the pipeline did not run the slices asked for"
 
     steps, expected_steps = _steps(pipe["history"]), _steps(reference["history"])
     assert len(steps) == len(expected_steps) == STEPS
@@ -81,8 +102,9 @@ def test_pipe_trainer_matches_trainer(pipeline_results: Path, kind: str, tmp_pat
     np.testing.assert_array_equal(label_ids, want_labels)
     _metrics_close(metrics, want_metrics, "predict() metrics")
 
-    trained = LOADERS[kind].from_pretrained(pipeline_results / kind).state_dict()
-    expected = LOADERS[kind].from_pretrained(tmp_path).state_dict()
+    loader = LOADERS[base_kind(kind)]
+    trained = loader.from_pretrained(pipeline_results / kind).state_dict()
+    expected = loader.from_pretrained(reference_dir).state_dict()
     assert trained.keys() == expected.keys()
     for name, value in expected.items():
         torch.testing.assert_close(trained[name], value, **TOLERANCE, msg=name)

@@ -81,6 +81,10 @@ def test_quickstart_job_prints_accuracy_and_saves_a_loadable_model(tmp_path: Pat
         ({"async_update_interval": 2}, "only applies to pipeline_schedule='async' (got 'gpipe')"),
         ({"async_weight_prediction": True, "pipeline_schedule": "2bw"}, "only applies to pipeline_schedule='async'"),
         ({"partitioner": "magic"}, "`partitioner='magic'` is not available; choose one of ['auto',"),
+        ({"token_slices": [3, 0, 5]}, "holds lengths that are not positive integers ([0])"),
+        ({"token_slices": "512,half"}, "is neither 'auto' nor comma-separated slice lengths"),
+        ({"token_slices": []}, "must be 'auto' or a non-empty list of slice lengths"),
+        ({"token_slices": "auto", "pipeline_schedule": "async"}, "use one of ['gpipe', '1f1b'], or drop"),
     ],
 )
 def test_arguments_name_the_problem_and_the_fix(tmp_path: Path, overrides: dict, message: str) -> None:

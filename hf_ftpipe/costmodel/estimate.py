@@ -29,6 +29,11 @@ A GPU runs one action at a time, so it recomputes one micro-batch of one of its 
 the full activations of one micro-batch of its largest stage, in the backward term, not one per
 stage. Inputs read straight from the batch (ids, masks, labels) are small and left out.
 
+With token slices (TeraPipe; `TokenSlices`) the unit in flight is a slice of a sequence: a stage
+keeps what each slice's own-length graph saves, ``in_flight(..., num_slices=k)`` of them, plus one
+key/value buffer per attention layer for every sequence in flight, and the gradients of those
+buffers while a sequence runs backward (``hf_ftpipe.runtime.prefix_attention``).
+
 ``GPUCost``: ``gradient_bytes`` holds the gradients that persist; ``activation_bytes`` what the
 stages keep plus the largest backward's addition, gradients that do not persist included.
 
@@ -47,9 +52,11 @@ from typing import Literal, get_args
 from hf_ftpipe.costmodel.memory_rules import (
     backward_bytes,
     kept_output_bytes,
+    kv_buffer_bytes,
     largest_operand_bytes,
     optimizer_state_bytes,
     saved_bytes,
+    sliced_saved_bytes,
     stage_rules,
 )
 from hf_ftpipe.costmodel.op_time import NodeCost, comm_time_s, node_costs
@@ -58,10 +65,12 @@ from hf_ftpipe.costmodel.profiles import GPUProfile
 from hf_ftpipe.errors import PartitionError
 from hf_ftpipe.graph.cost_graph import CostGraph
 from hf_ftpipe.schedules.registry import ScheduleName
+from hf_ftpipe.schedules.rules import in_flight
 
 __all__ = [
     "MemoryOptions",
     "Optimizer",
+    "TokenSlices",
     "Schedule",
     "estimate",
     "estimate_memory",
@@ -96,6 +105,28 @@ class MemoryOptions:
                 f"{self.headroom!r}; e.g. 0.1 keeps 10% free"
             )
         _check_positive("gradient_accumulation_steps", self.gradient_accumulation_steps)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokenSlices:
+    """Token slicing (TeraPipe) for the memory model: each sequence cut into ``slice_lengths``.
+
+    A slice is a unit in flight like a micro-batch (``in_flight(..., num_slices=k)``), keeping what
+    its own length's graph saves (`memory_rules.sliced_saved_bytes`); each sequence in flight
+    also holds its keys and values on every stage (`memory_rules.kv_buffer_bytes`), and the one in
+    backward their gradients too. Plain data, built from ``SlicedModel`` by the caller.
+    """
+
+    slice_lengths: tuple[int, ...]
+    graphs: Mapping[int, CostGraph]
+    """Slice length → the model's graph at that length."""
+    node_stages: Mapping[int, Mapping[str, int]]
+    """Slice length → that graph's node → stage: the same stages as the whole graph's."""
+
+    def __post_init__(self) -> None:
+        missing = sorted(set(self.slice_lengths) - set(self.graphs) | set(self.slice_lengths) - set(self.node_stages))
+        if missing:
+            raise PartitionError(f"`TokenSlices` lacks a graph or a node → stage map for slice lengths {missing}")
 
 
 def usable_capacity(profile: GPUProfile, memory: MemoryOptions | None = None) -> int:
@@ -218,6 +249,7 @@ class _Memory:
         optimizer: str,
         schedule: str,
         options: MemoryOptions,
+        token_slices: TokenSlices | None = None,
     ) -> None:
         self.graph, self.stage_device = graph, stage_device
         self.optimizer = optimizer
@@ -239,6 +271,13 @@ class _Memory:
             )
             self.versions.append(rules.versions)
             self.persist.append(rules.persist)
+            if token_slices is not None:
+                held, backward = _sliced_stage_bytes(
+                    graph, nodes, s, token_slices, schedule, stage_device, num_microbatches, rules.persist
+                )
+                self.held_bytes.append(held)
+                self.backward.append(backward)
+                continue
             saved = sum(saved_bytes(graph, n) for n in nodes)
             kept = kept_output_bytes(graph, nodes, node_stage)
             if options.recompute:
@@ -301,17 +340,67 @@ def estimate_memory(
     optimizer: Optimizer = "adamw",
     schedule: Schedule = "gpipe",
     memory: MemoryOptions | None = None,
+    token_slices: TokenSlices | None = None,
 ) -> list[int]:
-    """Predicted memory bytes of each GPU (index = device), without a profile."""
+    """Predicted memory bytes of each GPU (index = device), without a profile.
+
+    With ``token_slices`` each of the ``num_microbatches`` micro-batches is a sequence cut into
+    token slices (`TokenSlices`); ``graph`` and ``node_stage`` are the whole sequence's.
+    """
     _check_choice("schedule", schedule, Schedule)
     _check_choice("optimizer", optimizer, Optimizer)
     _check_positive("num_microbatches", num_microbatches)
     stage_nodes = _stage_nodes(graph, node_stage, stage_device)
     model = _Memory(
-        graph, node_stage, stage_nodes, stage_device, num_microbatches, optimizer, schedule, memory or MemoryOptions()
+        graph,
+        node_stage,
+        stage_nodes,
+        stage_device,
+        num_microbatches,
+        optimizer,
+        schedule,
+        memory or MemoryOptions(),
+        token_slices,
     )
     num_devices = max(stage_device, default=-1) + 1
     return [model.of_gpu(g)["memory_bytes"] for g in range(num_devices)]
+
+
+def _sliced_stage_bytes(
+    graph: CostGraph,
+    nodes: Sequence[str],
+    stage: int,
+    token_slices: TokenSlices,
+    schedule: str,
+    stage_device: Sequence[int],
+    num_microbatches: int,
+    persist: bool,
+) -> tuple[int, int]:
+    """A sliced stage's ``(held, backward)`` bytes, the terms `_Memory` keeps per stage.
+
+    Held: the largest ``in_flight`` slice units (all of them under ``gpipe``) and the key/value
+    buffers of the sequences they belong to. Backward: the working tensors of the largest slice,
+    the gradients it creates where they do not persist, and the sequence's key/value gradients.
+    """
+    k = len(token_slices.slice_lengths)
+    units, operand = [], 0
+    for length in token_slices.slice_lengths:
+        part, node_stage = token_slices.graphs[length], token_slices.node_stages[length]
+        mine = [n for n in part.topological_order() if node_stage[n] == stage]
+        units.append(sliced_saved_bytes(part, mine) + kept_output_bytes(part, mine, node_stage))
+        operand = max(operand, largest_operand_bytes(part, mine))
+    count = in_flight(schedule, stage, stage_device, num_microbatches, num_slices=k)
+    held = sum(sorted(units * num_microbatches, reverse=True)[:count])
+    sequences = min(num_microbatches, -(-(count - 1) // k) + 1)  # units in flight may straddle two
+    kv = kv_buffer_bytes(graph, nodes)
+    backward = backward_bytes(
+        persist=persist,
+        largest_operand=operand,
+        gradients=graph.param_bytes(nodes, trainable_only=True),
+        saved=units[-1],  # a sequence's first backward is its last slice's
+        recomputed=0,
+    )
+    return held + sequences * kv, backward + kv
 
 
 def _stage_nodes(graph: CostGraph, node_stage: Mapping[str, int], stage_device: Sequence[int]) -> list[list[str]]:

@@ -36,14 +36,42 @@ from hf_ftpipe.schedules.rules import gradients_persist, in_flight, weight_versi
 
 __all__ = [
     "StageRules",
+    "attention_nodes",
     "backward_bytes",
     "kept_output_bytes",
+    "kv_buffer_bytes",
     "largest_operand_bytes",
     "operand_bytes",
     "optimizer_state_bytes",
     "saved_bytes",
+    "sliced_saved_bytes",
     "stage_rules",
 ]
+
+_ATTENTION_OP = "aten.scaled_dot_product_attention"
+_VIEW_OPS = frozenset(
+    (
+        "view",
+        "_unsafe_view",
+        "reshape",
+        "transpose",
+        "permute",
+        "t",
+        "split",
+        "split_with_sizes",
+        "getitem",
+        "select",
+        "slice",
+        "unsqueeze",
+        "squeeze",
+        "expand",
+        "alias",
+        "unflatten",
+        "as_strided",
+        "contiguous",
+    )
+)
+"""Ops whose output shares its input's storage (``contiguous`` of a contiguous tensor included)."""
 
 
 def optimizer_state_bytes(optimizer: str, shape: tuple[int, ...], num_bytes: int) -> int:
@@ -162,3 +190,70 @@ def backward_bytes(*, persist: bool, largest_operand: int, gradients: int, saved
     """
     created = 0 if persist else max(0, gradients - saved)
     return recomputed + 2 * largest_operand + created
+
+
+# -- token slices (TeraPipe): `hf_ftpipe.runtime.prefix_attention` ----------------------------
+
+
+def attention_nodes(graph: CostGraph, nodes: Iterable[str]) -> list[str]:
+    """The ``scaled_dot_product_attention`` calls among ``nodes``: what a sliced stage replaces."""
+    return [n for n in nodes if str(graph.node(n)["op"]).startswith(_ATTENTION_OP)]
+
+
+def _qkv_inputs(graph: CostGraph, node: str) -> list[str]:
+    """An attention call's query, key and value: its floating inputs ending in the head size (not the mask)."""
+    head = graph.node(node)["output_shapes"][0][-1]
+    return [
+        u
+        for u in graph.graph.predecessors(node)
+        if graph.node(u)["output_shapes"]
+        and graph.node(u)["output_shapes"][0][-1] == head
+        and not str(graph.node(u)["output_dtypes"][0]).startswith("bool")
+    ]
+
+
+def _storage_bytes(graph: CostGraph, node: str) -> int:
+    """Bytes of the storage behind ``node``'s output: up through views to the op that made it."""
+    while _op_name(graph, node) in _VIEW_OPS:
+        producers = list(graph.graph.predecessors(node))
+        if len(producers) != 1:
+            break
+        node = producers[0]
+    return graph.node(node)["output_bytes"]
+
+
+def _op_name(graph: CostGraph, node: str) -> str:
+    op = str(graph.node(node)["op"])  # "aten.view.default", "<built-in function getitem>"
+    if op.startswith("aten."):
+        return op.split(".")[1]
+    return "getitem" if "getitem" in op else op
+
+
+def kv_buffer_bytes(graph: CostGraph, nodes: Iterable[str]) -> int:
+    """One sequence's keys and values on a stage: ``SequenceKV``'s buffers for its attention layers.
+
+    Read from the whole-sequence graph: each call's key and value inputs, (batch, kv_heads,
+    seq_len, head_dim) each, so 2 × layers × batch × kv_heads × seq_len × head_dim × dtype bytes
+    in all (the query, the size of the call's output, is left out). The gradient buffers a
+    sequence gets at its first backward are the same size again.
+    """
+    return sum(
+        sum(graph.node(u)["output_bytes"] for u in _qkv_inputs(graph, n)) - graph.node(n)["output_bytes"]
+        for n in attention_nodes(graph, nodes)
+    )
+
+
+def sliced_saved_bytes(graph: CostGraph, nodes: Iterable[str]) -> int:
+    """What one token slice of a stage keeps until its backward, from the slice-length graph.
+
+    ``saved_bytes`` of every op, but for attention: ``PrefixAttention`` saves only the slice's
+    query, which keeps alive the storage it is a view of (GPT-2's fused q/k/v projection: three
+    times the query), and recomputes the rest in backward; its keys and values live in the
+    sequence's buffer (`kv_buffer_bytes`).
+    """
+    nodes = list(nodes)
+    attention = set(attention_nodes(graph, nodes))
+    total = sum(saved_bytes(graph, n) for n in nodes if n not in attention)
+    for n in attention:
+        total += max((_storage_bytes(graph, u) for u in _qkv_inputs(graph, n)), default=0)
+    return total

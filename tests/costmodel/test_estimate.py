@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from hf_ftpipe.costmodel import (
     MemoryOptions,
+    TokenSlices,
     estimate,
     estimate_memory,
     gpu_cost_s,
@@ -18,6 +19,7 @@ from hf_ftpipe.costmodel import (
     weight_versions,
 )
 from hf_ftpipe.errors import PartitionError
+from hf_ftpipe.graph.cost_graph import CostGraph
 
 from toy_graphs import UNIT, chain, make_graph, param
 
@@ -396,3 +398,67 @@ def test_a_loss_stage_keeps_the_logits_and_works_with_two_of_their_size():
     assert estimate_memory(graph, {"h": 0, "logits": 1, "loss": 1}, [0, 1], **args)[1] == (
         (100 + 800) + (800 + 4) + 2 * 800
     )
+
+
+def _attention_layer_graph(length: int) -> CostGraph:
+    """Stage 0: a fused q/k/v projection, views for q, k, v (batch 1, 4 heads, head size 2), one
+    attention call with a boolean mask, an output projection sent on; stage 1: a head with the loss."""
+    head = (1, 4, length, 2)  # 8·length floats = 32·length bytes
+
+    def view(shape: tuple[int, ...]) -> dict:
+        return {"op": "aten.view.default", "output_shapes": (shape,), "output_bytes": 32 * length, "saved_bytes": 0}
+
+    nodes = {
+        "qkv": {"output_shapes": ((1, length, 24),), "output_bytes": 96 * length, "saved_bytes": 10, "params": ("w0",)},
+        "q": view(head),
+        "k": view(head),
+        "v": view(head),
+        "mask": {
+            "output_shapes": ((1, 1, length, length),),
+            "output_dtypes": ("torch.bool",),
+            "output_bytes": length * length,
+            "saved_bytes": 0,
+            "requires_grad": False,
+        },
+        "attn": {
+            "op": "aten.scaled_dot_product_attention.default",
+            "output_shapes": (head,),
+            "output_bytes": 32 * length,
+            "saved_bytes": 1000,  # what sdpa itself saves: PrefixAttention saves only the query
+        },
+        "out": {"output_bytes": 32 * length, "saved_bytes": 32 * length},
+        "loss": {"output_bytes": 4, "saved_bytes": 16 * length, "params": ("w1",)},
+    }
+    edges = [("qkv", "q"), ("qkv", "k"), ("qkv", "v"), ("q", "attn"), ("k", "attn"), ("v", "attn")]
+    edges += [("mask", "attn"), ("attn", "out"), ("out", "loss")]
+    return make_graph(nodes, edges, params={"w0": param("w0", (4, 24)), "w1": param("w1", (4, 4))})
+
+
+def test_memory_of_token_slices_hand_computed():
+    # One sequence of 8 tokens cut into slices [4, 4], gpipe, SGD, one stage per GPU.
+    whole = _attention_layer_graph(8)
+    node_stage = {"qkv": 0, "q": 0, "k": 0, "v": 0, "mask": 0, "attn": 0, "out": 0, "loss": 1}
+    slices = TokenSlices(slice_lengths=(4, 4), graphs={4: _attention_layer_graph(4)}, node_stages={4: node_stage})
+    predicted = estimate_memory(
+        whole, node_stage, [0, 1], num_microbatches=1, optimizer="sgd", schedule="gpipe", token_slices=slices
+    )
+    # Stage 0, per 4-token slice: saved 10 (qkv) + 128 (out) + the query's storage, the whole fused
+    # projection (96·4 = 384), instead of attention's 1000; plus `out`, kept until its gradient
+    # comes back (128): 650. Both slices are in flight under gpipe: 1300. Keys and values of the
+    # sequence, from the whole graph: 3 × 256 − the query's 256 = 512, and as much again for their
+    # gradients during backward. The backward's working tensors: 2 × the largest operand (qkv's
+    # 384); the gradients it creates (384) are fewer than the activations it frees: none extra.
+    stage0 = 384 + 1300 + 512 + (2 * 384 + 512)
+    # Stage 1, per slice: saved 64 + the loss kept (4) = 68, twice; working tensors 2 × 128.
+    stage1 = 64 + 2 * 68 + 2 * 128
+    assert predicted == [stage0, stage1]
+
+    # Without slices the same stage keeps attention's own saved bytes and no key/value buffer.
+    unsliced = estimate_memory(whole, node_stage, [0, 1], num_microbatches=1, optimizer="sgd", schedule="gpipe")
+    assert unsliced[0] == 384 + (10 + 1000 + 256 + 256) + 2 * 768
+
+
+def test_token_slices_need_a_graph_per_length():
+    graph = _attention_layer_graph(4)
+    with pytest.raises(PartitionError, match=r"slice lengths \[2\]"):
+        TokenSlices(slice_lengths=(4, 2), graphs={4: graph}, node_stages={4: {}})

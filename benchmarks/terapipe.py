@@ -1,0 +1,421 @@
+"""Token slicing (TeraPipe) on 2 CPU ranks: unsliced GPipe, uniform slices, and the DP's slices.
+
+One GPT-2 (4 layers, d_model 256, 4 heads, vocabulary 2048, untied embeddings, no dropout, sdpa
+attention), batch 1, sequence 2048, split in 2 stages (blocks evenly; embeddings on the first,
+ln_f + lm_head + loss on the last), one per rank, gloo. With one sequence GPipe cannot
+micro-batch, so unsliced the two stages take turns: the bubble is half the step. Slicing the
+tokens fills it (TeraPipe, Li et al., ICML 2021).
+
+Runners: ``unsliced`` (the whole sequence, `TracedModel`), ``uniform-<n>`` (n equal slices) and
+``dp`` (``plan_slicing`` on a latency fitted to this machine's timings of both stages on a grid of
+slice and context lengths, `hf_ftpipe.runtime.slice_timing`). Each runs in fresh rank processes
+with the GPipe schedule and SGD.
+
+    python benchmarks/terapipe.py                         # table and checks
+    python benchmarks/terapipe.py --json                  # one JSON object per runner
+    python benchmarks/terapipe.py --runners unsliced uniform-8 --steps 3 --rounds 1
+
+Reported: samples/s (1 / median step time of the slowest rank), the ratio to ``unsliced``, peak
+tensor memory per rank (`PeakMemory`, construction and warm-up included) and the prediction of
+``hf_ftpipe.costmodel.estimate_memory`` with `TokenSlices`. Targets: uniform slicing ≥ 1.5×
+unsliced; dp ≥ the best uniform; peak memory within 10% of the prediction on every rank.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+import torch  # noqa: E402
+import transformers  # noqa: E402
+from _runtime_ranks import Placement, Setup, split_graph  # noqa: E402
+
+MB = 2**20
+MIN_SPEEDUP = 1.5
+MAX_MEMORY_ERROR = 0.10
+GRID_LENGTHS = (64, 128, 256, 512, 1024)
+"""Slice lengths timed for the latency fit (with every context that fits the sequence)."""
+
+
+def make_setup(args: argparse.Namespace) -> Setup:
+    return Setup(
+        num_ranks=2,
+        num_microbatches=1,
+        microbatch_size=1,
+        steps=args.steps,
+        warmup=args.warmup,
+        device="cpu",
+        threads_per_rank=1,
+        n_layer=args.layers,
+        d_model=args.d_model,
+        n_head=4,
+        seq_len=args.seq_len,
+        vocab_size=args.vocab,
+    )
+
+
+def build_model(setup: Setup) -> transformers.GPT2LMHeadModel:
+    config = transformers.GPT2Config(
+        vocab_size=setup.vocab_size,
+        n_positions=setup.seq_len,
+        n_embd=setup.d_model,
+        n_layer=setup.n_layer,
+        n_head=setup.n_head,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        tie_word_embeddings=False,
+        bos_token_id=0,
+        eos_token_id=0,
+        attn_implementation="sdpa",
+    )
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(config).train()
+    model.loss_type = "ForCausalLM"
+    return model
+
+
+def make_batch(setup: Setup, step: int) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(step)
+    ids = torch.randint(0, setup.vocab_size, (1, setup.seq_len), generator=generator)
+    return {"input_ids": ids, "labels": ids.clone()}
+
+
+def capture(setup: Setup, slices: tuple[int, ...] | None) -> tuple[Any, Any]:
+    """The model and what the engine takes: a `TracedModel` unsliced, else a `SlicedModel`."""
+    from hf_ftpipe.graph import capture_model
+    from hf_ftpipe.graph.token_slices import capture_token_slices
+
+    model = build_model(setup)
+    batch = make_batch(setup, 0)
+    if slices is None:
+        return model, capture_model(model, batch)
+    return model, capture_token_slices(model, batch, list(slices))
+
+
+# -- rank processes -------------------------------------------------------------------------
+
+
+Job = tuple[str, Any]
+"""``("train", slices or None)`` or ``("latency", repeats)``: what the rank processes do."""
+
+
+def _rank_entry(rank: int, setup: Setup, job: Job, rendezvous: str, results: Any) -> None:
+    import traceback
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    torch.set_num_threads(setup.threads_per_rank)
+    try:
+        dist.init_process_group(
+            "gloo",
+            init_method=f"file://{rendezvous}",
+            rank=rank,
+            world_size=setup.num_ranks,
+            timeout=timedelta(seconds=120),
+        )
+        kind, argument = job
+        if kind == "latency":
+            results.put((rank, {"samples": time_stage(rank, setup, argument)}, None))
+        else:
+            results.put((rank, run_rank(rank, setup, argument), None))
+    except BaseException:
+        results.put((rank, None, traceback.format_exc()))
+        raise SystemExit(1) from None
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def run_runner(setup: Setup, job: Job, timeout_s: float) -> list[dict[str, Any]]:
+    """Every rank's figures; the first failing rank's traceback as a RuntimeError."""
+    import multiprocessing as mp
+    import os
+    import queue
+    import tempfile
+
+    context = mp.get_context("spawn")
+    results = context.Queue()
+    figures: dict[int, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory() as folder:
+        rendezvous = os.path.join(folder, "rendezvous")
+        processes = [
+            context.Process(target=_rank_entry, args=(rank, setup, job, rendezvous, results))
+            for rank in range(setup.num_ranks)
+        ]
+        for process in processes:
+            process.start()
+        end = time.monotonic() + timeout_s
+        try:
+            while len(figures) < setup.num_ranks and time.monotonic() < end:
+                try:
+                    rank, value, error = results.get(timeout=0.5)
+                except queue.Empty:
+                    if not any(p.is_alive() for p in processes) and results.empty():
+                        break
+                    continue
+                if error is not None:
+                    raise RuntimeError(f"rank {rank}: {error.strip()}")
+                figures[rank] = value
+        finally:
+            for process in processes:
+                process.join(timeout=max(1.0, end - time.monotonic()) if len(figures) == setup.num_ranks else 5.0)
+                if process.is_alive():
+                    process.kill()
+                    process.join()
+    if len(figures) < setup.num_ranks:
+        raise RuntimeError(f"ranks gave no result within {timeout_s:.0f} s")
+    return [figures[rank] for rank in range(setup.num_ranks)]
+
+
+# -- one rank -------------------------------------------------------------------------------
+
+
+def run_rank(rank: int, setup: Setup, slices: list[int] | None) -> dict[str, Any]:
+    """Build the engine (whole sequence when ``slices`` is None), step it, and return this rank's figures."""
+    import gc
+
+    import torch.distributed as dist
+
+    from hf_ftpipe.runtime import PipelineEngine
+    from hf_ftpipe.runtime.peak_memory import PeakMemory
+
+    _, traced = capture(setup, None if slices is None else tuple(slices))
+    whole = traced if slices is None else traced.full
+    placement = Placement(split_graph(whole.cost_graph, setup), [0, 1])
+    batches = [make_batch(setup, step) for step in range(2)]
+    device = torch.device("cpu")
+    gc.collect()
+    dist.barrier()
+    memory = PeakMemory(device)
+    with memory:
+        engine = PipelineEngine(traced, placement, num_microbatches=1, schedule="gpipe", device=device)
+        optimizer = torch.optim.SGD(engine.parameters(), lr=1e-3)
+        memory.own(engine.parameters())
+        for step in range(setup.warmup):
+            engine.train_step(batches[step % 2])
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+    dist.barrier()
+    times, loss = [], None
+    for step in range(setup.steps):
+        start = time.perf_counter()
+        loss = engine.train_step(batches[step % 2])
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        times.append(time.perf_counter() - start)
+    dist.barrier()
+    return {
+        "step_time_s": statistics.median(times),
+        "peak_bytes": memory.peak_bytes(),
+        "loss": float(loss) if isinstance(loss, torch.Tensor) and loss.numel() == 1 else None,
+    }
+
+
+# -- in this process: latency, slicing, prediction -----------------------------------------
+
+
+def time_stage(rank: int, setup: Setup, repeats: int) -> list[tuple[int, int, int, float]]:
+    """This rank's stage timed on the grid of (slice, context) lengths, every rank at the same
+    moment (a barrier per point), as the pipeline runs them: two ranks on one machine share its
+    memory bandwidth, and a stage timed alone is faster than in the pipeline."""
+    import torch.distributed as dist
+
+    from hf_ftpipe.runtime import build_stage_module, plan_stages
+    from hf_ftpipe.runtime.slice_timing import time_slice_grid
+    from hf_ftpipe.runtime.token_slicing import TokenSlicing
+
+    lengths = [*GRID_LENGTHS, setup.seq_len - sum(GRID_LENGTHS)]
+    _, sliced = capture(setup, tuple(lengths))
+    whole = sliced.full
+    node_stage = split_graph(whole.cost_graph, setup)
+    specs = plan_stages(whole.cost_graph, node_stage)
+    cpu = torch.device("cpu")
+    module = build_stage_module(whole.graph_module, specs[rank], whole.canonical_names, whole.tensors, cpu)
+    slicing = TokenSlicing(sliced, specs, node_stage, {rank: module}, cpu)
+    grid = [(s, c) for s in GRID_LENGTHS for c in range(0, setup.seq_len - s + 1, 512)]
+    return time_slice_grid(slicing, rank, make_batch(setup, 0), grid, repeats=repeats, barrier=dist.barrier)
+
+
+def measure_latency(setup: Setup, repeats: int, timeout_s: float) -> Any:
+    """`SliceLatency` fitted to both stages' forward + backward on this machine, the slower per point:
+    the DP takes equal stages, and the slower one (the last, with lm_head and the loss) sets the pace."""
+    from hf_ftpipe.costmodel.latency import LatencyKey, LatencySample, SliceLatency
+
+    per_stage = run_runner(setup, ("latency", repeats), timeout_s)
+    samples = [
+        LatencySample(points[0][0], points[0][1], points[0][2], max(p[3] for p in points))
+        for points in zip(*(r["samples"] for r in per_stage))
+    ]
+    _, traced = capture(setup, None)
+    key = LatencyKey(
+        model_fingerprint=traced.cost_graph.fingerprint,
+        model_class="GPT2LMHeadModel",
+        seq_len=setup.seq_len,
+        num_stages=setup.num_ranks,
+        device="cpu",
+        dtype="float32",
+    )
+    return SliceLatency.fit(samples, key, source="measured"), samples
+
+
+def predicted_memory_mb(setup: Setup, slices: tuple[int, ...] | None) -> list[float]:
+    from hf_ftpipe.costmodel import TokenSlices, estimate_memory
+
+    _, traced = capture(setup, slices)
+    whole = traced if slices is None else traced.full
+    token_slices = None
+    if slices is not None:
+        graphs = {length: t.cost_graph for length, t in traced.by_length.items()}
+        token_slices = TokenSlices(
+            slice_lengths=tuple(slices),
+            graphs=graphs,
+            node_stages={length: split_graph(g, setup) for length, g in graphs.items()},
+        )
+    predicted = estimate_memory(
+        whole.cost_graph,
+        split_graph(whole.cost_graph, setup),
+        [0, 1],
+        num_microbatches=1,
+        optimizer="sgd",
+        schedule="gpipe",
+        token_slices=token_slices,
+    )
+    return [b / MB for b in predicted]
+
+
+# -- main -----------------------------------------------------------------------------------
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "--runners", nargs="+", default=["unsliced", "uniform-2", "uniform-4", "uniform-8", "uniform-16", "dp"]
+    )
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--d-model", type=int, default=256)
+    parser.add_argument("--seq-len", type=int, default=2048)
+    parser.add_argument("--vocab", type=int, default=2048)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3, help="every runner this many times, interleaved")
+    parser.add_argument("--step", type=int, default=64, help="the DP's slice lengths are multiples of this")
+    parser.add_argument("--timeout", type=float, default=600.0)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    setup = make_setup(args)
+
+    from hf_ftpipe.partitioners.slicing import plan_slicing, step_time_s, uniform_slices
+
+    slicings: dict[str, tuple[int, ...] | None] = {}
+    latency = None
+    for runner in args.runners:
+        if runner == "unsliced":
+            slicings[runner] = None
+        elif runner.startswith("uniform-"):
+            slicings[runner] = tuple(uniform_slices(setup.seq_len, int(runner.split("-")[1]), step=args.step))
+        elif runner == "dp":
+            start = time.perf_counter()
+            latency, samples = measure_latency(setup, 3, args.timeout)
+            chosen = plan_slicing(latency, setup.seq_len, setup.num_ranks, step=args.step)
+            slicings[runner] = tuple(chosen.slices)
+            print(
+                f"latency: {len(samples)} timings in {time.perf_counter() - start:.0f} s, fit within "
+                f"{latency.fit_error:.0%}: fixed {1e3 * latency.fixed_s:.2f} ms, token {1e6 * latency.token_s:.1f} us, "
+                f"context {1e6 * latency.context_s:.2f} us, token x context {1e9 * latency.token_context_s:.2f} ns, "
+                f"token^2 {1e9 * latency.token_squared_s:.2f} ns; dp slices {list(chosen.slices)}",
+                file=sys.stderr,
+            )
+        else:
+            parser.error(f"unknown runner {runner!r}; use unsliced, uniform-<n> or dp")
+
+    # Runners interleaved over rounds, each in fresh processes: a process's step time varies by
+    # ~10% from launch to launch on 2 cores, more than the runners differ by; the median of the
+    # rounds' medians is reported.
+    times: dict[str, list[float]] = {runner: [] for runner in slicings}
+    rows: dict[str, dict[str, Any]] = {}
+    for _ in range(args.rounds):
+        for runner, slices in slicings.items():
+            if runner in rows and rows[runner]["error"] is not None:
+                continue
+            try:
+                ranks = run_runner(setup, ("train", None if slices is None else list(slices)), args.timeout)
+            except Exception as error:  # the other runners still run
+                rows[runner] = {"runner": runner, "slices": slices, "samples_per_s": None, "error": str(error)}
+                continue
+            times[runner].append(max(r["step_time_s"] for r in ranks))
+            if runner not in rows:
+                rows[runner] = {
+                    "runner": runner,
+                    "slices": None if slices is None else list(slices),
+                    "peak_memory_mb": [round(r["peak_bytes"] / MB, 1) for r in ranks],
+                    "predicted_memory_mb": [round(v, 1) for v in predicted_memory_mb(setup, slices)],
+                    "loss": ranks[-1]["loss"],
+                    "error": None,
+                }
+    for runner, row in rows.items():
+        if row["error"] is None:
+            step = statistics.median(times[runner])
+            row.update(
+                samples_per_s=round(1 / step, 3),
+                step_time_ms=round(1000 * step, 1),
+                step_time_ms_rounds=[round(1000 * t, 1) for t in times[runner]],
+            )
+            if latency is not None:
+                lengths = [setup.seq_len] if row["slices"] is None else row["slices"]
+                row["modelled_step_ms"] = round(1000 * step_time_s(latency, [(1, lengths)], setup.num_ranks), 1)
+        print(json.dumps(row) if args.json else _line(row), flush=True)
+    return _checks(list(rows.values()))
+
+
+def _line(row: dict[str, Any]) -> str:
+    if row["error"] is not None:
+        return f"{row['runner']:<11} error: {row['error'].strip().splitlines()[-1][:200]}"
+    peak = " / ".join(f"{v:.0f}" for v in row["peak_memory_mb"])
+    predicted = " / ".join(f"{v:.0f}" for v in row["predicted_memory_mb"])
+    slices = "-" if row["slices"] is None else f"{len(row['slices'])}"
+    rounds = " ".join(f"{t:.0f}" for t in row["step_time_ms_rounds"])
+    return (
+        f"{row['runner']:<11} slices {slices:>3}  {row['samples_per_s']:6.3f} samples/s"
+        f"  step {row['step_time_ms']:7.1f} ms ({rounds})  modelled {row.get('modelled_step_ms', '-')} ms"
+        f"  peak MB {peak}  predicted MB {predicted}  loss {row['loss']:.4f}"
+    )
+
+
+def _checks(rows: list[dict[str, Any]]) -> int:
+    ok = {r["runner"]: r for r in rows if r["error"] is None}
+    failed = 0
+    base = ok.get("unsliced")
+    uniform = [r for name, r in ok.items() if name.startswith("uniform-")]
+    best = max(uniform, key=lambda r: r["samples_per_s"], default=None)
+    lines = []
+    if base and best:
+        ratio = best["samples_per_s"] / base["samples_per_s"]
+        lines.append(
+            (f"best uniform ({best['runner']}) >= {MIN_SPEEDUP}x unsliced", ratio >= MIN_SPEEDUP, f"{ratio:.2f}x")
+        )
+    if best and "dp" in ok:
+        ratio = ok["dp"]["samples_per_s"] / best["samples_per_s"]
+        lines.append(("dp >= best uniform", ratio >= 1.0, f"{ratio:.3f}x"))
+    for r in ok.values():
+        errors = [m / p - 1 for m, p in zip(r["peak_memory_mb"], r["predicted_memory_mb"])]
+        good = all(abs(e) <= MAX_MEMORY_ERROR for e in errors)
+        lines.append(
+            (f"{r['runner']} peak within {MAX_MEMORY_ERROR:.0%}", good, ", ".join(f"{e:+.1%}" for e in errors))
+        )
+    for name, good, figures in lines:
+        failed += not good
+        print(f"{'PASS' if good else 'FAIL'}  {name} ({figures})", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

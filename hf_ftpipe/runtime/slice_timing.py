@@ -1,0 +1,149 @@
+"""Time one stage's forward + backward of a token slice after some context, on this device.
+
+TeraPipe (Li et al., ICML 2021, §3.3; zhuohan123/terapipe, ``latency_model.py``) chooses slice
+lengths from measured timings: a layer is timed on a grid of (slice length, context length) and a
+linear model is fitted to them. Here the timed unit is a pipeline stage as the engine runs it: the
+stage's module at the slice's length (`TokenSlicing`), with `PrefixAttention` pointed at a
+`SequenceKV` whose buffers already hold ``context_len`` tokens of keys and values (random: only
+their shape matters for time). The samples are plain tuples so that the runtime does not import
+the cost model; ``hf_ftpipe.costmodel.latency.SliceLatency.fit`` takes them as ``LatencySample``::
+
+    samples = time_slice_grid(slicing, stage_index=0, microbatch=batch, grid=[(64, 0), (64, 512), ...])
+    latency = SliceLatency.fit([LatencySample(*x) for x in samples], key, source="measured")
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import torch
+
+from hf_ftpipe.runtime.prefix_attention import SequenceKV
+from hf_ftpipe.runtime.stage import StageSpec
+from hf_ftpipe.runtime.token_slicing import TokenSlicing
+
+__all__ = ["time_slice", "time_slice_grid"]
+
+Sample = tuple[int, int, int, float]
+"""``(slice_len, context_len, batch_size, time_s)``: the fields of ``LatencySample``."""
+
+
+def time_slice(
+    slicing: TokenSlicing,
+    stage_index: int,
+    microbatch: Mapping[str, Any],
+    slice_len: int,
+    context_len: int,
+    *,
+    repeats: int = 3,
+) -> float:
+    """Median seconds of ``stage_index``'s forward + backward on a ``slice_len``-token slice after
+    ``context_len`` tokens of context (one untimed run first).
+
+    ``slice_len`` must be one of ``slicing.slice_lengths`` (a stage is built per length). Received
+    values are random of the slice's shapes; every output that goes on gets a gradient of ones.
+    The backward adds into the stage's parameters' ``.grad``, which are the model's: time a copy
+    of the model, or zero its gradients before training.
+    """
+    if slice_len not in slicing.slice_lengths:
+        raise ValueError(
+            f"no stage is built for slices of {slice_len} tokens; capture the model with it among "
+            f"`slice_lengths` (built: {sorted(set(slicing.slice_lengths))})"
+        )
+    index = slicing.slice_lengths.index(slice_len)
+    spec, module = slicing.spec(stage_index, index), slicing.module(stage_index, index)
+    device = next(iter(module.parameters())).device
+    inputs = _slice_inputs(slicing, microbatch, index, context_len, spec, device)
+    cursor = slicing.cursors[stage_index]
+    batch_size = int(next(iter(microbatch.values())).shape[0])
+    padding = torch.ones(batch_size, context_len + slice_len, dtype=torch.bool, device=device)
+
+    sequence = SequenceKV(padding)
+    if context_len:  # the earlier slices' keys and values, as their forwards would have left them
+        for layer, shape in _kv_shapes(module, cursor, padding[:, :slice_len], inputs).items():
+            full = (*shape[:-2], context_len + slice_len, shape[-1])
+            sequence.keys[layer] = torch.randn(full, device=device)
+            sequence.values[layer] = torch.randn(full, device=device)
+
+    def run() -> None:
+        # The sequence's buffers are reused from run to run (the slice rewrites its own keys and
+        # values; gradients left for earlier slices add up), so only the slice's work is timed.
+        cursor.point(sequence, context_len)
+        leaves = [x.detach().requires_grad_(x.is_floating_point()) for x in inputs]
+        outputs = module(*leaves)
+        roots = [y for y in outputs if isinstance(y, torch.Tensor) and y.requires_grad]
+        torch.autograd.backward(roots, [torch.ones_like(y) for y in roots])
+
+    run()
+    times = []
+    for _ in range(repeats):
+        _synchronize(device)
+        start = time.perf_counter()
+        run()
+        _synchronize(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def time_slice_grid(
+    slicing: TokenSlicing,
+    stage_index: int,
+    microbatch: Mapping[str, Any],
+    grid: Iterable[tuple[int, int]],
+    *,
+    repeats: int = 3,
+    barrier: Callable[[], None] | None = None,
+) -> list[Sample]:
+    """`time_slice` at every ``(slice_len, context_len)`` of ``grid``.
+
+    ``barrier`` (e.g. ``torch.distributed.barrier``) runs before each point: every rank then times
+    its stage at the same moment, as the pipeline runs them. Ranks that share a machine's memory
+    bandwidth slow each other down, which a stage timed while the others idle does not show.
+    """
+    batch_size = int(next(iter(microbatch.values())).shape[0])
+    samples = []
+    for s, c in grid:
+        if barrier is not None:
+            barrier()
+        samples.append((s, c, batch_size, time_slice(slicing, stage_index, microbatch, s, c, repeats=repeats)))
+    return samples
+
+
+def _kv_shapes(
+    module: torch.nn.Module, cursor: Any, padding: torch.Tensor, inputs: list[torch.Tensor]
+) -> dict[str, tuple[int, ...]]:
+    """Each attention layer's key shape at this slice, from one forward without context."""
+    probe = SequenceKV(padding)
+    cursor.point(probe, 0)
+    with torch.no_grad():
+        module(*inputs)
+    return {layer: tuple(key.shape) for layer, key in probe.keys.items()}
+
+
+def _slice_inputs(
+    slicing: TokenSlicing,
+    microbatch: Mapping[str, Any],
+    index: int,
+    context_len: int,
+    spec: StageSpec,
+    device: torch.device,
+) -> list[torch.Tensor]:
+    """The stage's batch inputs at slice ``index`` (positions moved to start at ``context_len``),
+    then random received values of the slice's shapes."""
+    pieces = slicing.split(0, microbatch)
+    piece = dict(pieces[index])
+    length = slicing.slice_lengths[index]
+    if "position_ids" in piece:
+        positions = torch.arange(context_len, context_len + length)
+        piece["position_ids"] = positions.expand_as(torch.as_tensor(piece["position_ids"])).contiguous()
+    batch = [torch.as_tensor(piece[name]).to(device) for name in spec.batch_inputs]
+    received = [torch.randn(slicing.shape(value, index), device=device) for value in spec.received]
+    return batch + received
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

@@ -28,6 +28,7 @@ activation, while its gradients, applied at once under ``async``, never all coex
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -246,14 +247,24 @@ def kv_buffer_bytes(graph: CostGraph, nodes: Iterable[str]) -> int:
 def sliced_saved_bytes(graph: CostGraph, nodes: Iterable[str]) -> int:
     """What one token slice of a stage keeps until its backward, from the slice-length graph.
 
-    ``saved_bytes`` of every op, but for attention: ``PrefixAttention`` saves only the slice's
-    query, which keeps alive the storage it is a view of (GPT-2's fused q/k/v projection: three
-    times the query), and recomputes the rest in backward; its keys and values live in the
-    sequence's buffer (`kv_buffer_bytes`).
+    ``saved_bytes`` of every op, but for attention: ``PrefixAttention`` saves the slice's query,
+    which keeps alive the storage it is a view of (GPT-2's fused q/k/v projection: three times the
+    query), and its output and log-sum-exp for the CPU flash kernel's backward (elsewhere it
+    recomputes them, so this counts them for a GPU too, by the size of one output); its keys and
+    values live in the sequence's buffer (`kv_buffer_bytes`).
     """
     nodes = list(nodes)
     attention = set(attention_nodes(graph, nodes))
     total = sum(saved_bytes(graph, n) for n in nodes if n not in attention)
     for n in attention:
         total += max((_storage_bytes(graph, u) for u in _qkv_inputs(graph, n)), default=0)
+        total += graph.node(n)["output_bytes"] + _logsumexp_bytes(graph, n)
     return total
+
+
+def _logsumexp_bytes(graph: CostGraph, node: str) -> int:
+    """The flash kernel's log-sum-exp of an attention call: one value per query row and head, in
+    float32 (float64 for float64 inputs)."""
+    shape = graph.node(node)["output_shapes"][0]
+    rows = math.prod(shape[:-1])
+    return rows * (8 if str(graph.node(node)["output_dtypes"][0]).endswith("float64") else 4)

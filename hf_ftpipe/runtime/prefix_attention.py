@@ -7,10 +7,12 @@ sequence's keys and values are held once, however many slices it has (a ``torch.
 would keep about (M + 1)/2 copies, one saved by each slice's attention).
 
 `PrefixAttention` takes the place of a traced graph's ``scaled_dot_product_attention`` in a
-sliced stage. Its backward recomputes the slice's attention from the buffer (saving only the
-slice's queries), returns the slice's own key and value gradients plus what later slices left for
-its positions, and leaves the gradients for earlier positions in the buffer for the slices before
-it: a sequence's slices run backward in reverse, as every sliced schedule orders them.
+sliced stage. It saves the slice's queries, and on the CPU its output and log-sum-exp, for the
+flash kernel's backward; elsewhere, or with dropout, autocast or grouped heads, the backward
+recomputes the slice's attention from the buffer instead. The backward returns the slice's own
+key and value gradients plus what later slices left for its positions, and leaves the gradients
+for earlier positions in the buffer for the slices before it: a sequence's slices run backward in
+reverse, as every sliced schedule orders them.
 
 The mask is causal aligned bottom-right (query row r of a slice at offset c sits at position
 c + r) with the sequence's padding mask on the key columns: the traced graph's own mask, made for
@@ -112,28 +114,44 @@ class _PrefixAttentionFunction(torch.autograd.Function):
         device_type = query.device.type
         ctx.autocast = torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type)
         ctx.sequence, ctx.layer, ctx.offset, ctx.options = sequence, layer, offset, options
-        ctx.save_for_backward(query)
         keys, values = sequence.keys[layer][..., :end, :], sequence.values[layer][..., :end, :]
-        output = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, **options)
+        ctx.flash = _cpu_flash(query, keys, values, options, ctx.autocast[0])
+        if ctx.flash:  # keeps its output and log-sum-exp for the backward: nothing to recompute
+            output, logsumexp = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                query, keys, values, 0.0, False, attn_mask=_additive(mask, query.dtype), scale=options["scale"]
+            )
+            ctx.save_for_backward(query, output, logsumexp)
+        else:
+            output = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, **options)
+            ctx.save_for_backward(query)
         if stride is not None and output.stride() != stride:  # the layout the graph's views expect
             output = torch.empty_strided(output.shape, stride, dtype=output.dtype, device=output.device).copy_(output)
         return output
 
     @staticmethod
     def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
-        (query,) = ctx.saved_tensors
+        saved = ctx.saved_tensors  # unpacked once: under activation recomputation a second read fails
+        query = saved[0]
         sequence, layer, offset = ctx.sequence, ctx.layer, ctx.offset
         end = offset + query.shape[-2]
-        query = query.detach().requires_grad_(True)
-        keys = sequence.keys[layer][..., :end, :].detach().requires_grad_(True)
-        values = sequence.values[layer][..., :end, :].detach().requires_grad_(True)
-        enabled, dtype = ctx.autocast  # recompute in the precision the forward ran in
-        autocast = torch.autocast(query.device.type, dtype=dtype, enabled=enabled)
-        with torch.enable_grad(), _restored_rng(query.device, ctx.rng), autocast:
-            output = F.scaled_dot_product_attention(
-                query, keys, values, attn_mask=sequence.mask(offset, end - offset), **ctx.options
+        keys, values = sequence.keys[layer][..., :end, :], sequence.values[layer][..., :end, :]
+        mask = sequence.mask(offset, end - offset)
+        if ctx.flash:
+            _, output, logsumexp = saved
+            grad_query, grad_keys, grad_values = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+                grad_output.contiguous(),
+                query,
+                keys,
+                values,
+                output,
+                logsumexp,
+                0.0,
+                False,
+                attn_mask=_additive(mask, query.dtype),
+                scale=ctx.options["scale"],
             )
-        grad_query, grad_keys, grad_values = torch.autograd.grad(output, (query, keys, values), grad_output)
+        else:
+            grad_query, grad_keys, grad_values = _recomputed_grads(ctx, query, keys, values, mask, grad_output)
         own_keys, own_values = grad_keys[..., offset:, :], grad_values[..., offset:, :]
         later = sequence.take_grads(layer, offset, end)
         if later is not None:
@@ -141,6 +159,45 @@ class _PrefixAttentionFunction(torch.autograd.Function):
         if offset:
             sequence.leave_grads(layer, grad_keys[..., :offset, :], grad_values[..., :offset, :])
         return grad_query, own_keys, own_values, None, None, None, None, None
+
+
+def _cpu_flash(
+    query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, options: dict[str, Any], autocast: bool
+) -> bool:
+    """Whether the CPU flash kernel can run the slice directly: its backward then takes the saved
+    output and log-sum-exp. Dropout, grouped heads and autocast (which would cast its inputs) take
+    the general path, which recomputes the attention in backward instead."""
+    return (
+        query.device.type == "cpu"
+        and not autocast
+        and options["dropout_p"] == 0
+        and not options["enable_gqa"]
+        and query.dtype == keys.dtype == values.dtype
+    )
+
+
+def _additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The flash kernel's form of a boolean mask: 0 where attended, −inf elsewhere."""
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
+
+
+def _recomputed_grads(
+    ctx: Any,
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    grad_output: torch.Tensor,
+) -> tuple[torch.Tensor, ...]:
+    """The attention's gradients from a second forward, in the precision and with the random
+    state the first one had (so dropout repeats)."""
+    query = query.detach().requires_grad_(True)
+    keys, values = keys.detach().requires_grad_(True), values.detach().requires_grad_(True)
+    enabled, dtype = ctx.autocast
+    autocast = torch.autocast(query.device.type, dtype=dtype, enabled=enabled)
+    with torch.enable_grad(), _restored_rng(query.device, ctx.rng), autocast:
+        output = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, **ctx.options)
+    return torch.autograd.grad(output, (query, keys, values), grad_output)
 
 
 class PrefixAttention(nn.Module):

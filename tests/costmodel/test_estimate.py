@@ -424,7 +424,7 @@ def _attention_layer_graph(length: int) -> CostGraph:
             "op": "aten.scaled_dot_product_attention.default",
             "output_shapes": (head,),
             "output_bytes": 32 * length,
-            "saved_bytes": 1000,  # what sdpa itself saves: PrefixAttention saves only the query
+            "saved_bytes": 1000,  # what sdpa itself saves: PrefixAttention saves its own
         },
         "out": {"output_bytes": 32 * length, "saved_bytes": 32 * length},
         "loss": {"output_bytes": 4, "saved_bytes": 16 * length, "params": ("w1",)},
@@ -443,12 +443,13 @@ def test_memory_of_token_slices_hand_computed():
         whole, node_stage, [0, 1], num_microbatches=1, optimizer="sgd", schedule="gpipe", token_slices=slices
     )
     # Stage 0, per 4-token slice: saved 10 (qkv) + 128 (out) + the query's storage, the whole fused
-    # projection (96·4 = 384), instead of attention's 1000; plus `out`, kept until its gradient
-    # comes back (128): 650. Both slices are in flight under gpipe: 1300. Keys and values of the
+    # projection (96·4 = 384), and attention's output (128) and log-sum-exp (4 heads × 4 rows × 4
+    # bytes = 64), instead of attention's 1000; plus `out`, kept until its gradient comes back
+    # (128): 842. Both slices are in flight under gpipe: 1684. Keys and values of the
     # sequence, from the whole graph: 3 × 256 − the query's 256 = 512, and as much again for their
     # gradients during backward. The backward's working tensors: 2 × the largest operand (qkv's
     # 384); the gradients it creates (384) are fewer than the activations it frees: none extra.
-    stage0 = 384 + 1300 + 512 + (2 * 384 + 512)
+    stage0 = 384 + 1684 + 512 + (2 * 384 + 512)
     # Stage 1, per slice: saved 64 + the loss kept (4) = 68, twice; working tensors 2 × 128.
     stage1 = 64 + 2 * 68 + 2 * 128
     assert predicted == [stage0, stage1]

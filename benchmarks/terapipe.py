@@ -267,6 +267,35 @@ def measure_latency(setup: Setup, repeats: int, timeout_s: float) -> Any:
     return SliceLatency.fit(samples, key, source="measured"), samples
 
 
+CALIBRATION_SLICES = (4, 16)
+"""Uniform slicings run to measure the engine's cost per slice that a stage timed alone misses."""
+
+
+def with_engine_cost(latency: Any, setup: Setup, step: int, timeout_s: float) -> tuple[Any, float]:
+    """``latency`` with the engine's own cost per slice added to its fixed term, and that cost in ms.
+
+    A stage timed alone (`time_slice`) leaves out what the pipeline adds per slice: its messages
+    (hidden states forward, their gradients back), the executor's bookkeeping, and the gradient
+    accumulation into the weights that every slice's backward does. With K stages each slice's
+    cost counts k + K − 1 times in a step of k slices (TeraPipe's Σ t_i + (K − 1)·max t), so two
+    short sliced runs at different k give it: the growth of (measured − modelled) over the growth
+    of k + K − 1.
+    """
+    from dataclasses import replace
+
+    from hf_ftpipe.partitioners.slicing import step_time_s, uniform_slices
+
+    excess, counts = [], []
+    for count in CALIBRATION_SLICES:
+        slices = uniform_slices(setup.seq_len, count, step=step)
+        ranks = run_runner(replace(setup, steps=3, warmup=1), ("train", list(slices)), timeout_s)
+        measured = max(r["step_time_s"] for r in ranks)
+        excess.append(measured - step_time_s(latency, [(1, slices)], setup.num_ranks))
+        counts.append(count + setup.num_ranks - 1)
+    per_slice = max(0.0, (excess[1] - excess[0]) / (counts[1] - counts[0]))
+    return replace(latency, fixed_s=latency.fixed_s + per_slice), 1e3 * per_slice
+
+
 def predicted_memory_mb(setup: Setup, slices: tuple[int, ...] | None) -> list[float]:
     from hf_ftpipe.costmodel import TokenSlices, estimate_memory
 
@@ -325,13 +354,15 @@ def main() -> int:
         elif runner == "dp":
             start = time.perf_counter()
             latency, samples = measure_latency(setup, 3, args.timeout)
+            latency, engine_ms = with_engine_cost(latency, setup, args.step, args.timeout)
             chosen = plan_slicing(latency, setup.seq_len, setup.num_ranks, step=args.step)
             slicings[runner] = tuple(chosen.slices)
             print(
                 f"latency: {len(samples)} timings in {time.perf_counter() - start:.0f} s, fit within "
                 f"{latency.fit_error:.0%}: fixed {1e3 * latency.fixed_s:.2f} ms, token {1e6 * latency.token_s:.1f} us, "
                 f"context {1e6 * latency.context_s:.2f} us, token x context {1e9 * latency.token_context_s:.2f} ns, "
-                f"token^2 {1e9 * latency.token_squared_s:.2f} ns; dp slices {list(chosen.slices)}",
+                f"token^2 {1e9 * latency.token_squared_s:.2f} ns (the engine's {engine_ms:.2f} ms per slice "
+                f"included); dp slices {list(chosen.slices)}",
                 file=sys.stderr,
             )
         else:

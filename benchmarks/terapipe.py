@@ -34,8 +34,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 import torch  # noqa: E402
-import transformers  # noqa: E402
-from _runtime_ranks import Placement, Setup, split_graph  # noqa: E402
+from _runtime_ranks import Placement, Setup, build_model, make_batch, split_graph  # noqa: E402
 
 MB = 2**20
 MIN_SPEEDUP = 1.5
@@ -59,33 +58,6 @@ def make_setup(args: argparse.Namespace) -> Setup:
         seq_len=args.seq_len,
         vocab_size=args.vocab,
     )
-
-
-def build_model(setup: Setup) -> transformers.GPT2LMHeadModel:
-    config = transformers.GPT2Config(
-        vocab_size=setup.vocab_size,
-        n_positions=setup.seq_len,
-        n_embd=setup.d_model,
-        n_layer=setup.n_layer,
-        n_head=setup.n_head,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-        tie_word_embeddings=False,
-        bos_token_id=0,
-        eos_token_id=0,
-        attn_implementation="sdpa",
-    )
-    torch.manual_seed(0)
-    model = transformers.GPT2LMHeadModel(config).train()
-    model.loss_type = "ForCausalLM"
-    return model
-
-
-def make_batch(setup: Setup, step: int) -> dict[str, torch.Tensor]:
-    generator = torch.Generator().manual_seed(step)
-    ids = torch.randint(0, setup.vocab_size, (1, setup.seq_len), generator=generator)
-    return {"input_ids": ids, "labels": ids.clone()}
 
 
 def capture(setup: Setup, slices: tuple[int, ...] | None) -> tuple[Any, Any]:

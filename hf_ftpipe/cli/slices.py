@@ -3,11 +3,12 @@
 ::
 
     hf-ftpipe slices gpt2-xl --seq-len 1024 --gpus 8 --gpu-profile a100-80gb [--batch-size 1] \\
-        [--step 8] [--latency FILE | --save-latency FILE] [--json]
+        [--step 8] [--measure | --latency FILE] [--save-latency FILE] [--json]
 
 The model is traced on the meta device at one sequence; the latency of a slice on one of ``--gpus``
 equal stages comes from the cost model (or from ``--latency``, a file fitted earlier for the same
-model, length, stage count and device), and TeraPipe's dynamic program picks the slice lengths.
+model, length, stage count and device; or ``--measure``, timings of the model's stages on this
+machine), and TeraPipe's dynamic program picks the slice lengths.
 """
 
 from __future__ import annotations
@@ -40,6 +41,12 @@ def add_slices_command(commands: Any) -> None:
     slices.add_argument("--step", type=int, default=8, help="slice lengths are multiples of this (default: 8)")
     slices.add_argument("--dtype", help="compute dtype for the costs, e.g. bfloat16 (default: the weights')")
     slices.add_argument("--latency", help="read the latency model from this file instead of the cost model")
+    slices.add_argument(
+        "--measure",
+        action="store_true",
+        help="time the model's --gpus equal stages on this machine (random weights from the config) on a grid of "
+        "slice and context lengths and fit the latency to the timings, as TeraPipe does (default: the cost model)",
+    )
     slices.add_argument("--save-latency", help="write the latency model used to this file")
     slices.add_argument(
         "--tolerance", type=float, default=1e-3, help="relative slack of the DP's bounds; 0 is exact (default: 1e-3)"
@@ -59,10 +66,15 @@ def _run_slices(args: argparse.Namespace) -> int:
             raise PartitionError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     if args.seq_len % args.step:
         raise PartitionError(f"--seq-len {args.seq_len} is not a multiple of --step {args.step}; change either")
+    if args.measure and (args.latency or args.gpu_profile):
+        raise PartitionError("--measure times this machine: drop --latency and --gpu-profile, or --measure")
     profile = get_profile(args.gpu_profile, count=args.gpus) if args.gpu_profile else detect_profile(args.gpus)
     graph, hidden_size = _trace_causal(args)
     dtype = args.dtype or weights_dtype(graph)
-    if args.latency:
+    if args.measure:
+        latency = fitted = _measured_latency(args, graph, profile, dtype)
+        source = f"timings on this machine ({profile.name}; the five-term fit is within {fitted.fit_error:.0%})"
+    elif args.latency:
         key = LatencyKey(
             model_fingerprint=graph.fingerprint,
             model_class=graph.model_class,
@@ -149,6 +161,52 @@ def _format(summary: dict[str, Any]) -> str:
         + "".join(f"\n  {size} sequence{'s' * (size > 1)}: {', '.join(map(str, slices))}" for size, slices in chosen),
     ]
     return "\n".join(lines)
+
+
+def _measured_latency(args: argparse.Namespace, graph: Any, profile: Any, dtype: str) -> Any:
+    """`SliceLatency` fitted to this machine's timings of the model's ``--gpus`` equal stages, the
+    slowest per point, on a grid: slice lengths ``--step`` × 1, 2, 4, ... up to half the sequence,
+    after contexts of 0, 1/4, 1/2 and 3/4 of it."""
+    import torch
+
+    from hf_ftpipe.costmodel.latency import LatencyKey, LatencySample, SliceLatency
+    from hf_ftpipe.graph.sources import load_model_for_planning
+    from hf_ftpipe.graph.token_slices import capture_token_slices
+    from hf_ftpipe.partitioners.registry import run_partitioner
+    from hf_ftpipe.plan.request import PlanRequest
+    from hf_ftpipe.runtime.slice_timing import time_stages
+
+    started = time.perf_counter()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    meta = load_model_for_planning(args.model)
+    model = type(meta)(meta.config).to(device, getattr(torch, dtype)).train()
+    lengths = []
+    length = args.step
+    while length <= args.seq_len // 2:
+        lengths.append(length)
+        length *= 2
+    remainder = args.seq_len - sum(lengths)  # a sliced capture's lengths add up to the sequence
+    ids = torch.randint(0, model.config.vocab_size, (args.batch_size, args.seq_len), device=device)
+    sample = {"input_ids": ids, "labels": ids.clone()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # dropout: timing is not training
+        sliced = capture_token_slices(model, sample, [*lengths, remainder] if remainder else lengths)
+    request = PlanRequest(profile=profile, num_stages=args.gpus, num_microbatches=1, microbatch_size=args.batch_size)
+    plan = run_partitioner("uniform", sliced.full.cost_graph, request)
+    contexts = [args.seq_len * q // 4 for q in range(4)]
+    grid = [(s, c) for s in lengths for c in contexts if c + s <= args.seq_len]
+    samples = time_stages(sliced, plan.node_stage, sample, grid, device)
+    key = LatencyKey(
+        model_fingerprint=graph.fingerprint,
+        model_class=graph.model_class,
+        seq_len=args.seq_len,
+        num_stages=args.gpus,
+        device=profile.name,
+        dtype=dtype,
+    )
+    fitted = SliceLatency.fit([LatencySample(*sample) for sample in samples], key, source="measured")
+    print(f"timed {len(grid)} slices on {args.gpus} stages in {time.perf_counter() - started:.1f} s", file=sys.stderr)
+    return fitted
 
 
 def _trace_causal(args: argparse.Namespace) -> tuple[Any, int]:

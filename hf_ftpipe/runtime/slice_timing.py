@@ -21,11 +21,12 @@ from typing import Any
 
 import torch
 
+from hf_ftpipe.graph.token_slices import SlicedModel
 from hf_ftpipe.runtime.prefix_attention import SequenceKV
-from hf_ftpipe.runtime.stage import StageSpec
+from hf_ftpipe.runtime.stage import StageSpec, build_stage_module, plan_stages
 from hf_ftpipe.runtime.token_slicing import TokenSlicing
 
-__all__ = ["time_slice", "time_slice_grid"]
+__all__ = ["time_slice", "time_slice_grid", "time_stages"]
 
 Sample = tuple[int, int, int, float]
 """``(slice_len, context_len, batch_size, time_s)``: the fields of ``LatencySample``."""
@@ -110,6 +111,33 @@ def time_slice_grid(
             barrier()
         samples.append((s, c, batch_size, time_slice(slicing, stage_index, microbatch, s, c, repeats=repeats)))
     return samples
+
+
+def time_stages(
+    sliced: SlicedModel,
+    node_stage: Mapping[str, int],
+    microbatch: Mapping[str, Any],
+    grid: Iterable[tuple[int, int]],
+    device: torch.device,
+    *,
+    repeats: int = 3,
+) -> list[Sample]:
+    """Every stage of ``node_stage`` timed in this one process at each point of ``grid``, the slowest
+    stage per point: TeraPipe's DP takes the pipeline's stages as equal, so the slowest sets the pace.
+
+    The stages are built on ``sliced``'s own model (its weights get gradients): time a model made for
+    timing, e.g. from its config.
+    """
+    whole = sliced.full
+    specs = plan_stages(whole.cost_graph, node_stage)
+    modules = {
+        s: build_stage_module(whole.graph_module, spec, whole.canonical_names, whole.tensors, device).to(device)
+        for s, spec in enumerate(specs)
+    }
+    slicing = TokenSlicing(sliced, specs, node_stage, modules, device)
+    points = list(grid)
+    per_stage = [time_slice_grid(slicing, s, microbatch, points, repeats=repeats) for s in modules]
+    return [max(samples, key=lambda sample: sample[3]) for samples in zip(*per_stage, strict=True)]
 
 
 def _kv_shapes(

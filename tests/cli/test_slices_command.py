@@ -138,3 +138,20 @@ def test_refuses_models_whose_tokens_see_later_ones(configs: dict[str, str], mod
 def test_a_length_off_the_step_says_what_to_change(configs: dict[str, str]) -> None:
     code, _, err = run("slices", configs["gpt2"], "--seq-len", "60", "--gpus", "2", "--gpu-profile", "a100-80gb")
     assert code == 2 and "--seq-len 60 is not a multiple of --step 8" in err
+
+
+def test_measure_fits_this_machines_timings_and_the_file_reads_back(configs: dict[str, str], tmp_path: Path) -> None:
+    latency_file = tmp_path / "measured.json"
+    argv = ["slices", configs["gpt2"], "--seq-len", "64", "--gpus", "2", "--measure", "--json"]
+    code, out, err = run(*argv, "--save-latency", str(latency_file))
+    assert code == 0, err
+    summary = json.loads(out)
+    assert summary["latency_source"].startswith("timings on this machine (cpu;")
+    assert summary["latency_fit"]["source"] == "measured"
+    assert sum(summary["chosen"]["microbatches"][0][1]) == 64
+    # 8, 16 and 32 tokens after 0, 16, 32 or 48 of context: the 11 points within 64 tokens, 2 stages
+    assert "timed 11 slices on 2 stages" in err
+    code, out, err = run("slices", configs["gpt2"], "--seq-len", "64", "--gpus", "2", "--latency", str(latency_file))
+    assert code == 0 and "latency from " + str(latency_file) + " (measured)" in out, err
+    code, _, err = run(*argv, "--gpu-profile", "a100-80gb")
+    assert code == 2 and "--measure times this machine" in err

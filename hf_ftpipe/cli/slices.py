@@ -2,8 +2,8 @@
 
 ::
 
-    hf-ftpipe slices gpt2-xl --seq-len 1024 --gpus 8 --gpu-profile a100-80gb [--batch-size 1] \\
-        [--step 8] [--measure | --latency FILE] [--save-latency FILE] [--json]
+    hf-ftpipe slices gpt2-xl --seq-len 1024 --gpus 8 [--gpu-profile a100-80gb [--latency FILE] | --measure] \\
+        [--batch-size 1] [--step 8] [--save-latency FILE] [--json]
 
 The model is traced on the meta device at one sequence; the latency of a slice on one of ``--gpus``
 equal stages comes from the cost model (or from ``--latency``, a file fitted earlier for the same

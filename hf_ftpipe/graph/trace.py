@@ -309,6 +309,30 @@ class _MetaRecorder(fx.Interpreter):
             self._saved_now += _nbytes(base)
         return tensor
 
+    def _fused_attention_saved(self, node: fx.Node, output: torch.Tensor, saved_before: set[int]) -> None:
+        """What a fused attention kernel keeps for backward, in place of the math decomposition's.
+
+        On meta, ``scaled_dot_product_attention`` runs its math decomposition, which saves the
+        attention probabilities (batch × heads × query × key). The runtime's kernels (flash and
+        memory-efficient on CUDA, flash on the CPU) keep the query, key, value, output and one
+        log-sum-exp per query row and head instead, and a mask as an additive bias of the query's
+        dtype, of its full (broadcast) shape.
+        """
+        for key in set(self._saved) - saved_before:
+            del self._saved[key]
+        self._saved_now = 0
+        for arg in node.args[:3]:
+            value = self.env.get(arg) if isinstance(arg, fx.Node) else None
+            if isinstance(value, torch.Tensor):
+                self._pack(value)
+        self._pack(output)
+        rows = output.numel() // output.shape[-1]
+        self._saved_now += rows * (8 if output.dtype == torch.float64 else 4)
+        mask_arg = node.args[3] if len(node.args) > 3 else node.kwargs.get("attn_mask")
+        mask = self.env.get(mask_arg) if isinstance(mask_arg, fx.Node) else None
+        if isinstance(mask, torch.Tensor):
+            self._saved_now += mask.numel() * output.element_size()
+
     def fetch_attr(self, target: str) -> Any:
         key = self._canonical.get(target, target)
         if key not in self._meta_params:
@@ -340,7 +364,10 @@ class _MetaRecorder(fx.Interpreter):
         self.current = node.name
         self._saved_now = 0
         flops_before = self._counter.get_total_flops()
+        saved_before = set(self._saved)
         result = super().run_node(node)
+        if _is_attention(node, self.module):
+            self._fused_attention_saved(node, result, saved_before)
         if node.op in ("call_function", "call_module"):
             tensors = [t for t in tree_flatten(result)[0] if isinstance(t, torch.Tensor)]
             inputs = [
@@ -363,6 +390,16 @@ class _MetaRecorder(fx.Interpreter):
                 "scope_types": scope_types,
             }
         return result
+
+
+def _is_attention(node: fx.Node, root: nn.Module) -> bool:
+    if node.op == "call_function":
+        return node.target is torch.ops.aten.scaled_dot_product_attention.default
+    if node.op == "call_module":  # made mode-aware (`graph.modes`)
+        return (
+            getattr(root.get_submodule(node.target), "op", None) is torch.ops.aten.scaled_dot_product_attention.default
+        )
+    return False
 
 
 def _with_meta_devices(region: fx.GraphModule) -> fx.GraphModule:

@@ -71,18 +71,18 @@ def _run_slices(args: argparse.Namespace) -> int:
     profile = get_profile(args.gpu_profile, count=args.gpus) if args.gpu_profile else detect_profile(args.gpus)
     graph, hidden_size = _trace_causal(args)
     dtype = args.dtype or weights_dtype(graph)
+    key = LatencyKey(
+        model_fingerprint=graph.fingerprint,
+        model_class=graph.model_class,
+        seq_len=args.seq_len,
+        num_stages=args.gpus,
+        device=profile.name,
+        dtype=dtype,
+    )
     if args.measure:
-        latency = fitted = _measured_latency(args, graph, profile, dtype)
+        latency = fitted = _measured_latency(args, key, profile)
         source = f"timings on this machine ({profile.name}; the five-term fit is within {fitted.fit_error:.0%})"
     elif args.latency:
-        key = LatencyKey(
-            model_fingerprint=graph.fingerprint,
-            model_class=graph.model_class,
-            seq_len=args.seq_len,
-            num_stages=args.gpus,
-            device=profile.name,
-            dtype=dtype,
-        )
         latency = fitted = SliceLatency.load(args.latency, expected_key=key)
         source = f"{args.latency} ({fitted.source})"
     else:
@@ -163,13 +163,13 @@ def _format(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _measured_latency(args: argparse.Namespace, graph: Any, profile: Any, dtype: str) -> Any:
+def _measured_latency(args: argparse.Namespace, key: Any, profile: Any) -> Any:
     """`SliceLatency` fitted to this machine's timings of the model's ``--gpus`` equal stages, the
     slowest per point, on a grid: slice lengths ``--step`` × 1, 2, 4, ... up to half the sequence,
     after contexts of 0, 1/4, 1/2 and 3/4 of it."""
     import torch
 
-    from hf_ftpipe.costmodel.latency import LatencyKey, LatencySample, SliceLatency
+    from hf_ftpipe.costmodel.latency import LatencySample, SliceLatency
     from hf_ftpipe.graph.sources import load_model_for_planning
     from hf_ftpipe.graph.token_slices import capture_token_slices
     from hf_ftpipe.partitioners.registry import run_partitioner
@@ -179,7 +179,7 @@ def _measured_latency(args: argparse.Namespace, graph: Any, profile: Any, dtype:
     started = time.perf_counter()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     meta = load_model_for_planning(args.model)
-    model = type(meta)(meta.config).to(device, getattr(torch, dtype)).train()
+    model = type(meta)(meta.config).to(device, getattr(torch, key.dtype)).train()
     lengths = []
     length = args.step
     while length <= args.seq_len // 2:
@@ -196,14 +196,6 @@ def _measured_latency(args: argparse.Namespace, graph: Any, profile: Any, dtype:
     contexts = [args.seq_len * q // 4 for q in range(4)]
     grid = [(s, c) for s in lengths for c in contexts if c + s <= args.seq_len]
     samples = time_stages(sliced, plan.node_stage, sample, grid, device)
-    key = LatencyKey(
-        model_fingerprint=graph.fingerprint,
-        model_class=graph.model_class,
-        seq_len=args.seq_len,
-        num_stages=args.gpus,
-        device=profile.name,
-        dtype=dtype,
-    )
     fitted = SliceLatency.fit([LatencySample(*sample) for sample in samples], key, source="measured")
     print(f"timed {len(grid)} slices on {args.gpus} stages in {time.perf_counter() - started:.1f} s", file=sys.stderr)
     return fitted

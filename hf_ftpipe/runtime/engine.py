@@ -24,7 +24,7 @@ import torch.distributed as dist
 from torch import nn
 
 from hf_ftpipe.errors import PartitionError, PipelineError
-from hf_ftpipe.graph.token_slices import DERIVED_INPUTS, SlicedModel
+from hf_ftpipe.graph.token_slices import DERIVED_INPUTS, SlicedModel, sequence_inputs
 from hf_ftpipe.runtime.autocast import autocast_dtypes
 from hf_ftpipe.runtime.comm import Messenger
 from hf_ftpipe.runtime.deliveries import Deliveries
@@ -360,7 +360,7 @@ class PipelineEngine(Executor):
         for offset, microbatch in enumerate(
             split_batch(self.graph, batch, self.num_microbatches, self.device, DERIVED_INPUTS)
         ):  # a sliced model evaluates whole sequences: no backward, so no bubble to fill
-            self.state.data[offset] = microbatch if self.token_slicing is None else TokenSlicing.complete(microbatch)
+            self.state.data[offset] = microbatch if self.token_slicing is None else sequence_inputs(microbatch)
         self.module.train(False)
         losses = [loss for _, loss in self._run(self._flushing_program(training=False), training=False)]
         self._flush()

@@ -95,11 +95,6 @@ class TokenSlicing:
         self._key_padding[m] = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()
         return cut_slices(inputs, self.slice_lengths)
 
-    @staticmethod
-    def complete(microbatch: Mapping[str, Any]) -> dict[str, Any]:
-        """A whole micro-batch with the inputs the whole-sequence graph derives (for evaluation)."""
-        return sequence_inputs(microbatch)
-
     # -- keys and values ----------------------------------------------------------------------
 
     def point(self, stage: int, m: int, slice_index: int) -> None:

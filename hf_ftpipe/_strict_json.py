@@ -126,6 +126,10 @@ def _convert(hint: Any, value: object, path: str) -> Any:
         if isinstance(value, bool) or not isinstance(value, hint):
             raise _wrong_type(path, hint, value)
         return value
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise _wrong_type(path, hint, value)
+        return value
     raise TypeError(f"no JSON rule for {hint!r} at {path}")  # a bug here, not in the file
 
 

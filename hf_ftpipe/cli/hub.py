@@ -90,7 +90,7 @@ def _run_pull(args: argparse.Namespace) -> int:
         pulled.partition.to_json(args.output)
         print(f"pulled {pulled.location} (commit {pulled.commit}) to {args.output}")
     else:
-        print(json.dumps(pulled.partition.to_dict(), indent=1))
+        print(pulled.partition.to_text(), end="")
     return 0
 
 

@@ -226,6 +226,8 @@ def estimate(
         gpus=gpus,
         step_time_s=max((g.cost_s for g in gpus), default=0.0),
         ideal_step_time_s=total_compute_s / max(profile.count, num_devices, 1),
+        recompute=options.recompute,
+        dtype=dtype,
         stage_edges=[[s, t, b] for (s, t), b in sorted(edge_bytes.items())],
     )
 

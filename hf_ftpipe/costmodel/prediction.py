@@ -76,6 +76,10 @@ class Prediction:
     """max_g cost_g: time per micro-batch in the steady state of the pipeline (no fill/drain)."""
     ideal_step_time_s: float
     """Total compute / number of GPUs: a perfectly balanced plan without communication."""
+    recompute: bool = False
+    """Whether the times include recomputation's second forward (``MemoryOptions.recompute``)."""
+    dtype: str | None = None
+    """The compute dtype the ops were priced in; None: each op's own."""
     stage_edges: list[list[int]] = field(default_factory=list)
     """``[source, destination, bytes]`` for every pair of stages where an op of the first feeds
     an op of the second, stages on the same GPU included: activation bytes per micro-batch. The

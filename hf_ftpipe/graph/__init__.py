@@ -10,6 +10,8 @@ _HOMES = {
     "CostGraph": "hf_ftpipe.graph.cost_graph",
     "InputInfo": "hf_ftpipe.graph.cost_graph",
     "ParamInfo": "hf_ftpipe.graph.cost_graph",
+    "match_ops": "hf_ftpipe.graph.alignment",
+    "op_rows": "hf_ftpipe.graph.alignment",
     "graph_hash": "hf_ftpipe.graph.fingerprint",
     "model_fingerprint": "hf_ftpipe.graph.fingerprint",
     "structural_config": "hf_ftpipe.graph.fingerprint",

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import networkx as nx
 
@@ -92,8 +93,17 @@ class CostGraph:
     """The model's names for those outputs (``("loss", "logits", ...)``)."""
     model_class: str = ""
     fingerprint: str = ""
-    """Model fingerprint: a hash of the structural config and the traced graph (see ``fingerprint``)."""
+    """Model fingerprint: a hash of the class, structural config and weights (see ``fingerprint``),
+    the same across transformers releases that trace the model into slightly different graphs."""
     meta: dict[str, object] = field(default_factory=dict)
+
+    @cached_property
+    def digest(self) -> str:
+        """16 hex digits of ``fingerprint.graph_hash``: this exact graph, op by op. A plan records
+        it to tell the graph it was made on from a later release's (`plan.reanchor`)."""
+        from hf_ftpipe.graph.fingerprint import graph_hash
+
+        return graph_hash(self)[:16]
 
     @property
     def num_nodes(self) -> int:

@@ -1,4 +1,13 @@
-"""Model fingerprints: what makes two traced models interchangeable for one partition."""
+"""Model fingerprints: what makes two traced models interchangeable for one partition.
+
+A plan depends on the model's class, its structural config and its weights' names and shapes:
+those are what `model_fingerprint` hashes, and what a plan's key records. The traced graph
+itself is not in it: its ops change with every transformers release (an op added, reordered or
+renamed inside a layer) while the model and the plan's stages stay the same. The exact graph has
+its own hash, `graph_hash`, which a plan records beside its key as a check (`plan.anchors`), so
+that a plan made on another release's graph is re-anchored onto this one (`plan.reanchor`)
+rather than lost.
+"""
 
 from __future__ import annotations
 
@@ -46,15 +55,30 @@ _NON_STRUCTURAL = {
 
 
 def structural_config(model: nn.Module) -> dict[str, Any]:
-    """The model config without names, ids, dropout rates and other settings a partition ignores."""
+    """The model config without names, ids, dropout rates and other settings a partition ignores,
+    and without entries at their class's default: a key that a newer transformers adds with its
+    default value leaves the fingerprint as it was."""
     config = getattr(model, "config", None)
     if config is None:
         return {}
+    defaults = _class_defaults(config)
     return {
         key: value
         for key, value in sorted(config.to_dict().items())
-        if key not in _NON_STRUCTURAL and "dropout" not in key and not key.startswith("_")
+        if key not in _NON_STRUCTURAL
+        and "dropout" not in key
+        and not key.startswith("_")
+        and (key not in defaults or defaults[key] != value)
     }
+
+
+def _class_defaults(config: Any) -> dict[str, Any]:
+    """``config``'s class built with no arguments, as a dict; empty when the class needs arguments
+    (a composite config): every entry then counts."""
+    try:
+        return type(config)().to_dict()
+    except Exception:  # any constructor may refuse to build without arguments
+        return {}
 
 
 def graph_hash(graph: CostGraph) -> str:
@@ -79,9 +103,17 @@ def graph_hash(graph: CostGraph) -> str:
 
 
 def model_fingerprint(model: nn.Module, graph: CostGraph) -> str:
-    """A 16-hex-digit fingerprint of the model's class, structural config and traced graph."""
+    """A 16-hex-digit fingerprint of the model's class, structural config and weights (the name,
+    shape, dtype and trainability of every parameter ``graph`` records). Buffers and constants are
+    left out: releases add and drop them (a cached mask, a lifted constant) without changing the
+    model a checkpoint holds."""
+    weights = [
+        [p.name, list(p.shape), p.dtype, p.requires_grad]
+        for p in sorted(graph.params.values(), key=lambda p: p.name)
+        if not p.is_buffer and p.in_state_dict
+    ]
     payload = json.dumps(
-        {"class": type(model).__name__, "config": structural_config(model), "graph": graph_hash(graph)},
+        {"class": type(model).__name__, "config": structural_config(model), "weights": weights},
         sort_keys=True,
         default=str,
     )

@@ -260,7 +260,7 @@ def publish(
 
     Each plan goes up twice: where it is in the folder (``t5-3b/rtx2080ti-x8-boolq.json``, for
     people and the card's table), and at the keyed path `hf_ftpipe.hub.PartitionStore` looks up
-    (``plans/v1/...``), so that ``partition_repo=repo_id`` and ``hf-ftpipe pull`` find it.
+    (``plans/v2/...``), so that ``partition_repo=repo_id`` and ``hf-ftpipe pull`` find it.
     Files are added or replaced, never deleted: a plan dropped from the folder stays in the
     repository until removed by hand, since the repository may hold plans shared by others
     (``index.json`` and the card list only the current ones)."""
@@ -381,7 +381,7 @@ def render_card(entries: Sequence[dict[str, Any]]) -> str:
         "A plan is valid for its `key`: the model's traced graph (fingerprint), the input shapes of one micro-batch, "
         "dtype, schedule, micro-batches and GPU profile. hf_ftpipe refuses a plan whose key differs from the run's.",
         "",
-        "Published, each plan is also stored under `plans/v1/...` by its key, where hf_ftpipe looks: a run with "
+        "Published, each plan is also stored under `plans/v2/...` by its key, where hf_ftpipe looks: a run with "
         '`PipeTrainingArguments(partition_repo="USER/hf-ftpipe-partitions")` whose setup matches one of these pulls '
         "it instead of partitioning, and `hf-ftpipe pull --repo USER/hf-ftpipe-partitions ...` fetches it.",
         "",

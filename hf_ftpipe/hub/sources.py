@@ -4,6 +4,10 @@
 ``Partitioner``) and takes the first plan found. A source that cannot serve (a refused file in
 the cache, an unreachable Hub) warns and answers None, so the next one is tried; only
 ``PlanFile``, the file the user named, raises: the message then says to fix that file.
+
+A stored plan (a file, the cache, the Hub) made on another release's graph of the same model is
+re-anchored onto this graph (`plan.reanchor.fit_to_graph`) and served with one info line naming
+both versions and what moved; only when that fails is it refused, saying why.
 """
 
 from __future__ import annotations
@@ -13,10 +17,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from hf_ftpipe.costmodel.profiles import GPUProfile
 from hf_ftpipe.errors import HubError, PartitionError
 from hf_ftpipe.graph.cost_graph import CostGraph
 from hf_ftpipe.hub.store import PartitionStore
 from hf_ftpipe.plan.partition import Partition, PartitionKey, user_file_fix, with_fix
+from hf_ftpipe.plan.reanchor import Reanchored, fit_to_graph
 
 __all__ = ["CachedPlans", "HubPlans", "Partitioner", "PlanFile", "PlanSource", "Resolved", "StoredPlanCheck"]
 
@@ -33,6 +39,8 @@ class Resolved:
     source: Source
     location: str
     """The file, cache path or ``hf://`` location the plan came from ("" when computed)."""
+    reanchored: Reanchored | None = None
+    """How a stored plan made on another release's graph was placed onto this one; None when exact."""
 
 
 class PlanSource(Protocol):
@@ -45,30 +53,37 @@ class PlanSource(Protocol):
 
 @dataclass(frozen=True)
 class StoredPlanCheck:
-    """What a plan from the cache or the Hub must pass: this graph, this key, and the run's checks.
+    """What a plan from the cache or the Hub must pass: this model, this key, and the run's checks.
 
-    With a ``partitioner`` other than ``"auto"``, a plan made by another partitioner is refused:
-    the key does not record it. ``check`` applies to every plan; ``check_stored`` only to stored
-    ones (e.g. that they fit this run's memory budget, which the key does not record either).
+    A plan made on another release's graph of the model is re-anchored onto this graph first
+    (priced with ``profile``, the run's GPUs). With a ``partitioner`` other than ``"auto"``, a plan
+    made by another partitioner is refused: the key does not record it. ``check`` applies to every
+    plan; ``check_stored`` only to stored ones (e.g. that they fit this run's memory budget, which
+    the key does not record either).
     """
 
     graph: CostGraph
     partitioner: str = "auto"
     check: Callable[[Partition], None] | None = None
     check_stored: Callable[[Partition], None] | None = None
+    profile: GPUProfile | None = None
 
-    def __call__(self, partition: Partition, key: PartitionKey, source: str) -> None:
-        """Raise `PartitionError` if ``partition`` (read from ``source``) does not serve this run."""
+    def __call__(self, partition: Partition, key: PartitionKey, source: str) -> tuple[Partition, Reanchored | None]:
+        """``partition`` (read from ``source``) as it serves this run, maybe re-anchored; a
+        `PartitionError` if it does not serve."""
         if self.partitioner != "auto" and partition.partitioner != self.partitioner:
             raise PartitionError(
                 f"{source}: made by the {partition.partitioner!r} partitioner, not the {self.partitioner!r} asked "
                 "for (`partitioner='auto'` takes a stored plan by any partitioner)"
             )
         partition.check_key(key, source=source)
-        partition.check_matches(self.graph, source=source)
+        partition, reanchored = fit_to_graph(partition, self.graph, self.profile, source=source)
         for stored_check in (self.check, self.check_stored):
             if stored_check is not None:
                 stored_check(partition)
+        if reanchored is not None:
+            logger.info("%s: %s", source, reanchored.describe())
+        return partition, reanchored
 
 
 @dataclass(frozen=True)
@@ -78,6 +93,7 @@ class PlanFile:
     path: str
     graph: CostGraph
     check: Callable[[Partition], None] | None = None
+    profile: GPUProfile | None = None
     name: Source = "file"
 
     def find(self, key: PartitionKey) -> Resolved:
@@ -87,10 +103,12 @@ class PlanFile:
         )
         with with_fix(fix):
             partition = Partition.from_json(self.path, expected_key=key)
-            partition.check_matches(self.graph, source=self.path)
+            partition, reanchored = fit_to_graph(partition, self.graph, self.profile, source=self.path)
         if self.check is not None:
             self.check(partition)
-        return Resolved(partition, "file", self.path)
+        if reanchored is not None:
+            logger.info("%s: %s", self.path, reanchored.describe())
+        return Resolved(partition, "file", self.path, reanchored)
 
 
 @dataclass(frozen=True)
@@ -107,9 +125,9 @@ class CachedPlans:
             with with_fix(_CACHED_FILE_FIX):
                 cached = self.store.load_cached(key)
                 if cached is not None:
-                    self.fits(cached, key, str(path))
+                    cached, reanchored = self.fits(cached, key, str(path))
                     logger.info("partition from the local cache: %s", path)
-                    return Resolved(cached, "cache", str(path))
+                    return Resolved(cached, "cache", str(path), reanchored)
         except PartitionError as e:
             logger.warning("refused the cached partition (%s); looking further", e)
         return None
@@ -138,7 +156,7 @@ class HubPlans:
             if pulled is None:
                 logger.info("no partition for this model and setup in %s; computing one", self.repo_id)
                 return None
-            self.fits(pulled.partition, key, pulled.location)
+            partition, reanchored = self.fits(pulled.partition, key, pulled.location)
         except HubError as e:
             logger.warning("could not read the partition from the Hub (%s); computing it instead", e)
             return None
@@ -146,7 +164,7 @@ class HubPlans:
             logger.warning("refused the partition from the Hub: %s\nComputing it instead.", e)
             return None
         logger.info("partition from the Hub: %s (commit %s)", pulled.location, pulled.commit)
-        return Resolved(pulled.partition, "hub", pulled.location)
+        return Resolved(partition, "hub", pulled.location, reanchored)
 
 
 @dataclass(frozen=True)

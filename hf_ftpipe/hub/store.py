@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from hf_ftpipe.errors import HubError, PartitionFormatError
-from hf_ftpipe.plan.partition import Partition, PartitionKey
+from hf_ftpipe.plan.partition import FORMAT_VERSION, Partition, PartitionKey
 
 __all__ = ["MAX_HUB_FILE_BYTES", "PartitionStore", "PlanEntry", "PulledPlan", "path_for", "parse_path"]
 
@@ -52,7 +52,7 @@ def _safe(part: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", part).strip(".") or "_"
 
 
-def path_for(key: PartitionKey, format_version: int = 1) -> str:
+def path_for(key: PartitionKey, format_version: int = FORMAT_VERSION) -> str:
     """Where the plan for ``key`` lives in a repo (and under the cache folder)."""
     return (
         f"plans/v{format_version}/{_safe(key.model_class)}/{_safe(key.model_fingerprint)}/"
@@ -279,7 +279,7 @@ class PartitionStore:
         repo = self._repo()
         if self.offline:
             raise HubError(f"cannot push to {repo}: HF_HUB_OFFLINE is set; unset it to push")
-        data = (json.dumps(partition.to_dict(), indent=1, allow_nan=False) + "\n").encode("utf-8")
+        data = partition.to_text().encode("utf-8")
         if len(data) > self.max_file_bytes:
             raise PartitionFormatError(
                 f"the plan is {len(data)} bytes of JSON, more than the {self.max_file_bytes} a Hub plan may have"

@@ -6,10 +6,15 @@ the ``PartitionKey`` that says which model and setup it was planned for.
 
 On disk (``to_json``)::
 
-    {"format": "hf_ftpipe.partition", "format_version": 1,
+    {"format": "hf_ftpipe.partition", "format_version": 2,
      "partitioner": "seq-greedy", "key": {...}, "stage_device": [0, 1],
      "node_stage": {"linear": 0, "relu": 1, ...}, "predicted": {...} | null,
-     "versions": {"hf_ftpipe": ..., "torch": ...}, "created_at": "2025-..." | null}
+     "anchors": {...} | null, "versions": {"hf_ftpipe": ..., "torch": ..., "transformers": ...},
+     "created_at": "2025-..." | null}
+
+The key finds a plan by what it depends on (the model's class, structural config and weights,
+the input shapes, the setup); ``anchors`` records the exact graph it was made on, so that a plan
+made under another transformers release is re-anchored onto this one (`plan.reanchor`).
 
 Loading checks everything (``from_json``): a file may come from another hf_ftpipe, another model
 or the Hub, and a wrong plan must fail with a sentence, not deep inside the runtime. JSON only,
@@ -31,6 +36,7 @@ from hf_ftpipe.costmodel.prediction import Prediction
 from hf_ftpipe.errors import PartitionFormatError
 from hf_ftpipe.graph.cost_graph import CostGraph
 from hf_ftpipe.plan._json import MAX_FILE_BYTES, build, json_type, read_json
+from hf_ftpipe.plan.anchors import GraphAnchors
 from hf_ftpipe.plan.validate import index_problems
 
 __all__ = [
@@ -45,8 +51,12 @@ __all__ = [
 
 FORMAT_NAME = "hf_ftpipe.partition"
 """Value of the ``"format"`` field: tells a partition file from any other JSON file."""
-FORMAT_VERSION = 1
-SUPPORTED_FORMAT_VERSIONS = (1,)
+FORMAT_VERSION = 2
+SUPPORTED_FORMAT_VERSIONS = (2,)
+_GRAPH_KEYED_VERSION = 1
+"""Files of format_version 1 keyed plans by a hash over every traced op, which changes with
+transformers releases; they cannot be told apart from plans for another model, so they are refused
+with the way to write them again."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,7 +64,8 @@ class PartitionKey:
     """What a partition was planned for. Two runs with equal keys can share one partition."""
 
     model_fingerprint: str
-    """``CostGraph.fingerprint``: structural config and traced graph of the model."""
+    """``CostGraph.fingerprint``: the model's class, structural config and weights' names and shapes
+    (not the traced ops, which change across transformers releases: see ``Partition.anchors``)."""
     model_class: str
     """e.g. ``"T5ForConditionalGeneration"``; for messages and Hub listings."""
     input_shapes: dict[str, list[int]]
@@ -137,6 +148,9 @@ class Partition:
     """Which algorithm made the plan, e.g. ``"seq-greedy"``."""
     key: PartitionKey
     predicted: Prediction | None = None
+    anchors: GraphAnchors | None = None
+    """The exact graph the plan was made on (``GraphAnchors.of``), recorded by every registered
+    partitioner; None in a plan built by hand, which then serves only a graph with its op names."""
     versions: dict[str, str] = field(default_factory=collect_versions)
     format_version: int = FORMAT_VERSION
     created_at: str | None = None
@@ -170,14 +184,23 @@ class Partition:
             "stage_device": list(self.stage_device),
             "node_stage": dict(self.node_stage),
             "predicted": asdict(self.predicted) if self.predicted is not None else None,
+            "anchors": asdict(self.anchors) if self.anchors is not None else None,
             "versions": dict(self.versions),
             "created_at": self.created_at,
         }
 
+    def to_text(self) -> str:
+        """The plan as JSON text: indented to read and diff, but for ``anchors``, whose long lists are
+        written on one line at the end (a line per item would double a file's lines for nothing)."""
+        data = self.to_dict()
+        anchors = data.pop("anchors")
+        text = json.dumps(data, indent=1, allow_nan=False)
+        return f'{text[:-2]},\n "anchors": {json.dumps(anchors, separators=(",", ":"))}\n}}\n'
+
     def to_json(self, path: str | os.PathLike) -> None:
         """Write the plan to ``path`` atomically (a reader never sees half a file)."""
         path = os.fspath(path)
-        text = json.dumps(self.to_dict(), indent=1, allow_nan=False) + "\n"
+        text = self.to_text()
         tmp = f"{path}.tmp{os.getpid()}"
         try:
             with open(tmp, "w", encoding="utf-8") as f:
@@ -282,6 +305,12 @@ def _parse_partition(data: object) -> Partition:
         raise PartitionFormatError("missing field 'format_version'")
     if isinstance(version, bool) or not isinstance(version, int):
         raise PartitionFormatError(f"field 'format_version' should be int, got {json_type(version)} {version!r}")
+    if version == _GRAPH_KEYED_VERSION:
+        raise PartitionFormatError(
+            "format_version 1 is not supported: such plans were keyed by the exact traced graph, which changes "
+            "with transformers releases, and do not record the graph they were made on; hf_ftpipe now keys plans "
+            "by the model's structure (format_version 2). Make the plan again"
+        )
     if version not in SUPPORTED_FORMAT_VERSIONS:
         newer = version > max(SUPPORTED_FORMAT_VERSIONS)
         raise PartitionFormatError(
@@ -303,6 +332,10 @@ def _check_consistency(p: Partition) -> None:
     """What a file can be checked for without the model's graph: the validator's index checks, and
     the key and prediction agreeing with the plan's size."""
     problems = index_problems(p)
+    if p.anchors is not None:
+        problems += p.anchors.problems()
+        if not problems and set(p.anchors.nodes) != set(p.node_stage):
+            problems.append("'anchors.nodes' and 'node_stage' name different ops; both list every op of the plan")
     for name in ("num_microbatches", "num_gpus"):
         if getattr(p.key, name) < 1:
             problems.append(f"field 'key.{name}' must be ≥ 1, got {getattr(p.key, name)}")

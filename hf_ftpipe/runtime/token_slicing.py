@@ -12,7 +12,6 @@ Units: the executor keys what it keeps per (micro-batch, slice) by ``m * num_sli
 
 from __future__ import annotations
 
-import difflib
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ import torch
 from torch import fx
 
 from hf_ftpipe.errors import PipelineError
+from hf_ftpipe.graph.alignment import match_ops, op_rows
 from hf_ftpipe.graph.cost_graph import CostGraph
 from hf_ftpipe.graph.modes import ModeAwareOp
 from hf_ftpipe.graph.token_slices import DERIVED_INPUTS, SlicedModel, cut_slices, sequence_inputs
@@ -156,21 +156,9 @@ def match_nodes(whole: CostGraph, part: CostGraph) -> dict[str, str]:
 
     Two exports of one model at different lengths run the same ops but for a few shape-dependent
     copies (``contiguous`` of a one-token slice is a no-op the exporter drops), which shift the
-    exporter's name counters; so nodes are matched by (op, module) in program order.
+    exporter's name counters (`graph.alignment`).
     """
-
-    def keys(graph: CostGraph) -> tuple[list[str], list[tuple[str, str]]]:
-        order = graph.topological_order()
-        return order, [(graph.node(n)["op"], graph.node(n)["scope"]) for n in order]
-
-    whole_names, whole_keys = keys(whole)
-    part_names, part_keys = keys(part)
-    matcher = difflib.SequenceMatcher(None, part_keys, whole_keys, autojunk=False)
-    matched: dict[str, str] = {}
-    for block in matcher.get_matching_blocks():
-        for i in range(block.size):
-            matched[part_names[block.a + i]] = whole_names[block.b + i]
-    return matched
+    return match_ops(op_rows(part), op_rows(whole))
 
 
 def _renamed(spec: StageSpec, to_whole: Mapping[str, str], length: int) -> StageSpec:

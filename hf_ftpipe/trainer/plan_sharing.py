@@ -109,6 +109,7 @@ def _make_partition(
             plan, graph, profile.memory_bytes, optimizer=planned_optimizer(args), memory=memory_options(args)
         ),
         partitioner=args.partitioner,
+        profile=profile,
     )
     logger.info("partition: %s %s", resolved.source, resolved.location)
     return resolved.partition, resolved.source

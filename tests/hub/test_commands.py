@@ -27,7 +27,7 @@ def test_push_list_and_pull_round_trip(hub, tmp_path: Path, capsys: pytest.Captu
     for n, plan in plans.items():
         plan.to_json(tmp_path / f"plan{n}.json")
         assert cli.main(["push", str(tmp_path / f"plan{n}.json"), "--repo", REPO]) == 0
-        assert "pushed hf://datasets/ftpipe/plans/plans/v1/ToyModel/" in capsys.readouterr().out
+        assert "pushed hf://datasets/ftpipe/plans/plans/v2/ToyModel/" in capsys.readouterr().out
 
     assert cli.main(["list", "--repo", REPO]) == 0
     table = capsys.readouterr().out.splitlines()
@@ -42,7 +42,7 @@ def test_push_list_and_pull_round_trip(hub, tmp_path: Path, capsys: pytest.Captu
     assert "2 plans in ftpipe/plans match model=ToyModel, gpu_profile=unit" in err and "--gpus" in err
     out = tmp_path / "pulled.json"
     assert cli.main(["pull", "--repo", REPO, "--model", "ToyModel", "--gpus", "3", "-o", str(out)]) == 0
-    assert capsys.readouterr().out.startswith("pulled hf://datasets/ftpipe/plans@main/plans/v1/ToyModel/")
+    assert capsys.readouterr().out.startswith("pulled hf://datasets/ftpipe/plans@main/plans/v2/ToyModel/")
     assert Partition.from_json(out).to_dict() == plans[3].to_dict()
     assert cli.main(["pull", "--repo", REPO, "--key", plans[2].key.digest()[:8]]) == 0
     assert json.loads(capsys.readouterr().out) == plans[2].to_dict()

@@ -30,7 +30,7 @@ def _plan(graph=None, num_gpus: int = 3) -> Partition:
 def test_push_then_pull_gives_the_identical_plan_and_list_finds_it(hub) -> None:
     plan = _plan()
     path, commit = PartitionStore(REPO).push(plan)
-    assert path == path_for(plan.key) and path.startswith("plans/v1/ToyModel/toy-fingerprint/unitx3/gpipe-mb4-")
+    assert path == path_for(plan.key) and path.startswith("plans/v2/ToyModel/toy-fingerprint/unitx3/gpipe-mb4-")
     assert hub.repo(REPO).commits[commit].title.startswith("ToyModel on 3 × unit, gpipe, 4 micro-batches: ")
     assert "samples/s predicted, worst/ideal" in hub.repo(REPO).commits[commit].title
 
@@ -168,7 +168,7 @@ def test_resolution_order_cache_then_hub_then_compute(hub, caplog) -> None:
 
     # A plan whose nodes are not the traced model's is refused, with a warning, and recomputed.
     PartitionStore().cache_path(plan.key).unlink()
-    wrong = replace(plan, node_stage={f"{name}_renamed": s for name, s in plan.node_stage.items()})
+    wrong = replace(plan, node_stage={f"{name}_renamed": s for name, s in plan.node_stage.items()}, anchors=None)
     _upload(hub, path_for(plan.key), json.dumps(wrong.to_dict()).encode())
     with caplog.at_level(logging.WARNING, logger="hf_ftpipe.hub"):
         again = resolve_partition(graph, plan.key, compute, repo_id=REPO)

@@ -165,10 +165,19 @@ def test_unknown_field(tmp_path):
 
 def test_future_format_version(tmp_path):
     data = _plan().to_dict()
-    data["format_version"] = 2
+    data["format_version"] = 3
     message = _load_error(tmp_path, data)
-    assert "format_version 2" in message and "[1]" in message
+    assert "format_version 3" in message and "[2]" in message
     assert "newer hf_ftpipe" in message and "upgrade" in message
+
+
+def test_graph_keyed_format_version_1_says_to_make_the_plan_again(tmp_path):
+    data = _plan().to_dict()
+    data["format_version"] = 1
+    del data["anchors"]
+    message = _load_error(tmp_path, data)
+    assert "format_version 1 is not supported" in message and "exact traced graph" in message
+    assert "Make the plan again" in message
 
 
 def test_stage_index_out_of_range(tmp_path):

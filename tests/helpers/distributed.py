@@ -158,6 +158,18 @@ def accelerate_launch(
     return run_job(*launcher(num_processes)[1:], *command, timeout_s=timeout_s, check=check, env=env)
 
 
+def torchrun(
+    *command: str, num_processes: int = 2, timeout_s: float = 300, check: bool = True, env: dict | None = None
+) -> subprocess.CompletedProcess:
+    """Start ``command`` with ``torchrun --standalone --nproc_per_node N`` (a free port), without accelerate.
+
+    On a CPU-only machine the script need not ask for CPU: `PipeTrainingArguments` does. With
+    ``check`` the job must succeed; its output tails are in the assertion message when it does not.
+    """
+    launch = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(num_processes)]
+    return run_job(*launch, *command, timeout_s=timeout_s, check=check, env=env)
+
+
 def start_accelerate_launch(*command: str, num_processes: int = 2, env: dict | None = None) -> subprocess.Popen:
     """`accelerate_launch` without waiting, for a test that watches the job while it runs.
 

@@ -1,11 +1,11 @@
 """Run a function on N real processes (gloo on CPU) with a deadline, for multi-rank tests.
 
-Ranks are forked from a ``forkserver`` that imported torch, transformers and hf_ftpipe once (a
-fresh interpreter per rank spent seconds on those imports in every test; forking from a process
-with no threads and no process group is as clean as ``spawn``), and meet through a file
-rendezvous in a temporary folder. The outer deadline kills every rank that is still alive, so a
-hang fails the test instead of the CI. A rank's return value (anything picklable) or its
-traceback comes back to the test.
+Ranks are forked from a ``forkserver`` that imported torch, transformers (its Trainer and model
+code included) and hf_ftpipe once (a fresh interpreter per rank spent seconds on those imports in
+every test; forking from a process with no threads and no process group is as clean as
+``spawn``), and meet through a file rendezvous in a temporary folder. The outer deadline kills
+every rank that is still alive, so a hang fails the test instead of the CI. A rank's return
+value (anything picklable) or its traceback comes back to the test.
 """
 
 from __future__ import annotations
@@ -61,7 +61,9 @@ def _entry(fn: Callable, rank: int, world_size: int, rendezvous: str, queue: Any
 
 def _context() -> Any:
     context = mp.get_context("forkserver")
-    context.set_forkserver_preload(["torch", "torch.distributed", "transformers", "hf_ftpipe"])
+    # transformers.trainer pulls in modeling_utils and training_args, which every rank building a
+    # model or arguments would otherwise import again (seconds per rank).
+    context.set_forkserver_preload(["torch", "torch.distributed", "transformers", "transformers.trainer", "hf_ftpipe"])
     return context
 
 

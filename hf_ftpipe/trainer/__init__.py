@@ -1,5 +1,5 @@
-"""PipeTrainer and what it adds to transformers' Trainer: arguments, plan sharing, evaluation,
-generation, checkpoints, float16 and loss weighting."""
+"""PipeTrainer and what it adds to transformers' Trainer: arguments, the launch (one writer), plan
+sharing, the run's log lines, evaluation, generation, checkpoints, float16 and loss weighting."""
 
 from hf_ftpipe._lazy import lazy_getattr
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from transformers import TrainingArguments
 
 from hf_ftpipe.schedules.registry import SCHEDULE_NAMES, SCHEDULES, ScheduleName
+from hf_ftpipe.trainer.launch import use_cpu_for_launch
 
 __all__ = ["PipeTrainingArguments"]
 
@@ -23,6 +24,10 @@ class PipeTrainingArguments(TrainingArguments):
     optimizer update); it is split into ``num_microbatches`` equal micro-batches that flow through
     the stages. Every rank reads the same mini-batch from its own data loader, so the effective
     batch size is ``per_device_train_batch_size`` whatever the number of processes.
+
+    Several processes launched on a machine without a GPU (``torchrun``, ``accelerate launch
+    --multi_gpu``) run on CPU as with ``use_cpu=True``, which these arguments then set: otherwise
+    transformers would make every rank process 0 and each would write the outputs.
     """
 
     pipeline_schedule: ScheduleName = field(
@@ -140,6 +145,9 @@ class PipeTrainingArguments(TrainingArguments):
     )
 
     def __post_init__(self) -> None:
+        if not self.use_cpu and use_cpu_for_launch():
+            # Else transformers makes every rank process 0 of 1, and every rank writes (trainer/launch.py).
+            self.use_cpu = True
         super().__post_init__()
         if self.pipeline_schedule not in SUPPORTED_SCHEDULES:
             raise ValueError(

@@ -10,7 +10,6 @@ rank, the learning-rate schedule included, as Trainer does on one GPU.
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Callable
 from typing import Any
@@ -21,10 +20,11 @@ from transformers.trainer import SCALER_NAME
 
 from hf_ftpipe.runtime import PipelineEngine
 from hf_ftpipe.trainer.loss_scale import AgreedLossScaler
+from hf_ftpipe.trainer.run_log import get_logger
 
 __all__ = ["Float16Training"]
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 
 class Float16Training:

@@ -15,7 +15,6 @@ pipeline's building, training step and saving; in mixins, one job each, data loa
 from __future__ import annotations
 
 import itertools
-import logging
 import os
 from typing import Any
 
@@ -38,14 +37,16 @@ from hf_ftpipe.trainer.data_loading import PipeDataLoading
 from hf_ftpipe.trainer.data_randomness import DataRandomness
 from hf_ftpipe.trainer.evaluation import PipeEvaluation
 from hf_ftpipe.trainer.float16 import Float16Training
+from hf_ftpipe.trainer.launch import check_one_writer
 from hf_ftpipe.trainer.loss_weighting import label_counts, model_loss_shifts_labels
 from hf_ftpipe.trainer.plan_sharing import share_partition
 from hf_ftpipe.trainer.reporting import PipeReporting
+from hf_ftpipe.trainer.run_log import get_logger
 from hf_ftpipe.trainer.token_slicing import capture_for_pipeline
 
 __all__ = ["PipeTrainer"]
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 _trainer_counter = itertools.count()
 """Names each PipeTrainer's keys in the rendezvous store alike on every rank (made in the same order)."""
@@ -122,6 +123,7 @@ class PipeTrainer(PipeEvaluation, PipeCheckpointing, PipeDataLoading, PipeReport
                 "use_cpu=True to the arguments; `accelerate launch --cpu` starts one process) or "
                 "`torchrun --nproc_per_node N script.py`, with N >= 2"
             )
+        check_one_writer(self.args)
         size = self.args.per_device_train_batch_size // self.args.num_microbatches
         # An evaluation batch may hold fewer rows than a micro-batch: only the shapes are traced.
         _, padded = self._pad_batch(inputs, size)
@@ -134,7 +136,8 @@ class PipeTrainer(PipeEvaluation, PipeCheckpointing, PipeDataLoading, PipeReport
         traced = capture_for_pipeline(self.args, self.model, microbatch, self.watchdog)
         # A sliced model is planned on its whole-sequence graph, the computation its slices add up to.
         whole = traced.full if isinstance(traced, SlicedModel) else traced
-        shared = share_partition(self.args, whole, microbatch, self.watchdog)
+        slices = traced.slice_lengths if isinstance(traced, SlicedModel) else None
+        shared = share_partition(self.args, whole, microbatch, self.watchdog, token_slices=slices)
         self.partition, self.partition_source = shared.partition, shared.source
         self._built_from = self._weights_path()
         self.engine = PipelineEngine(

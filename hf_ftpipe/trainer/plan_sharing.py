@@ -3,13 +3,15 @@
 Rank 0 looks for a plan in ``partition_file``, then the local cache, then ``partition_repo``,
 and else runs the partitioner (``hub.resolve``); the plan travels to every rank as JSON text and
 each checks it against its own trace. Only rank 0 plans, so the ranks cannot disagree; when it
-fails the others receive the error instead of waiting for a plan that never comes.
+fails the others receive the error instead of waiting for a plan that never comes. Once every rank
+holds the plan, rank 0 logs which one the run uses (`hf_ftpipe.trainer.run_log.plan_line`).
 """
 
 from __future__ import annotations
 
 import json
-import logging
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,16 +22,18 @@ from hf_ftpipe.costmodel import GPUProfile, get_profile
 from hf_ftpipe.costmodel.estimate import MemoryOptions, Optimizer
 from hf_ftpipe.errors import PipelineError, PlanDoesNotFitError
 from hf_ftpipe.graph.trace import TracedModel
+from hf_ftpipe.hub.sources import Resolved
 from hf_ftpipe.partitioners.auto import PartitionerResult, reason_line
 from hf_ftpipe.partitioners.registry import run_partitioner
 from hf_ftpipe.plan import Partition, check_fits_run, validate_partition
 from hf_ftpipe.plan.request import PlanRequest
 from hf_ftpipe.runtime.watchdog import Watchdog
 from hf_ftpipe.trainer.arguments import PipeTrainingArguments
+from hf_ftpipe.trainer.run_log import PlanUsed, get_logger, plan_line
 
 __all__ = ["SharedPlan", "memory_options", "planned_optimizer", "share_partition"]
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 
 @dataclass(frozen=True)
@@ -40,18 +44,31 @@ class SharedPlan:
 
 
 def share_partition(
-    args: PipeTrainingArguments, traced: TracedModel, microbatch: dict[str, Any], watchdog: Watchdog
+    args: PipeTrainingArguments,
+    traced: TracedModel,
+    microbatch: dict[str, Any],
+    watchdog: Watchdog,
+    token_slices: Sequence[int] | None = None,
 ) -> SharedPlan:
     """Rank 0 makes or loads the plan; every rank gets it as JSON text and checks it against its own trace.
 
-    The other ranks wait for it at most ``pipeline_timeout_s`` (``watchdog``), planning included."""
+    The other ranks wait for it at most ``pipeline_timeout_s`` (``watchdog``), planning included.
+    Rank 0 then logs the plan, with the ``token_slices`` the pipeline cuts sequences into."""
     profile = get_profile(args.gpu_profile, count=dist.get_world_size())
     payload: list[str | None] = [None]
-    source = None
+    used: PlanUsed | None = None
     if dist.get_rank() == 0:
         try:
-            partition, source = _make_partition(args, traced, profile, microbatch)
-            payload[0] = json.dumps(partition.to_dict())
+            start = time.perf_counter()
+            resolved = _make_partition(args, traced, profile, microbatch)
+            used = PlanUsed(
+                resolved,
+                time.perf_counter() - start,
+                args.partitioner,
+                token_slices,
+                token_slices_auto=args.token_slices == "auto",
+            )
+            payload[0] = json.dumps(resolved.partition.to_dict())
         except Exception as error:  # the other ranks must not wait for a plan that never comes
             payload[0] = json.dumps({"error": f"{type(error).__name__}: {error}"})
             _broadcast_plan(payload, watchdog)
@@ -62,7 +79,9 @@ def share_partition(
         raise PipelineError(f"[rank {dist.get_rank()}] rank 0 could not make the partition: {data['error']}")
     partition = Partition.from_dict(data, source="the partition from rank 0")
     partition.check_matches(traced.cost_graph, source="the partition from rank 0")
-    return SharedPlan(partition, source)
+    if used is not None:
+        logger.info(plan_line(used))
+    return SharedPlan(partition, used.resolved.source if used is not None else None)
 
 
 def _broadcast_plan(payload: list[str | None], watchdog: Watchdog) -> None:
@@ -86,7 +105,7 @@ def memory_options(args: PipeTrainingArguments) -> MemoryOptions:
 
 def _make_partition(
     args: PipeTrainingArguments, traced: TracedModel, profile: GPUProfile, microbatch: dict[str, Any]
-) -> tuple[Partition, str]:
+) -> Resolved:
     """``partition_file``, else the local cache, else ``partition_repo``, else the partitioner."""
     from hf_ftpipe.hub.resolve import resolve_partition
     from hf_ftpipe.plan.keys import resolve_key
@@ -95,7 +114,7 @@ def _make_partition(
     key = resolve_key(
         graph, profile, None, schedule=args.pipeline_schedule, num_microbatches=args.num_microbatches, dtype=None
     )
-    resolved = resolve_partition(
+    return resolve_partition(
         graph,
         key,
         lambda: _compute_partition(args, traced, profile, microbatch),
@@ -111,8 +130,6 @@ def _make_partition(
         partitioner=args.partitioner,
         profile=profile,
     )
-    logger.info("partition: %s %s", resolved.source, resolved.location)
-    return resolved.partition, resolved.source
 
 
 def _compute_partition(
@@ -132,18 +149,8 @@ def _compute_partition(
         partition = run_partitioner(args.partitioner, traced.cost_graph, request, **extra)
     except PlanDoesNotFitError as error:  # name the fixes as PipeTrainingArguments fields
         raise error.worded_for("trainer") from error
-    for result in report:
-        logger.info("partitioner %s: %s", result.partitioner, _summary(result))
-    predicted = partition.predicted
-    if predicted is not None:
-        logger.info(
-            "partition by %s: %d stages on %d GPUs, %.3g samples/s predicted, worst GPU / ideal %.3f",
-            partition.partitioner,
-            partition.num_stages,
-            partition.num_devices,
-            predicted.throughput_samples_per_s,
-            predicted.imbalance,
-        )
+    for result in report:  # the run's plan line names the winner; --log_level debug shows every candidate
+        logger.debug("partitioner %s: %s", result.partitioner, _summary(result))
     return partition
 
 

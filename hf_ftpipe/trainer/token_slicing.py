@@ -6,13 +6,13 @@ micro-batch it would otherwise capture whole; the engine then runs each micro-ba
 
 ``"auto"``: rank 0 chooses the lengths with TeraPipe's dynamic program (`plan_slicing`) over the
 cost model's latency, as ``hf-ftpipe slices`` does, for one micro-batch on as many equal stages as
-processes, and sends them to every rank, so the ranks cannot disagree.
+processes, logs them (info, through transformers' logging: `hf_ftpipe.trainer.run_log`) and sends
+them to every rank, so the ranks cannot disagree.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -29,10 +29,11 @@ from hf_ftpipe.graph.trace import TracedModel, capture_model
 from hf_ftpipe.partitioners.slicing import Slicing, plan_slicing
 from hf_ftpipe.runtime.watchdog import Watchdog
 from hf_ftpipe.trainer.arguments import PipeTrainingArguments
+from hf_ftpipe.trainer.run_log import get_logger
 
 __all__ = ["capture_for_pipeline", "choose_token_slices", "slicing_step"]
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 
 def capture_for_pipeline(

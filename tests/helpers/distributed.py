@@ -1,11 +1,11 @@
 """Run a function on N real processes (gloo on CPU) with a deadline, for multi-rank tests.
 
-Ranks are forked from a ``forkserver`` that imported torch, transformers and hf_ftpipe once (a
-fresh interpreter per rank spent seconds on those imports in every test; forking from a process
-with no threads and no process group is as clean as ``spawn``), and meet through a file
-rendezvous in a temporary folder. The outer deadline kills every rank that is still alive, so a
-hang fails the test instead of the CI. A rank's return value (anything picklable) or its
-traceback comes back to the test.
+Ranks are forked from a ``forkserver`` that imported torch, transformers (its Trainer and model
+code included) and hf_ftpipe once (a fresh interpreter per rank spent seconds on those imports in
+every test; forking from a process with no threads and no process group is as clean as
+``spawn``), and meet through a file rendezvous in a temporary folder. The outer deadline kills
+every rank that is still alive, so a hang fails the test instead of the CI. A rank's return
+value (anything picklable) or its traceback comes back to the test.
 """
 
 from __future__ import annotations
@@ -61,7 +61,9 @@ def _entry(fn: Callable, rank: int, world_size: int, rendezvous: str, queue: Any
 
 def _context() -> Any:
     context = mp.get_context("forkserver")
-    context.set_forkserver_preload(["torch", "torch.distributed", "transformers", "hf_ftpipe"])
+    # transformers.trainer pulls in modeling_utils and training_args, which every rank building a
+    # model or arguments would otherwise import again (seconds per rank).
+    context.set_forkserver_preload(["torch", "torch.distributed", "transformers", "transformers.trainer", "hf_ftpipe"])
     return context
 
 
@@ -156,6 +158,18 @@ def accelerate_launch(
     its output tails are in the assertion message when it does not.
     """
     return run_job(*launcher(num_processes)[1:], *command, timeout_s=timeout_s, check=check, env=env)
+
+
+def torchrun(
+    *command: str, num_processes: int = 2, timeout_s: float = 300, check: bool = True, env: dict | None = None
+) -> subprocess.CompletedProcess:
+    """Start ``command`` with ``torchrun --standalone --nproc_per_node N`` (a free port), without accelerate.
+
+    On a CPU-only machine the script need not ask for CPU: `PipeTrainingArguments` does. With
+    ``check`` the job must succeed; its output tails are in the assertion message when it does not.
+    """
+    launch = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(num_processes)]
+    return run_job(*launch, *command, timeout_s=timeout_s, check=check, env=env)
 
 
 def start_accelerate_launch(*command: str, num_processes: int = 2, env: dict | None = None) -> subprocess.Popen:

@@ -46,6 +46,7 @@ def main(output_dir: str, repo: str, push: str, model_repo: str = "") -> None:
         max_steps=2,
         save_strategy="no",
         report_to="none",
+        log_level="info",  # rank 0 logs the plan it used (transformers' logging)
         seed=0,
     )
     data = tiny_batch("gpt2", 8, seed=1)

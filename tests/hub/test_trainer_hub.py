@@ -32,7 +32,7 @@ def launch(output: Path, hf_home: Path, push: bool, model_repo: str = "") -> dic
 def test_a_second_job_pulls_the_pushed_plan_instead_of_partitioning(hub, tmp_path: Path) -> None:
     first = launch(tmp_path / "first", tmp_path / "home_first", push=True)
     assert first["source"] == "computed" and first["partitioner_calls"] == 1
-    assert "partition by counted-seq-greedy" in first["log"]
+    assert "pipeline plan: computed by counted-seq-greedy in " in first["log"]
     (entry,) = PartitionStore(PLANS).list(model="GPT2LMHeadModel")
     pushed = PartitionStore(PLANS).pull_path(entry.path).partition
     assert pushed.to_dict() == first["partition"]
@@ -40,7 +40,9 @@ def test_a_second_job_pulls_the_pushed_plan_instead_of_partitioning(hub, tmp_pat
     second = launch(tmp_path / "second", tmp_path / "home_second", push=False)  # fresh HF_HOME: no cache
     assert second["source"] == "hub", second["log"][-3000:]
     assert second["partitioner_calls"] == 0
-    assert "partition by" not in second["log"] and "partition from the Hub: hf://datasets/ftpipe/plans" in second["log"]
+    assert "computed by" not in second["log"] and "partition from the Hub: hf://datasets/ftpipe/plans" in second["log"]
+    pulled = f"pipeline plan: from the Hub, hf://datasets/{PLANS}@main/{entry.path} (made by counted-seq-greedy)"
+    assert pulled in second["log"]
     assert second["partition"] == pushed.to_dict()
 
 

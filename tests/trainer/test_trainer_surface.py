@@ -27,7 +27,8 @@ STEPS, BATCH = 4, 4  # as in surface_job.py
 @pytest.fixture(scope="module")
 def surface(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict]]:
     output = tmp_path_factory.mktemp("surface")
-    accelerate_launch(JOB, str(output))
+    result = accelerate_launch(JOB, str(output))
+    (output / "launch.log").write_text(result.stdout + result.stderr)
     return output, [json.loads((output / f"surface_rank{r}.json").read_text()) for r in range(2)]
 
 
@@ -75,6 +76,14 @@ def test_tensorboard_gets_one_log_with_every_step(surface: tuple[Path, list[dict
     assert len(logged) == STEPS
     assert logged == pytest.approx(expected, rel=1e-5)
     assert len(events.Scalars("eval/loss")) == STEPS // 2
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_at_the_default_log_level_neither_trainer_nor_the_plan_logs_info(surface: tuple[Path, list[dict]]) -> None:
+    # At log_level="info" both show, once (test_launch.py).
+    log = (surface[0] / "launch.log").read_text()
+    assert "Running training" not in log and "pipeline plan:" not in log
 
 
 def test_arguments_parse_from_the_command_line(tmp_path: Path) -> None:

@@ -47,7 +47,8 @@ class PlanUsed:
 
 
 def plan_line(plan: PlanUsed) -> str:
-    """One line: where the plan came from and how long that took, the partitioner, the stages of
+    """One line: where the plan came from and how long that took, the partitioner, how a plan made
+    under another transformers release was re-anchored onto this graph, the stages of
     each GPU with its predicted peak memory against its capacity, the predicted samples/s, and the
     token slices, e.g.
 
@@ -55,10 +56,10 @@ def plan_line(plan: PlanUsed) -> str:
     samples/s; GPU 0: stage 0, peak 1.2 MiB of 80.00 GiB; GPU 1: stage 1, peak 1.1 MiB of 80.00 GiB``
     """
     partition = plan.resolved.partition
-    parts = [
-        f"pipeline plan: {_origin(plan)} in {plan.planning_time_s:.2f} s",
-        f"{partition.num_stages} stages on {partition.num_devices} GPUs",
-    ]
+    parts = [f"pipeline plan: {_origin(plan)} in {plan.planning_time_s:.2f} s"]
+    if plan.resolved.reanchored is not None:  # a stored plan made under another transformers release
+        parts.append(plan.resolved.reanchored.describe())
+    parts.append(f"{partition.num_stages} stages on {partition.num_devices} GPUs")
     predicted = partition.predicted
     if predicted is None:
         parts.append("no prediction in the plan")

@@ -12,6 +12,7 @@ import transformers
 from hf_ftpipe.costmodel.prediction import GPUCost, Prediction
 from hf_ftpipe.hub.sources import Resolved
 from hf_ftpipe.plan import Partition
+from hf_ftpipe.plan.reanchor import Reanchored
 from hf_ftpipe.trainer.run_log import PlanUsed, get_logger, plan_line
 
 GiB, MiB = 2**30, 2**20
@@ -75,6 +76,19 @@ def test_token_slices_end_the_line_and_say_when_auto_chose_them() -> None:
     assert given.endswith(f"{GPUS}; token slices [3, 1, 4]")
     auto = plan_line(PlanUsed(Resolved(PLAN, "computed", ""), 0.5, "auto", (4, 4), token_slices_auto=True))
     assert auto.endswith(f"{GPUS}; token slices [4, 4] (chosen by token_slices='auto')")
+
+
+def test_a_re_anchored_plan_says_so_after_its_source() -> None:
+    reanchored = Reanchored(
+        partition=PLAN, matched=3, by_module=0, by_producer=0, moved=0, dropped=1, new_scopes=(),
+        made_under="5.23.0", step_time_s=0.02,
+    )  # fmt: skip
+    line = plan_line(PlanUsed(Resolved(PLAN, "cache", "c.json", reanchored), 0.5, "auto"))
+    assert line.startswith(
+        "pipeline plan: from the local cache, c.json (made by mixed) in 0.50 s; made under transformers 5.23.0, "
+        f"re-anchored onto this graph (transformers {transformers.__version__}): 3 of 3 ops matched, 1 of the "
+        "plan's gone; predicted step 20 ms (the plan's own: 20 ms); 3 stages on 2 GPUs; "
+    )
 
 
 def test_a_plan_without_prediction_says_so_and_still_lists_the_stages() -> None:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from hf_ftpipe.costmodel.estimate import MemoryOptions, estimate
 from hf_ftpipe.costmodel.prediction import Prediction
 from hf_ftpipe.costmodel.profiles import GPUProfile
-from hf_ftpipe.errors import PartitionError, ProfileError
+from hf_ftpipe.errors import PartitionError, PartitionFormatError, ProfileError
 from hf_ftpipe.graph.alignment import match_ops, op_rows
 from hf_ftpipe.graph.cost_graph import CostGraph
 from hf_ftpipe.plan.anchors import GraphAnchors
@@ -97,8 +97,9 @@ def fit_to_graph(
     and names its ops), else re-anchored onto it (`reanchor`).
 
     ``profile`` prices the re-anchored plan (the GPUs it was made for; by default the built-in
-    profile its key names). Raises `PartitionError`, beginning with ``source``, when the plan serves
-    neither way; the caller then plans afresh (or, for a file the user named, says to).
+    profile its key names). Raises an error beginning with ``source`` when the plan serves
+    neither way (a `PartitionFormatError`: the plan is foreign to this graph); the caller then plans
+    afresh (or, for a file the user named, says to fix it).
     """
     anchors = partition.anchors
     if anchors is None or anchors.digest == graph.digest:
@@ -107,9 +108,8 @@ def fit_to_graph(
     try:
         reanchored = reanchor(partition, graph, profile)
     except PartitionError as error:
-        raise PartitionError(
-            f"{source}: made on another graph of this model and cannot be re-anchored: {error}"
-        ) from error
+        why = f"{source}: made on another graph of this model and cannot be re-anchored: {error}"
+        raise PartitionFormatError(why) from error
     return reanchored.partition, reanchored
 
 

@@ -78,12 +78,7 @@ def _run_pull(args: argparse.Namespace) -> int:
         filters = _filters(args, "schedule", "num_microbatches", "key")
         entries = store.list(**filters)
         if len(entries) != 1:
-            found = "no plan" if not entries else f"{len(entries)} plans"
-            described = ", ".join(f"{k}={v}" for k, v in filters.items() if v is not None) or "no filter"
-            lines = [f"{found} in {args.repo} match {described}"]
-            lines += [f"  {e.path}" for e in entries[:20]]
-            lines.append("Narrow it down with --model, --gpu-profile, --gpus, --schedule, --key or --path.")
-            raise PartitionError("\n".join(lines))
+            raise PartitionError(_no_single_match(args.repo, filters, entries, store.offline))
         path = entries[0].path
     pulled = store.pull_path(path)
     if args.output:
@@ -98,7 +93,8 @@ def _run_list(args: argparse.Namespace) -> int:
     from hf_ftpipe.cli.format import table
     from hf_ftpipe.hub.store import PartitionStore
 
-    entries = PartitionStore(args.repo, revision=args.revision).list(**_filters(args))
+    store = PartitionStore(args.repo, revision=args.revision)
+    entries = store.list(**_filters(args))
     if args.json:
         print(json.dumps([asdict(e) for e in entries], indent=1))
         return 0
@@ -110,8 +106,30 @@ def _run_list(args: argparse.Namespace) -> int:
             [e.model_class, e.model_fingerprint, gpus, e.schedule, str(e.num_microbatches), e.dtype, e.key_digest, size]
         )
     print(table(rows))
-    print(f"{len(entries)} plan(s) in {args.repo}")
+    print(f"{len(entries)} plan(s) in {args.repo}" + (f" {_OFFLINE}" if store.offline else ""))
     return 0
+
+
+_OFFLINE = "in the local download cache: HF_HUB_OFFLINE is set, so the Hub was not asked"
+
+
+def _no_single_match(repo: str, filters: dict[str, Any], entries: list[Any], offline: bool) -> str:
+    """Why ``pull`` took no plan: none matches (say where it looked and how to see what there is),
+    or several do (list them, and how to narrow it down)."""
+    described = ", ".join(f"{k}={v}" for k, v in filters.items()) or "no filter"
+    where = f" {_OFFLINE}" if offline else ""
+    if not entries:
+        lines = [f"no plan in {repo} matches {described}{where}"]
+        lines.append(
+            f"`hf-ftpipe list --repo {repo}` shows the plans there: pull one by its --key, or drop a filter."
+            if filters
+            else f"{repo} holds no plan yet: `hf-ftpipe push PLAN.json --repo {repo}` adds one."
+        )
+        return "\n".join(lines)
+    lines = [f"{len(entries)} plans in {repo} match {described}{where}"]
+    lines += [f"  {e.path}" for e in entries[:20]]
+    lines.append("Narrow it down with --model, --gpu-profile, --gpus, --schedule, --key or --path.")
+    return "\n".join(lines)
 
 
 def _filters(args: argparse.Namespace, *extra: str) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """Graph capture: a model becomes a CostGraph of ops with shapes, parameters and FLOPs.
 
 ``CostGraph`` is plain data, read by the planner without torch; capturing needs torch, so the
-capture names are imported on first use.
+capture names are imported on first use. ``load_model_for_planning`` builds a model to trace from
+its config alone (the paper's models ship with the package: ``shipped_models()``).
 """
 
 from hf_ftpipe._lazy import lazy_getattr
@@ -15,6 +16,10 @@ _HOMES = {
     "graph_hash": "hf_ftpipe.graph.fingerprint",
     "model_fingerprint": "hf_ftpipe.graph.fingerprint",
     "structural_config": "hf_ftpipe.graph.fingerprint",
+    "load_config": "hf_ftpipe.graph.sources",
+    "load_model_for_planning": "hf_ftpipe.graph.sources",
+    "sample_inputs_for": "hf_ftpipe.graph.sources",
+    "shipped_models": "hf_ftpipe.graph.sources",
     "TracedModel": "hf_ftpipe.graph.trace",
     "capture_model": "hf_ftpipe.graph.trace",
     "trace_model": "hf_ftpipe.graph.trace",

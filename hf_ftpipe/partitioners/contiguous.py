@@ -112,9 +112,12 @@ class ContiguousPlanner:
                 f"{request.memory.headroom * 100:g}% headroom)"
             )
             # seq-dp never makes such a plan; the others cut by compute or parameters alone
-            raise PlanDoesNotFitError(reason, self.advice(plans=[(self.name, plan)], memory_blind=True))
+            raise PlanDoesNotFitError(reason, self.advice(plans=[(self.name, plan)], blind=True))
         return plan
 
-    def advice(self, plans: Sequence[tuple[str, Partition]] = (), *, memory_blind: bool = False) -> FitAdvice:
-        """What would fit this request, for its `PlanDoesNotFitError`."""
-        return FitAdvice(graph=self.graph, request=self.request, plans=tuple(plans), memory_blind=memory_blind)
+    def advice(self, plans: Sequence[tuple[str, Partition]] = (), *, blind: bool = False) -> FitAdvice:
+        """What would fit this request, for its `PlanDoesNotFitError`; ``blind``: this partitioner
+        cut without regard to memory, so the advice checks its fixes by running it again."""
+        return FitAdvice(
+            graph=self.graph, request=self.request, plans=tuple(plans), blind_partitioner=self.name if blind else None
+        )

@@ -10,6 +10,12 @@ found and a `FitAdvice`, which says, once:
 - which change would make it fit, when one of recomputation, a 1F1B schedule or Adafactor (or a
   pair of them) does, with its GPU count; and the other changes worth trying.
 
+The figures are seq-dp's, so they hold for seq-dp, for mixed (which starts from seq-dp's plan) and
+for auto (which runs both). A partitioner that cuts without regard to memory (seq-greedy, and the
+baselines uniform and params) may miss a plan that seq-dp finds: its advice says that the figures
+are for a memory-aware partitioner, and a change is named for it only after running it again with
+that change (``FitAdvice.blind_partitioner``), so that following the advice works.
+
 The figures come from seq-dp's chain and the memory rules every partitioner prices plans with
 (``seq_dp.contiguous_fit``): ``partition_seq_dp`` succeeds on the GPU count named and fails on one
 fewer. They take a fraction of a second on GPT2-XL, where running every partitioner at growing
@@ -32,7 +38,7 @@ from typing import TYPE_CHECKING
 from hf_ftpipe._units import format_bytes
 from hf_ftpipe.costmodel.estimate import MemoryOptions, usable_capacity
 from hf_ftpipe.costmodel.profiles import GPUProfile, list_profiles
-from hf_ftpipe.errors import Caller, PartitionError
+from hf_ftpipe.errors import Caller, PartitionError, PlanDoesNotFitError
 from hf_ftpipe.graph.cost_graph import CostGraph
 from hf_ftpipe.plan.partition import Partition
 from hf_ftpipe.plan.request import PlanRequest
@@ -94,6 +100,11 @@ class _Figures:
     need_source: str
     fit: ContiguousFit | None
     change: _Change | None
+    own_change: _Change | None = None
+    """Fixes with which the blind partitioner asked itself makes a plan that fits the GPUs asked
+    (advised instead of ``change`` when they are no more)."""
+    own_need_bytes: float | None = None
+    """What the blind partitioner's plan needs on its fullest GPU under ``change``, which it does not fit."""
 
 
 @dataclass(frozen=True)
@@ -117,8 +128,10 @@ class FitAdvice:
     """What was asked for (its ``key`` plays no part)."""
     plans: tuple[tuple[str, Partition], ...] = field(default=(), repr=False)
     """Plans already made, with their partitioner: the memory figure is the least of theirs too."""
-    memory_blind: bool = False
-    """The plan came from a partitioner that cuts by compute or parameters alone."""
+    blind_partitioner: str | None = None
+    """The partitioner asked, when it cuts by compute or parameters alone (seq-greedy, uniform,
+    params): the figures are seq-dp's, which it may not reach, so a change is named for it only
+    once it made a plan that fits with that change. None for seq-dp, mixed and auto."""
 
     @property
     def profile(self) -> GPUProfile:
@@ -152,51 +165,70 @@ class FitAdvice:
         need, source = min(candidates, key=lambda c: c[0], default=(None, ""))
         fits_here = need is not None and need <= self.usable_bytes
         change = None if fits_here or fit is None else self._change(fit.num_gpus)
-        return _Figures(need, source, fit, change)
+        if self.blind_partitioner is None or fits_here:
+            return _Figures(need, source, fit, change)
+        own = self._own_change()
+        if own is not None and (change is None or not change.fits_asked or len(own.fixes) <= len(change.fixes)):
+            return _Figures(need, source, fit, change, own_change=own)
+        own_need = self._run_asked(self._changed(change.fixes))[1] if change is not None and change.fits_asked else None
+        return _Figures(need, source, fit, change, own_need_bytes=own_need)
 
     def text(self, caller: Caller) -> str:
         """What would fit, then the fixes, as ``caller`` names them; each figure once."""
         f, name, count = self.figures, self.profile.name, self.profile.count
         usable = format_bytes(self.usable_bytes)
+        blind = self.blind_partitioner
+        fits_here = f.need_bytes is not None and f.need_bytes <= self.usable_bytes
         lines = []
-        if f.need_bytes is not None and f.need_bytes <= self.usable_bytes:  # a partitioner that ignores memory
+        if fits_here:  # only the partitioner was wrong: the one fix is another partitioner
             lines.append(
-                f"seq-dp finds a plan that fits: {f.need_source} needs {format_bytes(f.need_bytes)} on its fullest "
-                f"GPU, within the {usable} usable."
+                f"seq-dp finds a plan that fits: {f.need_source} needs {format_bytes(f.need_bytes or 0)} on its "
+                f"fullest GPU, within the {usable} usable."
             )
-        elif f.need_bytes is not None:
-            plus = f", plus {self.memory.headroom:.0%} headroom" if self.memory.headroom else ""
-            lines.append(
-                f"It would fit on GPUs of at least {format_bytes(self.need_capacity_bytes or 0)} each "
-                f"({f.need_source} needs {format_bytes(f.need_bytes)} on its fullest GPU{plus})"
-                f"{self._bigger_gpus(caller)}."
-            )
-        if f.fit is not None and f.fit.num_gpus is not None and f.fit.num_gpus != count:
-            n = f.fit.num_gpus
-            lines.append(f"It would fit on {n} × {name} ({self._word('gpus', caller, n=n)}), the fewest that a "
-                         "contiguous split fits.")  # fmt: skip
-        elif f.fit is not None and f.fit.num_gpus is None:
-            lines.append(f"No number of {name} fits: {_piece(self.graph, f.fit, usable)}.")
-        if f.change is not None:
-            fixes = " and ".join(self._word(c, caller) for c in f.change.fixes)
-            n = f.change.num_gpus
+        else:
+            if blind:
+                lines.append(
+                    f"{blind} cuts without regard to memory: what follows is for {self._word('partitioner', caller)}."
+                )
+            if f.need_bytes is not None:
+                plus = f", plus {self.memory.headroom:.0%} headroom" if self.memory.headroom else ""
+                lines.append(
+                    f"It would fit on GPUs of at least {format_bytes(self.need_capacity_bytes or 0)} each "
+                    f"({f.need_source} needs {format_bytes(f.need_bytes)} on its fullest GPU{plus})"
+                    f"{self._bigger_gpus(caller)}."
+                )
+            if f.fit is not None and f.fit.num_gpus is not None and f.fit.num_gpus != count:
+                n = f.fit.num_gpus
+                lines.append(f"It would fit on {n} × {name} ({self._word('gpus', caller, n=n)}), the fewest that a "
+                             "contiguous split fits.")  # fmt: skip
+            elif f.fit is not None and f.fit.num_gpus is None:
+                lines.append(f"No number of {name} fits: {_piece(self.graph, f.fit, usable)}.")
+        change = f.own_change or f.change
+        if change is not None:
+            fixes = " and ".join(self._word(c, caller) for c in change.fixes)
+            n = change.num_gpus
             where = (
                 f"it would fit these {count} × {name}"
-                if f.change.fits_asked
+                if change.fits_asked
                 else f"{n} × {name} would fit ({self._word('gpus', caller, n=n)})"
             )
+            if f.own_change is not None:
+                where += f", {blind}'s own plan included"
+            elif blind and f.own_need_bytes is not None:
+                need = format_bytes(f.own_need_bytes)
+                where += f" ({blind}'s own plan would not: it would need {need} on its fullest GPU)"
             lines.append(f"With {fixes}, {where}.")
-        if f.need_bytes is not None and f.need_bytes <= self.usable_bytes:  # only the partitioner was wrong
-            others = [self._word("partitioner", caller)] if self.memory_blind else []
+        if fits_here:
+            others = [self._word("partitioner", caller)] if blind else []
         else:
-            others = [self._word(c, caller) for c in self._applicable() if not f.change or c not in f.change.fixes]
+            others = [self._word(c, caller) for c in self._applicable() if not change or c not in change.fixes]
             if self.request.num_microbatches > 1:
                 others.append(self._word("microbatches", caller))
             if self.request.microbatch_size > 1:
                 others.append(self._word("microbatch", caller))
         others = [fix for fix in others if fix]
         if others:
-            lines.append(f"{'Other changes' if f.change else 'Changes'} that help: {', '.join(others)}.")
+            lines.append(f"{'Other changes' if change else 'Changes'} that help: {', '.join(others)}.")
         return "\n".join(lines)
 
     # -- helpers ---------------------------------------------------------------------------------
@@ -216,13 +248,7 @@ class FitAdvice:
         found: list[_Change] = []
         for size in (1, 2):
             for fixes in combinations(self._applicable(), size):
-                changed = replace(
-                    self.request,
-                    memory=replace(self.memory, recompute=True) if "recompute" in fixes else self.memory,
-                    schedule="1f1b" if "1f1b" in fixes else self.request.schedule,
-                    optimizer="adafactor" if "adafactor" in fixes else self.request.optimizer,
-                )
-                fit = self._contiguous_fit(changed, least_peak=False)
+                fit = self._contiguous_fit(self._changed(fixes), least_peak=False)
                 if fit is not None and fit.num_gpus is not None:
                     found.append(_Change(fixes, fit.num_gpus, fit.fits_count))
             if any(c.fits_asked for c in found):
@@ -231,6 +257,38 @@ class FitAdvice:
         if best is None or not (best.fits_asked or num_gpus is None or best.num_gpus < num_gpus):
             return None
         return best
+
+    def _own_change(self) -> _Change | None:
+        """The fewest fixes with which the blind partitioner asked makes a plan that fits these GPUs,
+        found by running it (it is cheap: one cut and one estimate)."""
+        for size in (1, 2):
+            for fixes in combinations(self._applicable(), size):
+                if self._run_asked(self._changed(fixes))[0]:
+                    return _Change(fixes, self.profile.count, True)
+        return None
+
+    def _run_asked(self, request: PlanRequest) -> tuple[bool, float | None]:
+        """Whether the blind partitioner's plan for ``request`` fits, and what it needs on its fullest GPU."""
+        from hf_ftpipe.partitioners.registry import run_partitioner  # late: the partitioners import this module
+
+        assert self.blind_partitioner is not None
+        try:
+            plan = run_partitioner(self.blind_partitioner, self.graph, replace(request, key=None))
+        except PlanDoesNotFitError as error:
+            plans = error.advice.plans if isinstance(error.advice, FitAdvice) else ()
+            return False, _peak(plans[0][1]) if plans else None
+        except PartitionError:
+            return False, None
+        return True, _peak(plan)
+
+    def _changed(self, fixes: Sequence[str]) -> PlanRequest:
+        """The request with ``fixes`` (names of ``_CHANGES``) applied."""
+        return replace(
+            self.request,
+            memory=replace(self.memory, recompute=True) if "recompute" in fixes else self.memory,
+            schedule="1f1b" if "1f1b" in fixes else self.request.schedule,
+            optimizer="adafactor" if "adafactor" in fixes else self.request.optimizer,
+        )
 
     def _contiguous_fit(self, request: PlanRequest, *, least_peak: bool) -> ContiguousFit | None:
         from hf_ftpipe.partitioners.seq_dp import contiguous_fit  # seq-dp raises this module's errors

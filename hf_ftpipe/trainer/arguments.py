@@ -69,6 +69,14 @@ class PipeTrainingArguments(TrainingArguments):
             "help": "Fraction of each GPU's memory the partition leaves free (allocator, CUDA context, buffers)."
         },
     )
+    partition_time_budget_s: float = field(
+        default=60.0,
+        metadata={
+            "help": "With partitioner='auto': seconds of planning after which no further partitioner starts (the "
+            "first always runs; the others are skipped, said in the log). Rank 0 plans while the other ranks wait, "
+            "at most pipeline_timeout_s. A plan from partition_file, the cache or the Hub skips planning."
+        },
+    )
     gpu_profile: str = field(
         default="auto",
         metadata={
@@ -161,6 +169,11 @@ class PipeTrainingArguments(TrainingArguments):
             raise ValueError(
                 f"`partition_memory_headroom` is the fraction of GPU memory kept free and must be in [0, 1), "
                 f"got {self.partition_memory_headroom}; e.g. 0.1 keeps 10% free"
+            )
+        if not self.partition_time_budget_s >= 0:  # NaN too
+            raise ValueError(
+                f"`partition_time_budget_s` is the planning time after which `auto` starts no further partitioner "
+                f"and must be at least 0, got {self.partition_time_budget_s}; 0 runs only the first (uniform)"
             )
         if self.async_update_interval < 1:
             raise ValueError(f"`async_update_interval` must be at least 1, got {self.async_update_interval}")

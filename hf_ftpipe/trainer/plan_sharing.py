@@ -144,7 +144,9 @@ def _compute_partition(
         memory=memory_options(args),
     )
     report: list[PartitionerResult] = []
-    extra: dict[str, Any] = {"report": report} if args.partitioner == "auto" else {}
+    extra: dict[str, Any] = {}
+    if args.partitioner == "auto":
+        extra = {"report": report, "time_budget_s": args.partition_time_budget_s}
     try:
         partition = run_partitioner(args.partitioner, traced.cost_graph, request, **extra)
     except PlanDoesNotFitError as error:  # name the fixes as PipeTrainingArguments fields

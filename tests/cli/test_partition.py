@@ -1,6 +1,8 @@
 """`hf-ftpipe partition` and `hf-ftpipe compare` on the shipped T5-3B config, offline.
 
-T5-3B is traced once for the module (several seconds); every command line reuses that graph.
+T5-3B is traced once for the session (planning_graphs: several seconds); every command line reuses
+that graph. The two commands of docs/planning.md ("Planning from the command line") run here as
+the page writes them.
 """
 
 from __future__ import annotations
@@ -10,20 +12,24 @@ import io
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
-import huggingface_hub.constants
 import pytest
 
 from hf_ftpipe.cli import parser as cli
-from hf_ftpipe.cli.partition import _Request
 from hf_ftpipe.partitioners.registry import available_partitioners
 from hf_ftpipe.plan import Partition, validate_partition
+
+from doc_blocks import page_command
+from planning_graphs import cli_traces, planning_graph
 
 # FTPipe's BoolQ setting: micro-batch 4, input 512, target 4, on 8 RTX 2080 Ti.
 T5_BOOLQ = ["t5-3b", "--gpus", "8", "--gpu-profile", "rtx2080ti", "--batch-size", "4", "--seq-len", "512"]
 T5_BOOLQ += ["--target-len", "4", "--schedule", "async"]
-FITS = ["--recompute", "--optimizer", "adafactor", "--num-microbatches", "8"]
+# The page's commands, less "hf-ftpipe": the same setup, with what makes it fit (recompute, Adafactor, 8 micro-batches).
+COMPARE = page_command("docs/planning.md", "hf-ftpipe compare t5-3b")[1:]
+PARTITION = page_command("docs/planning.md", "hf-ftpipe partition t5-3b")[1:]
 KEYS = {
     "partitioner",
     "feasible",
@@ -37,22 +43,10 @@ KEYS = {
 
 
 @pytest.fixture(scope="module")
-def traces() -> dict:
+def traces() -> Iterator[None]:
     """Offline, and every trace of one model and shape made once (the first command line traces)."""
-    cache: dict = {}
-    trace = _Request.trace
-
-    def cached(request: _Request):
-        a = request.args
-        key = (a.model, a.task, a.batch_size, a.seq_len, a.target_len, a.attention_mask)
-        if key not in cache:
-            cache[key] = trace(request)
-        return cache[key]
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-        patch.setattr(_Request, "trace", cached)
-        yield cache
+    with cli_traces():
+        yield
 
 
 def run(*argv: str) -> tuple[int, str, str]:
@@ -64,7 +58,8 @@ def run(*argv: str) -> tuple[int, str, str]:
 
 @pytest.mark.usefixtures("traces")
 def test_compare_json_has_one_row_per_registered_partitioner() -> None:
-    code, out, err = run("compare", *T5_BOOLQ, *FITS, "--json")
+    assert COMPARE[:2] == ["compare", "t5-3b"] and set(T5_BOOLQ) <= set(COMPARE)
+    code, out, err = run(*COMPARE, "--json")
     assert code == 0, err
     rows = json.loads(out)
     assert sorted(row["partitioner"] for row in rows) == available_partitioners()  # auto included
@@ -86,19 +81,23 @@ def test_compare_prints_a_table_and_says_what_would_fit_when_nothing_does() -> N
     assert "auto: no partitioner found a plan that fits 8 × rtx2080ti" in out and "It would fit on" in out
 
 
-def test_partition_writes_a_plan_that_loads_and_validates(traces: dict, tmp_path: Path) -> None:
+@pytest.mark.usefixtures("traces")
+def test_partition_writes_a_plan_that_loads_and_validates(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert PARTITION[:2] == ["partition", "t5-3b"] and PARTITION[-2:] == ["-o", "t5-3b-8x2080ti.json"]
     path = tmp_path / "plan.json"
-    code, out, err = run("partition", *T5_BOOLQ, *FITS, "--partitioner", "seq-dp", "-o", str(path))
+    code, out, err = run(*PARTITION[:-2], "--partitioner", "seq-dp", "-o", str(path))
     assert code == 0, err
     assert "partitioner: seq-dp" in out and f"wrote {path}" in out
     plan = Partition.from_json(path)
-    graph = next(iter(traces.values()))
+    graph = planning_graph("t5-3b", 4, 512, 4)
     validate_partition(plan, graph, memory_capacity_bytes=11 * 2**30)
     assert plan.key.schedule == "async" and plan.key.num_gpus == 8 and plan.key.input_shapes["labels"] == [4, 4]
 
-    code, out, _ = run("partition", *T5_BOOLQ, *FITS, "--json")
+    monkeypatch.chdir(tmp_path)  # the page's command writes t5-3b-8x2080ti.json where it runs
+    code, out, _ = run(*PARTITION, "--json")
     summary = json.loads(out)
     assert code == 0 and summary["chosen_by_auto"] and len(summary["gpus"]) == summary["num_gpus"] == 8
+    validate_partition(Partition.from_json(tmp_path / "t5-3b-8x2080ti.json"), graph, memory_capacity_bytes=11 * 2**30)
 
 
 @pytest.mark.usefixtures("traces")

@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+from doc_blocks import cpu_launch_arguments
 from example_modules import DATA, load_example
 
 # case -> the flags that make it; "rte_glue" is RTE in GLUE's columns (sentence1, sentence2).
@@ -21,7 +22,8 @@ CASES: dict[str, list[str]] = {
     "boolq": ["--task_name", "boolq"],
     "cb": ["--task_name", "cb"],
     "copa": ["--task_name", "copa"],
-    "multirc": ["--task_name", "multirc", "--max_eval_samples", "12"],
+    # docs/examples.md's multirc command, then fewer evaluation samples (main's --output_dir comes last, and wins)
+    "multirc": [*cpu_launch_arguments("docs/examples.md", "run_glue_pipe.py"), "--max_eval_samples", "12"],
     "rte": ["--task_name", "rte"],
     "rte_glue": [
         *("--task_name", "rte", "--do_predict", "--max_steps", "40"),  # long enough to generate labels

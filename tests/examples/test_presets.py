@@ -10,6 +10,7 @@ from transformers import HfArgumentParser
 
 from hf_ftpipe import PipeTrainingArguments
 
+from doc_blocks import argv, expected_output, missing_output, page_block
 from example_modules import EXAMPLES, load_example
 
 PRESETS = EXAMPLES / "presets"
@@ -107,9 +108,14 @@ def test_presets_select_by_name_or_glob():
 
 
 def test_a_dry_run_plans_offline_and_writes_the_table(tmp_path: Path, capsys):
+    # docs/reproducing-the-paper.md's dry run, shortened to the BERT-large presets (the quickest to trace)
+    block = page_block("docs/reproducing-the-paper.md", "reproduce_paper.py --dry-run")
+    assert argv(block.command_lines()[0]) == ["python", "examples/reproduce_paper.py", "--dry-run"]
     table = tmp_path / "table.md"
     assert reproduce.main(["--dry-run", "bert-large_squad_*", "--output", str(table)]) == 0
     lines = table.read_text().splitlines()
+    shown = "\n".join(expected_output(block))
+    assert not missing_output(lines, shown), "the page's table shows other rows than:\n" + "\n".join(lines)
     assert capsys.readouterr().out.splitlines() == lines
     assert lines[0].startswith("| preset | task | metric | reached | paper | measured samples/s | planned samples/s")
     for line, schedule in zip(lines[2:], ("async", "gpipe"), strict=True):

@@ -14,6 +14,7 @@ from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from distributed import accelerate_launch
+from doc_blocks import cpu_launch_arguments
 from example_modules import load_example, regenerate_fixtures
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -28,12 +29,14 @@ def clm() -> ModuleType:
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Train a tiny GPT-2 for 4 steps on 2 processes, evaluate on validation, predict on test."""
+    """Train a tiny GPT-2 for 4 steps on 2 processes, evaluate on validation, predict on test: the
+    arguments of docs/examples.md's CPU command, then this test's, which shorten it."""
     output_dir = tmp_path_factory.mktemp("clm")
     start = time.monotonic()
     accelerate_launch(
         str(EXAMPLES / "run_clm_pipe.py"),
-        *("--output_dir", str(output_dir), "--do_train", "--do_eval", "--do_predict", "--group_whole_split"),
+        *cpu_launch_arguments("docs/examples.md", "run_clm_pipe.py"),
+        *("--output_dir", str(output_dir), "--do_predict", "--group_whole_split"),
         *("--max_steps", "4", "--block_size", str(BLOCK_SIZE), "--logging_steps", "1", "--save_strategy", "no"),
         *("--per_device_train_batch_size", "4", "--per_device_eval_batch_size", "4", "--num_microbatches", "2"),
         timeout_s=240,

@@ -29,7 +29,8 @@ def glue() -> ModuleType:
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One launch of glue_tasks_job.py: main() once per task, results in OUT/<case>/."""
+    """One launch of glue_tasks_job.py: main() once per task, results in OUT/<case>/. Its multirc case
+    runs the arguments of docs/examples.md's multirc command (glue_tasks_job.CASES)."""
     out = tmp_path_factory.mktemp("glue")
     start = time.monotonic()
     accelerate_launch(str(HERE / "glue_tasks_job.py"), str(out), timeout_s=240)

@@ -14,6 +14,7 @@ from datasets import Dataset
 from hf_ftpipe.metrics import load_metric
 
 from distributed import accelerate_launch
+from doc_blocks import cpu_launch_arguments
 from example_modules import DATA, EXAMPLES, load_example, regenerate_fixtures
 
 
@@ -191,12 +192,14 @@ def test_make_squad_regenerates_the_shipped_files(tmp_path):
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Train a tiny BERT for 6 steps on 2 processes, evaluate and predict on the validation fixture."""
+    """Train a tiny BERT for 6 steps on 2 processes, evaluate and predict on the validation fixture: the
+    arguments of docs/examples.md's CPU command, then this test's, which shorten it."""
     output_dir = tmp_path_factory.mktemp("qa")
     start = time.monotonic()
     accelerate_launch(
         str(EXAMPLES / "run_qa_pipe.py"),
-        *("--output_dir", str(output_dir), "--do_train", "--do_eval", "--do_predict"),
+        *cpu_launch_arguments("docs/examples.md", "run_qa_pipe.py"),
+        *("--output_dir", str(output_dir)),
         *("--max_steps", "6", "--save_strategy", "no", "--per_device_eval_batch_size", "12"),
         timeout_s=240,
         env={"HF_HUB_OFFLINE": "1"},  # the shipped squad_v1, without waiting for the Hub

@@ -4,6 +4,7 @@ Every partitioner fails; the report must answer in seconds, with one figure for 
 GPU and one GPU count that agree with the partitioners' own estimate, and with fixes named as the
 reader names them: flags on the command line, keyword arguments in Python, `PipeTrainingArguments`
 fields for PipeTrainer. GPT2-XL is traced once (meta device, shipped config; several seconds).
+docs/planning.md shows this case; its command and the lines it prints are checked here.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from hf_ftpipe.partitioners.contiguous import CutOrder
 from hf_ftpipe.partitioners.registry import available_partitioners
 from hf_ftpipe.trainer import plan_sharing as planning
 from hf_ftpipe.trainer.arguments import PipeTrainingArguments
+
+from doc_blocks import argv, expected_output, missing_output, page_block
 
 ARGV = ["gpt2-xl", "--gpus", "2", "--gpu-profile", "rtx2080ti", "--batch-size", "8", "--seq-len", "1024"]
 OPTIONS = {"num_microbatches": 4, "microbatch_size": 8}  # the CLI's defaults: gpipe, AdamW, 10% headroom
@@ -135,11 +138,15 @@ def test_the_figures_agree_with_the_partitioners_estimate(graph: CostGraph, comp
 
 
 def test_partition_fails_with_the_same_figures_and_status_2(compared: tuple) -> None:
+    # The command of docs/planning.md, "A plan that fits nowhere", and the lines the page shows.
+    block = page_block("docs/planning.md", "hf-ftpipe partition gpt2-xl")
+    assert argv(block.command_lines()[0]) == ["hf-ftpipe", "partition", *ARGV]
     code, out, err, seconds = run("partition", *ARGV)
     assert code == 2 and out == "" and "Traceback" not in err
     assert seconds < SECONDS
     advice = [line for line in compared[1].splitlines() if line.startswith(("It would", "No number", "With "))]
     assert len(advice) == 3 and all(line in err for line in advice)
+    assert not missing_output(expected_output(block), err), f"docs/planning.md shows other lines than:\n{err}"
 
 
 def test_python_callers_get_keyword_arguments(graph: CostGraph) -> None:

@@ -57,3 +57,34 @@ def test_errors_are_one_line_and_status_2(hub, tmp_path: Path, capsys: pytest.Ca
     err = capsys.readouterr().err
     assert err.startswith("hf-ftpipe pull: error: hf://datasets/ftpipe/plans@main/plans/v1/x.json: cannot read it")
     assert "Traceback" not in err
+
+
+def test_a_pull_that_matches_nothing_says_how_to_see_what_there_is(
+    hub, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _plan(2).to_json(tmp_path / "plan.json")
+    assert cli.main(["push", str(tmp_path / "plan.json"), "--repo", REPO]) == 0
+    capsys.readouterr()
+    assert cli.main(["pull", "--repo", REPO, "--model", "ToyModel", "--gpus", "7"]) == 2
+    err = capsys.readouterr().err
+    assert "no plan in ftpipe/plans matches model=ToyModel, num_gpus=7\n" in err
+    assert "`hf-ftpipe list --repo ftpipe/plans` shows the plans there: pull one by its --key" in err
+    assert "Narrow it down" not in err  # the hint for several matches
+
+
+def test_list_offline_says_it_read_only_the_download_cache(
+    hub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plans = [_plan(2), _plan(3)]
+    for n, plan in enumerate(plans):
+        plan.to_json(tmp_path / f"plan{n}.json")
+        assert cli.main(["push", str(tmp_path / f"plan{n}.json"), "--repo", REPO]) == 0
+    assert cli.main(["pull", "--repo", REPO, "--key", plans[0].key.digest()]) == 0  # now in the download cache
+    capsys.readouterr()
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert cli.main(["list", "--repo", REPO]) == 0
+    out = capsys.readouterr().out
+    cached = "in the local download cache: HF_HUB_OFFLINE is set, so the Hub was not asked"
+    assert out.splitlines()[-1] == f"1 plan(s) in {REPO} {cached}"
+    assert cli.main(["pull", "--repo", REPO, "--gpus", "3"]) == 2
+    assert f"no plan in {REPO} matches num_gpus=3 {cached}" in capsys.readouterr().err

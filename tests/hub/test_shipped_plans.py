@@ -40,6 +40,8 @@ from hf_ftpipe.plan.partition import Partition
 from hf_ftpipe.plan.reanchor import fit_to_graph
 from hf_ftpipe.plan.validate import validate_partition
 
+from planning_graphs import SessionGraphs
+
 FOLDER = Path(__file__).resolve().parents[2] / "partitions"
 ENTRIES = read_index(FOLDER)
 PLANNED = [e for e in ENTRIES if e["file"]]
@@ -90,7 +92,7 @@ def test_the_card_names_what_does_not_fit_and_what_would() -> None:
 
 @pytest.fixture(scope="module")
 def graphs() -> GraphCache:
-    return GraphCache()
+    return SessionGraphs()  # type: ignore[return-value]  # GraphCache's interface; traces shared with other tests
 
 
 @pytest.mark.slow

@@ -9,7 +9,7 @@ import pytest
 
 from hf_ftpipe.costmodel import MemoryOptions
 from hf_ftpipe.errors import PlanDoesNotFitError
-from hf_ftpipe.partitioners import partition_seq_dp, partition_seq_greedy
+from hf_ftpipe.partitioners import partition_auto, partition_seq_dp, partition_seq_greedy
 
 from toy_graphs import UNIT, chain
 
@@ -70,3 +70,49 @@ def test_a_partitioner_blind_to_memory_points_to_one_that_is_not() -> None:
     )
     assert '`partitioner="auto"`' in info.value.message("trainer")
     partition_seq_dp(chain([1, 1, 1, 9]), profile, **SIZES, memory=memory)
+
+
+def follow(text: str, graph, profile, memory: MemoryOptions) -> None:
+    """Do what a Python caller's advice says: the partitioner it names for what follows (the one
+    asked otherwise), with the fixes of its "With ..." line; raises if the plan still does not fit."""
+    with_line = next(line for line in text.splitlines() if line.startswith("With "))
+    options = dict(SIZES, memory=memory)
+    if "`memory=MemoryOptions(recompute=True)`" in with_line:
+        options["memory"] = replace(memory, recompute=True)
+    if '`schedule="1f1b"`' in with_line:
+        options["schedule"] = "1f1b"
+    if '`optimizer="adafactor"`' in with_line:
+        options["optimizer"] = "adafactor"
+    partitioner = partition_auto if "what follows is for `partition_auto`" in text else partition_seq_greedy
+    if "seq-greedy's own plan included" in with_line:
+        partitioner = partition_seq_greedy
+    partitioner(graph, profile, **options)
+
+
+def test_advice_to_a_blind_partitioner_names_the_one_that_fits_and_following_it_works() -> None:
+    # Seven light ops and a heavy one: greedy cuts 7 | 1. Under 1F1B a split of seq-dp's fits, greedy's
+    # 7 | 1 still does not (it needs both 1F1B and recomputation: more fixes than seq-dp's one).
+    graph, profile, memory = chain([1] * 7 + [9]), replace(TWO, memory_bytes=196), MemoryOptions(headroom=0)
+    with pytest.raises(PlanDoesNotFitError) as info:
+        partition_seq_greedy(graph, profile, **SIZES, memory=memory)
+    text = info.value.message("python")
+    assert "seq-greedy cuts without regard to memory: what follows is for `partition_auto`" in text
+    assert (
+        'With `schedule="1f1b"`, it would fit these 2 × unit (seq-greedy\'s own plan would not: it would need '
+        "288 bytes on its fullest GPU)." in text
+    )
+    with pytest.raises(PlanDoesNotFitError):  # what the advice used to promise
+        partition_seq_greedy(graph, profile, **SIZES, memory=memory, schedule="1f1b")
+    follow(text, graph, profile, memory)
+    assert '`partitioner="auto"`' in info.value.message("trainer")
+
+
+def test_advice_to_a_blind_partitioner_that_a_fix_makes_fit_names_that_fix_and_following_it_works() -> None:
+    # greedy cuts 3 | 1 (288 bytes on GPU 0) and seq-dp's leanest 2 | 2 needs 224: neither fits 200
+    # bytes; with recomputation both fit, greedy's own plan included.
+    graph, profile, memory = chain([1, 1, 1, 9]), replace(TWO, memory_bytes=200), MemoryOptions(headroom=0)
+    with pytest.raises(PlanDoesNotFitError) as info:
+        partition_seq_greedy(graph, profile, **SIZES, memory=memory)
+    text = info.value.message("cli")
+    assert "With `--recompute`, it would fit these 2 × unit, seq-greedy's own plan included." in text
+    follow(info.value.message("python"), graph, profile, memory)

@@ -4,16 +4,22 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
+import transformers
 from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
 from hf_ftpipe import PipeTrainingArguments
 
-from distributed import REPO
+from distributed import REPO, job_env
 from distributed import accelerate_launch as launch
+from doc_blocks import page_command
 from models import tiny_model
 
 
@@ -63,13 +69,38 @@ def test_model_built_without_weights_loads_each_stage_from_the_checkpoint(tmp_pa
         torch.testing.assert_close(value, expected[name], atol=0, rtol=0, msg=name)
 
 
-def test_quickstart_job_prints_accuracy_and_saves_a_loadable_model(tmp_path: Path) -> None:
-    result = launch("examples/run_glue_pipe.py", "--num_train_epochs", "1", "--output_dir", str(tmp_path))
-    assert "eval accuracy:" in result.stdout, result.stdout[-3000:]
-    accuracy = float(result.stdout.split("eval accuracy:")[1].split()[0])
-    assert 0.0 <= accuracy <= 1.0
-    model = AutoModelForSeq2SeqLM.from_pretrained(tmp_path)
+def test_quickstart_prints_the_accuracy_the_readme_quotes_and_saves_a_loadable_model(tmp_path: Path) -> None:
+    """README.md's Quickstart demo as written (its `accelerate launch`, in a folder of its own): the run is
+    deterministic, so on the versions the README names it prints exactly the accuracy quoted there."""
+    words = page_command("README.md", "examples/run_glue_pipe.py")
+    demo = words[len(words) - words[::-1].index("&&") :]  # the venv and the install come before
+    assert demo[:2] == ["accelerate", "launch"] and demo[-1] == "examples/run_glue_pipe.py", demo
+    (tmp_path / "examples").symlink_to(REPO / "examples")
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"  # this venv's `accelerate`
+    env = job_env({"PATH": path})
+    result = subprocess.run(demo, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+
+    printed = re.search(r"eval accuracy: (\d\.\d+)", result.stdout)
+    assert printed, result.stdout[-3000:]
+    quoted, torch_versions, transformers_versions = _readme_quickstart_accuracy()
+    if torch.__version__.split("+")[0] in torch_versions and transformers.__version__ in transformers_versions:
+        assert printed.group(1) == quoted, f"README.md quotes {quoted}; the demo printed {printed.group(0)}"
+    else:  # other versions may draw other random numbers
+        assert abs(float(printed.group(1)) - float(quoted)) <= 0.05, f"README.md quotes {quoted}: {printed.group(0)}"
+    model = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "pipe_output" / "glue")
     assert model.config.d_model == 64
+
+
+def _readme_quickstart_accuracy() -> tuple[str, set[str], set[str]]:
+    """The accuracy README.md's Quickstart quotes, and the torch and transformers versions it was measured on."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    quoted = re.search(
+        r"`eval accuracy: (\d\.\d+)` after [^;]*?on torch ([\d.]+) with transformers ([\d.]+(?: and [\d.]+)*);",
+        readme.replace("\n", " "),
+    )
+    assert quoted, "README.md's Quickstart quotes `eval accuracy: X` after ..., on torch V with transformers V [and V];"
+    return quoted.group(1), {quoted.group(2)}, set(quoted.group(3).split(" and "))
 
 
 @pytest.mark.parametrize(

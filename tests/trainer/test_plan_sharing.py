@@ -1,0 +1,38 @@
+"""hf_ftpipe/trainer/plan_sharing.py: the plan rank 0 computes, as `PipeTrainingArguments` ask for it (no processes)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from hf_ftpipe import PipeTrainingArguments
+from hf_ftpipe.trainer import plan_sharing as planning
+
+from toy_graphs import UNIT, chain
+
+# Uneven ops: equal op counts (uniform, which auto runs first) balance them worse than seq-dp does.
+GRAPH = SimpleNamespace(cost_graph=chain([3, 1, 4, 1, 5, 9, 2, 6]))
+MICROBATCH = {"input_ids": torch.zeros(2, 8, dtype=torch.long)}
+
+
+def arguments(tmp_path: Path, **fields: object) -> PipeTrainingArguments:
+    return PipeTrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", **fields)
+
+
+def test_partition_time_budget_s_bounds_auto(tmp_path: Path) -> None:
+    # A budget of 0 s: the first partitioner runs, every other is skipped; the default runs them all.
+    profile = UNIT.with_count(2)
+    hurried = planning._compute_partition(arguments(tmp_path, partition_time_budget_s=0), GRAPH, profile, MICROBATCH)
+    assert hurried.partitioner == "uniform"
+    planned = planning._compute_partition(arguments(tmp_path), GRAPH, profile, MICROBATCH)
+    assert planned.partitioner != "uniform"
+    assert planned.predicted.step_time_s < hurried.predicted.step_time_s
+
+
+@pytest.mark.parametrize("budget", [-1.0, float("nan")])
+def test_a_negative_time_budget_is_refused(tmp_path: Path, budget: float) -> None:
+    with pytest.raises(ValueError, match="`partition_time_budget_s` .* must be at least 0"):
+        arguments(tmp_path, partition_time_budget_s=budget)

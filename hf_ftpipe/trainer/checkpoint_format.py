@@ -38,14 +38,13 @@ from safetensors.torch import save_file
 from torch import nn
 
 from hf_ftpipe._json_depth import check_json_depth
-from hf_ftpipe.errors import CheckpointError, PipelineError
+from hf_ftpipe.errors import CheckpointError
 from hf_ftpipe.graph.cost_graph import CostGraph
 from hf_ftpipe.runtime.weight_sync import WeightSync
-from hf_ftpipe.runtime.weights import checkpoint_files, find_weights
+from hf_ftpipe.runtime.weights import find_weights
 
 __all__ = [
     "OPTIMIZER_FOLDER",
-    "check_resumable",
     "load_engine_weights",
     "load_optimizer_state",
     "save_optimizer_state",
@@ -70,33 +69,6 @@ class _Engine(Protocol):
     def state_dict(self) -> dict[str, torch.Tensor]: ...
 
     def drain(self) -> None: ...
-
-
-_TRAINER_STATE = "trainer_state.json"
-"""`Trainer` writes it last: a folder without it is no (complete) checkpoint."""
-
-
-def check_resumable(folder: str | os.PathLike) -> None:
-    """Refuse a ``resume_from_checkpoint`` that is no checkpoint, in `Trainer`'s words.
-
-    Every rank checks before it builds its stages, so the reason is the missing folder or file,
-    not a later symptom (a model built with empty weights would find no weights to read).
-    """
-    where = f"Can't find a valid checkpoint at {os.fspath(folder)}"
-    fix = "pass a checkpoint-N folder PipeTrainer wrote in `output_dir`, or `resume_from_checkpoint=True` for the last"
-    if not os.path.isdir(folder):
-        raise CheckpointError(f"{where}: no such folder; {fix}")
-    try:
-        checkpoint_files(folder)
-    except PipelineError as error:
-        raise CheckpointError(
-            f"{where}: it holds no model weights (model.safetensors or its sharded index); {fix}"
-        ) from error
-    if not os.path.isfile(os.path.join(folder, _TRAINER_STATE)):
-        raise CheckpointError(
-            f"{where}: it has no {_TRAINER_STATE}, which a checkpoint gets last (saving was interrupted, or it is "
-            "a save_pretrained folder: for its weights alone use `weights_path`); " + fix
-        )
 
 
 # -- weights --------------------------------------------------------------------------------

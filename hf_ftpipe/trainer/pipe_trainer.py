@@ -252,25 +252,24 @@ class PipeTrainer(PipeEvaluation, PipeCheckpointing, PipeDataLoading, PipeReport
             self.float16.guard_optimizer(optimizer)
         return optimizer
 
-    @_fails_together("training")
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any) -> Any:
         # True (Trainer's "the last checkpoint in output_dir") is resolved here, to the newest
         # complete one: a model built with empty weights reads them from it. Every rank checks the
-        # checkpoint's files and output_dir before any rank builds anything (`hf_ftpipe.trainer.preflight`).
+        # checkpoint's files and output_dir before any rank builds anything, and all raise the same
+        # error if one finds a problem (`hf_ftpipe.trainer.preflight`): nothing to publish.
         distributed = dist.is_initialized() and dist.get_world_size() > 1
         rank = dist.get_rank() if distributed else 0
-        with self.failing_together("checking the checkpoint to resume and output_dir"):
-            resume_from_checkpoint = agree_before_training(
-                self.args.output_dir, resume_from_checkpoint, rank, self.watchdog if distributed else None
-            )
-        self._resume_from = resume_from_checkpoint
-        if resume_from_checkpoint is not None:
-            self._load_data_randomness(resume_from_checkpoint)
-        if self.engine is None:
-            self._check_enough_training_data()
-            self._ensure_engine(self._first_batch(self.get_train_dataloader()))
-        output = super().train(resume_from_checkpoint, *args, **kwargs)
-        self.sync_model()
+        watchdog = self.watchdog if distributed else None
+        resume_from_checkpoint = agree_before_training(self.args.output_dir, resume_from_checkpoint, rank, watchdog)
+        with self.failing_together("training"):
+            self._resume_from = resume_from_checkpoint
+            if resume_from_checkpoint is not None:
+                self._load_data_randomness(resume_from_checkpoint)
+            if self.engine is None:
+                self._check_enough_training_data()
+                self._ensure_engine(self._first_batch(self.get_train_dataloader()))
+            output = super().train(resume_from_checkpoint, *args, **kwargs)
+            self.sync_model()
         return output
 
     @_fails_together("evaluating")

@@ -46,7 +46,12 @@ def agree_before_training(
     Rank 0 warns once about the incomplete folders ``True`` skipped, and removes the ones a crash
     left while saving (``_tmp-checkpoint-N``): nobody has to delete anything by hand.
     """
-    mine = _look(output_dir, resume_from_checkpoint, rank)
+    try:
+        mine = _look(output_dir, resume_from_checkpoint, rank)
+    except Exception as error:  # not a finding: the others must not wait for this rank in the gather
+        if watchdog is not None:
+            watchdog.report_exception("checking the checkpoint to resume and output_dir", error)
+        raise
     everyone = [mine]
     if watchdog is not None:
         everyone = [None] * dist.get_world_size()

@@ -22,6 +22,7 @@ from safetensors import safe_open
 from hf_ftpipe.errors import CheckpointError, PipelineError
 from hf_ftpipe.runtime.weights import checkpoint_files
 from hf_ftpipe.trainer.checkpoint_folders import TRAINER_STATE, is_complete, numbered
+from hf_ftpipe.trainer.checkpoint_format import check_optimizer_state
 
 __all__ = ["check_readable", "check_resumable"]
 
@@ -51,6 +52,7 @@ def check_resumable(folder: str | os.PathLike) -> None:
             f"{where}: it has no {TRAINER_STATE}, which a checkpoint gets last (saving was interrupted, or it is "
             "a save_pretrained folder: for its weights alone use `weights_path`); " + fix
         )
+    check_optimizer_state(folder)
 
 
 def check_readable(folder: str | os.PathLike) -> None:

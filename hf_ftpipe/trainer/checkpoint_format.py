@@ -45,6 +45,7 @@ from hf_ftpipe.runtime.weights import find_weights
 
 __all__ = [
     "OPTIMIZER_FOLDER",
+    "check_optimizer_state",
     "load_engine_weights",
     "load_optimizer_state",
     "save_optimizer_state",
@@ -147,6 +148,13 @@ def save_optimizer_state(engine: _Engine, optimizer: torch.optim.Optimizer, fold
     out.mkdir(parents=True, exist_ok=True)
     save_file(tensors, out / f"rank{engine.rank}.safetensors", metadata={"format": _FORMAT})
     (out / f"rank{engine.rank}.json").write_text(json.dumps(index, indent=1))
+
+
+def check_optimizer_state(folder: str | os.PathLike) -> None:
+    """Refuse a checkpoint whose ``optimizer/`` lacks a rank's files or mixes two runs (before any rank
+    reads from it); a checkpoint without ``optimizer/`` (``save_only_model``, plain `Trainer`) passes."""
+    if (Path(folder) / OPTIMIZER_FOLDER).is_dir():
+        _read_indexes(Path(folder) / OPTIMIZER_FOLDER)
 
 
 def load_optimizer_state(engine: _Engine, optimizer: torch.optim.Optimizer, folder: str | os.PathLike) -> None:

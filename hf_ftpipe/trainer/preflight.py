@@ -79,6 +79,7 @@ def agree_before_training(
                 "; ".join(mine.skipped),
             )
         for folder in leftovers(output_dir):
+            logger.info("removing %s, left by a save that did not finish", folder)
             shutil.rmtree(folder, ignore_errors=True)
     return mine.resume
 

@@ -175,7 +175,8 @@ class Watchdog:
                 continue
             since, what, number, peers = waiting
             if time.monotonic() - since > self.timeout_s:
-                failure = self._bounded(partial(self._timed_out, what, number, peers), self._timed_out(what, None, ()))
+                offline = self._timed_out(what, None, peers, ask_store=False)  # if the store does not answer
+                failure = self._bounded(partial(self._timed_out, what, number, peers), offline)
                 self._bounded(partial(self.report_failure, failure), None)
             else:  # a store that does not answer yet is no reason to stop before the timeout
                 failure = self._bounded(self.peer_failure, None)
@@ -195,9 +196,14 @@ class Watchdog:
         self._store_call(lambda store: store.set(f"{self._arrival_key}/{self.rank}", f"{number}\n{what}"))
         self._published = arrived
 
-    def _timed_out(self, what: str, number: int | None, peers: tuple[int, ...]) -> str:
+    def _timed_out(self, what: str, number: int | None, peers: tuple[int, ...], ask_store: bool = True) -> str:
         message = f"[rank {self.rank}] timed out after {self.timeout_s:.0f} s {what}"
-        silent = self._silent_ranks(number) if number is not None else self._peers_seen(peers)
+        if not ask_store:
+            silent = "; ".join(f"rank {rank} did not answer" for rank in peers)
+        elif number is not None:
+            silent = self._silent_ranks(number)
+        else:
+            silent = self._peers_seen(peers)
         if silent:
             message += f": {silent}"
         else:

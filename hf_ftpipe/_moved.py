@@ -34,7 +34,7 @@ MOVED: dict[str, tuple[str, ...]] = {
     "hf_ftpipe.profile.cost": ("hf_ftpipe.costmodel.op_time",),
     "hf_ftpipe.runtime.schedule": ("hf_ftpipe.schedules",),
     "hf_ftpipe.training_args": ("hf_ftpipe.trainer.arguments",),
-    "hf_ftpipe.checkpoint": ("hf_ftpipe.trainer.checkpoint_format",),
+    "hf_ftpipe.checkpoint": ("hf_ftpipe.trainer.checkpoint_format", "hf_ftpipe.trainer.checkpoint_check"),
 }
 """Old module → the modules whose names it hands on, searched in this order."""
 

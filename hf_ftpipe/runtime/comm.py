@@ -16,7 +16,6 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from hf_ftpipe.errors import PipelineError
 from hf_ftpipe.runtime.watchdog import Watchdog
 
 __all__ = ["Messenger"]
@@ -26,6 +25,7 @@ __all__ = ["Messenger"]
 class _Send:
     work: dist.Work
     what: str
+    dst: int
     tensor: torch.Tensor
     """Kept alive until the transport is done with it."""
     generation: int
@@ -78,7 +78,7 @@ class Messenger:
         tensor = tensor.detach().contiguous()
         work = dist.isend(tensor, dst, group=self.p2p_group, tag=tag)
         self._next_send_id += 1
-        self._pending_sends.append(_Send(work, what, tensor, self.generation, self._next_send_id))
+        self._pending_sends.append(_Send(work, what, dst, tensor, self.generation, self._next_send_id))
         return self._next_send_id
 
     def delivered(self, send_id: int) -> None:
@@ -88,7 +88,7 @@ class Messenger:
         for index, entry in enumerate(self._pending_sends):
             if entry.send_id == send_id:
                 del self._pending_sends[index]
-                self.wait(entry.work, f"sending {entry.what}")
+                self.wait(entry.work, f"sending {entry.what}", peers=(entry.dst,))
                 return
 
     def pending(self, send_id: int) -> bool:
@@ -105,7 +105,7 @@ class Messenger:
         self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, src: int, tag: int, what: str
     ) -> torch.Tensor:
         work, buffer = self.post_recv(shape, dtype, device, src, tag)
-        self.wait(work, f"receiving {what} from rank {src}")
+        self.wait(work, f"receiving {what} from rank {src}", peers=(src,))
         return buffer
 
     def flush(self, older_than: int | None = None) -> None:
@@ -117,37 +117,28 @@ class Messenger:
         keep = []
         for entry in self._pending_sends:
             if older_than is None or entry.generation < older_than:
-                self.wait(entry.work, f"sending {entry.what}")
+                self.wait(entry.work, f"sending {entry.what}", peers=(entry.dst,))
             else:
                 keep.append(entry)
         self._pending_sends = keep
 
     def broadcast(self, tensor: torch.Tensor, src: int, what: str) -> torch.Tensor:
-        self.wait(dist.broadcast(tensor, src, async_op=True), f"broadcasting {what} from rank {src}")
+        work = dist.broadcast(tensor, src, async_op=True)
+        self.wait(work, f"broadcasting {what} from rank {src}", peers=(src,) if src != self.rank else _others(None))
         return tensor
 
     def all_reduce(
         self, tensor: torch.Tensor, group: dist.ProcessGroup, what: str, op: dist.ReduceOp = dist.ReduceOp.SUM
     ) -> torch.Tensor:
-        self.wait(dist.all_reduce(tensor, op=op, group=group, async_op=True), f"reducing {what}")
+        work = dist.all_reduce(tensor, op=op, group=group, async_op=True)
+        self.wait(work, f"reducing {what}", peers=_others(group))
         return tensor
 
-    def wait(self, work: dist.Work, what: str) -> None:
-        """Block on ``work``; a transport error becomes the peer's own failure message if it left one."""
-        try:
-            with self.watchdog.waiting(what):
-                work.wait()
-        except PipelineError:
-            raise
-        except Exception as error:
-            failure = self.watchdog.peer_failure()
-            reason = (
-                failure
-                if failure is not None
-                else f"{type(error).__name__}: {error} (no rank reported a failure, so a peer process probably "
-                "died: killed, out of memory, or a lost machine)"
-            )
-            raise PipelineError(f"[rank {self.rank}] stopped while {what}: {reason}") from error
+    def wait(self, work: dist.Work, what: str, peers: tuple[int, ...] = ()) -> None:
+        """Block on ``work`` (a transfer with ``peers``); a transport error becomes the peer's own
+        failure message if it left one, else names ``peers`` (see `Watchdog.waiting`)."""
+        with self.watchdog.waiting(what, peers=peers):
+            work.wait()
 
     def raise_if_peer_failed(self, what: str = "") -> None:
         self.watchdog.raise_if_peer_failed(what)
@@ -155,3 +146,9 @@ class Messenger:
     def report_failure(self, message: str) -> None:
         """Publish this rank's failure so every peer stops with ``message``."""
         self.watchdog.report_failure(message)
+
+
+def _others(group: dist.ProcessGroup | None) -> tuple[int, ...]:
+    """The other ranks of ``group`` (the default group if ``None``), in the default group's numbering."""
+    ranks = dist.get_process_group_ranks(group) if group is not None else range(dist.get_world_size())
+    return tuple(rank for rank in ranks if rank != dist.get_rank())

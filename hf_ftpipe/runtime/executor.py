@@ -243,7 +243,7 @@ class Executor:
         if comm not in self.state.posted:  # every message is lowered; this would be a bug
             raise PipelineError(f"[rank {self.rank}] {what} from rank {comm.peer} was never expected")
         work, buffer = self.state.posted.pop(comm)
-        self.messenger.wait(work, f"receiving {what} from rank {comm.peer}")
+        self.messenger.wait(work, f"receiving {what} from rank {comm.peer}", peers=(comm.peer,))
         return buffer
 
     def _incoming(self, value: str, action: Action) -> torch.Tensor:

@@ -7,17 +7,28 @@ fails writes ``[rank r, stage s] ...`` there first, so its peers stop within a f
 second with that message; a wait that outlives ``timeout_s`` publishes its own reason and ends
 the process. Collectives that every rank issues in the same order also record how far each rank
 got, so a timed-out collective names the ranks that never arrived (a rank stopped, swapped out
-or deadlocked elsewhere) rather than blaming "a peer".
+or deadlocked elsewhere) rather than blaming "a peer"; a wait on given peers (a transfer, a
+reduction within a group) names those.
+
+A rank fails in one of two ways, and both end as an error naming it on every other rank:
+
+- it raises: `Watchdog.report_exception` publishes the exception (``[rank r] failed while ...``)
+  before it leaves the rank, so a peer blocked on it stops within a fraction of a second with that
+  message, and one that is not blocked raises it at its next wait;
+- its process dies (killed, out of memory): a peer blocked on it gets a transport error
+  (gloo's ``Connection closed by peer``), which `Watchdog.waiting` turns into an error naming the
+  ranks that did not arrive, or the failure a rank published, rather than passing it on raw.
 """
 
 from __future__ import annotations
 
 import atexit
 import os
+import re
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import partial
 from typing import TypeVar
@@ -31,6 +42,8 @@ __all__ = ["Watchdog"]
 T = TypeVar("T")
 
 _KEY = "hf_ftpipe/watchdog"
+_LOCATION = re.compile(r"^\[[^\]]*\.(?:cc|cpp|h):\d+\]\s*")
+"""gloo's ``[/path/to/pair.cc:537] `` before its message."""
 _STORE_POLL_S = 0.2
 _STORE_ANSWER_S = 5.0
 """How long the watchdog waits for the store when it is about to stop the process: the store's
@@ -58,8 +71,8 @@ class Watchdog:
         """This rank's last collective (number, what), published to the store by the thread."""
         self._published: tuple[int, str] | None = None
         self._store = _default_store()
-        self._waiting: tuple[float, str, int | None] | None = None
-        """(since, what, the collective's number) of the wait in progress, if any."""
+        self._waiting: tuple[float, str, int | None, tuple[int, ...]] | None = None
+        """(since, what, the collective's number, the peers waited on) of the wait in progress, if any."""
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._watch, name=f"hf_ftpipe-watchdog-{rank}", daemon=True)
         self._thread.start()
@@ -69,13 +82,22 @@ class Watchdog:
         atexit.register(self.close)
 
     @contextmanager
-    def waiting(self, what: str, collective: bool = False) -> Iterator[None]:
+    def waiting(
+        self, what: str, collective: bool = False, peers: Sequence[int] = (), runs_user_code: bool = False
+    ) -> Iterator[None]:
         """Block inside this context for at most ``timeout_s``: past it, or when a peer fails, the
         process ends with the reason (nothing can interrupt the blocked thread).
 
         ``collective``: every rank enters this wait, in the same order (a barrier, a gather); its
         arrival is recorded (by the watching thread: the store's host may be the rank that stopped)
-        so that a timeout can name the ranks that never came.
+        so that a timeout can name the ranks that never came. ``peers``: the ranks the wait
+        depends on otherwise (the other end of a transfer, the group of a reduction), named if it
+        times out.
+
+        An exception the body raises becomes a `PipelineError` naming its cause: the failure a
+        peer published, else (a transport error: a peer's process died) the ranks that did not
+        arrive. With ``runs_user_code`` (the body also runs the user's code, e.g. a collator) an
+        exception is passed on as it is unless a peer published a failure.
         """
         self.raise_if_peer_failed(what)
         number = None
@@ -84,11 +106,30 @@ class Watchdog:
             number = self._arrivals
             self._arrived = (number, what)
         outer = self._waiting
-        self._waiting = (time.monotonic(), what, number)
+        self._waiting = (time.monotonic(), what, number, tuple(peers))
         try:
             yield
+        except PipelineError:
+            raise
+        except Exception as error:
+            failure = self.peer_failure()
+            if failure is None and runs_user_code:
+                raise
+            raise PipelineError(
+                f"[rank {self.rank}] stopped while {what}: {failure or self._transport_failure(error, number, peers)}"
+            ) from error
         finally:
             self._waiting = outer
+
+    def report_exception(self, what: str, error: BaseException) -> None:
+        """Publish ``error``, raised by this rank while ``what``, so that every peer stops with
+        ``[rank r] failed while {what}: ...`` instead of waiting for this rank or dying on a closed
+        connection. The first failure published wins: callers nested around one call name the
+        innermost ``what``."""
+        text = str(error)
+        if not text.startswith("[rank "):
+            text = f"[rank {self.rank}] failed while {what}: {type(error).__name__}: {text}"
+        self.report_failure(text)
 
     def raise_if_peer_failed(self, what: str = "") -> None:
         failure = self.peer_failure()
@@ -132,9 +173,10 @@ class Watchdog:
             waiting = self._waiting
             if waiting is None:
                 continue
-            since, what, number = waiting
+            since, what, number, peers = waiting
             if time.monotonic() - since > self.timeout_s:
-                failure = self._bounded(partial(self._timed_out, what, number), self._timed_out(what, None))
+                offline = self._timed_out(what, None, peers, ask_store=False)  # if the store does not answer
+                failure = self._bounded(partial(self._timed_out, what, number, peers), offline)
                 self._bounded(partial(self.report_failure, failure), None)
             else:  # a store that does not answer yet is no reason to stop before the timeout
                 failure = self._bounded(self.peer_failure, None)
@@ -154,14 +196,31 @@ class Watchdog:
         self._store_call(lambda store: store.set(f"{self._arrival_key}/{self.rank}", f"{number}\n{what}"))
         self._published = arrived
 
-    def _timed_out(self, what: str, number: int | None) -> str:
+    def _timed_out(self, what: str, number: int | None, peers: tuple[int, ...], ask_store: bool = True) -> str:
         message = f"[rank {self.rank}] timed out after {self.timeout_s:.0f} s {what}"
-        silent = self._silent_ranks(number) if number is not None else None
+        if not ask_store:
+            silent = "; ".join(f"rank {rank} did not answer" for rank in peers)
+        elif number is not None:
+            silent = self._silent_ranks(number)
+        else:
+            silent = self._peers_seen(peers)
         if silent:
             message += f": {silent}"
         else:
             message += "; a peer is stuck or dead"
         return message + ". Raise `pipeline_timeout_s` if this legitimately takes longer."
+
+    def _transport_failure(self, error: Exception, number: int | None, peers: Sequence[int]) -> str:
+        """Why a wait failed when no rank published a failure: a peer's process died. Names the
+        ranks that did not arrive where it can, then the transport's own words, less gloo's
+        source location."""
+        silent = self._bounded(partial(self._silent_ranks, number), None) if number is not None else None
+        silent = silent or self._bounded(partial(self._peers_seen, tuple(peers)), None)
+        detail = _LOCATION.sub("", (str(error).strip().splitlines() or [""])[0]).split(". ")[0][:300]
+        died = "no rank reported a failure, so a peer process probably died (killed, out of memory, or a lost machine)"
+        if silent:
+            return f"{silent}, and {died}: {type(error).__name__}: {detail}"
+        return f"{type(error).__name__}: {detail} ({died})"
 
     def _silent_ranks(self, number: int) -> str | None:
         """Which ranks never reached collective ``number``, and where each one last was."""
@@ -169,13 +228,21 @@ class Watchdog:
         for rank in range(self.world_size):
             if rank == self.rank:
                 continue
-            key = f"{self._arrival_key}/{rank}"
-            last = self._store_call(lambda store, key=key: store.get(key).decode() if store.check([key]) else None)
-            count, _, where = (last or "0\n").partition("\n")
-            if int(count) < number:
-                seen = f"last seen {where}" if where else "never arrived"
-                behind.append(f"rank {rank} did not answer ({seen})")
+            count, where = self._last_arrival(rank)
+            if count < number:
+                behind.append(f"rank {rank} did not answer ({_seen(where)})")
         return "; ".join(behind) or None
+
+    def _peers_seen(self, peers: tuple[int, ...]) -> str | None:
+        """The ranks a wait depends on, and where each one last was."""
+        return "; ".join(f"rank {rank} did not answer ({_seen(self._last_arrival(rank)[1])})" for rank in peers) or None
+
+    def _last_arrival(self, rank: int) -> tuple[int, str]:
+        """The number and name of the last collective ``rank`` reached (0 and "" if none)."""
+        key = f"{self._arrival_key}/{rank}"
+        last = self._store_call(lambda store: store.get(key).decode() if store.check([key]) else None)
+        count, _, where = (last or "0\n").partition("\n")
+        return int(count), where
 
     def _store_call(self, call: Callable[[dist.Store], T]) -> T | None:
         return None if self._store is None else call(self._store)
@@ -196,6 +263,10 @@ class Watchdog:
         helper.start()
         helper.join(_STORE_ANSWER_S)
         return answer[0] if answer else default
+
+
+def _seen(where: str) -> str:
+    return f"last seen {where}" if where else "never arrived"
 
 
 def _default_store() -> dist.Store | None:

@@ -125,10 +125,11 @@ class WeightSync:
             if owner == dst == self.rank:
                 gathered[name] = local[name].detach().cpu().clone()
             elif self.rank == owner:
-                self.messenger.wait(dist.isend(local[name].detach().contiguous(), dst), f"sending {name} to rank {dst}")
+                work = dist.isend(local[name].detach().contiguous(), dst)
+                self.messenger.wait(work, f"sending {name} to rank {dst}", (dst,))
             elif self.rank == dst:
                 info = self.graph.params[name]
                 buffer = torch.empty(info.shape, dtype=getattr(torch, info.dtype), device=self.device)
-                self.messenger.wait(dist.irecv(buffer, owner), f"receiving {name} from rank {owner}")
+                self.messenger.wait(dist.irecv(buffer, owner), f"receiving {name} from rank {owner}", (owner,))
                 gathered[name] = buffer.cpu()
         return gathered if self.rank == dst else None

@@ -38,14 +38,14 @@ from safetensors.torch import save_file
 from torch import nn
 
 from hf_ftpipe._json_depth import check_json_depth
-from hf_ftpipe.errors import CheckpointError, PipelineError
+from hf_ftpipe.errors import CheckpointError
 from hf_ftpipe.graph.cost_graph import CostGraph
 from hf_ftpipe.runtime.weight_sync import WeightSync
-from hf_ftpipe.runtime.weights import checkpoint_files, find_weights
+from hf_ftpipe.runtime.weights import find_weights
 
 __all__ = [
     "OPTIMIZER_FOLDER",
-    "check_resumable",
+    "check_optimizer_state",
     "load_engine_weights",
     "load_optimizer_state",
     "save_optimizer_state",
@@ -70,33 +70,6 @@ class _Engine(Protocol):
     def state_dict(self) -> dict[str, torch.Tensor]: ...
 
     def drain(self) -> None: ...
-
-
-_TRAINER_STATE = "trainer_state.json"
-"""`Trainer` writes it last: a folder without it is no (complete) checkpoint."""
-
-
-def check_resumable(folder: str | os.PathLike) -> None:
-    """Refuse a ``resume_from_checkpoint`` that is no checkpoint, in `Trainer`'s words.
-
-    Every rank checks before it builds its stages, so the reason is the missing folder or file,
-    not a later symptom (a model built with empty weights would find no weights to read).
-    """
-    where = f"Can't find a valid checkpoint at {os.fspath(folder)}"
-    fix = "pass a checkpoint-N folder PipeTrainer wrote in `output_dir`, or `resume_from_checkpoint=True` for the last"
-    if not os.path.isdir(folder):
-        raise CheckpointError(f"{where}: no such folder; {fix}")
-    try:
-        checkpoint_files(folder)
-    except PipelineError as error:
-        raise CheckpointError(
-            f"{where}: it holds no model weights (model.safetensors or its sharded index); {fix}"
-        ) from error
-    if not os.path.isfile(os.path.join(folder, _TRAINER_STATE)):
-        raise CheckpointError(
-            f"{where}: it has no {_TRAINER_STATE}, which a checkpoint gets last (saving was interrupted, or it is "
-            "a save_pretrained folder: for its weights alone use `weights_path`); " + fix
-        )
 
 
 # -- weights --------------------------------------------------------------------------------
@@ -175,6 +148,13 @@ def save_optimizer_state(engine: _Engine, optimizer: torch.optim.Optimizer, fold
     out.mkdir(parents=True, exist_ok=True)
     save_file(tensors, out / f"rank{engine.rank}.safetensors", metadata={"format": _FORMAT})
     (out / f"rank{engine.rank}.json").write_text(json.dumps(index, indent=1))
+
+
+def check_optimizer_state(folder: str | os.PathLike) -> None:
+    """Refuse a checkpoint whose ``optimizer/`` lacks a rank's files or mixes two runs (before any rank
+    reads from it); a checkpoint without ``optimizer/`` (``save_only_model``, plain `Trainer`) passes."""
+    if (Path(folder) / OPTIMIZER_FOLDER).is_dir():
+        _read_indexes(Path(folder) / OPTIMIZER_FOLDER)
 
 
 def load_optimizer_state(engine: _Engine, optimizer: torch.optim.Optimizer, folder: str | os.PathLike) -> None:

@@ -2,22 +2,27 @@
 
 `Trainer` saves and loads one process's model and optimizer; here every rank saves its own stages'
 optimizer state by parameter name and reads back whatever any partition wrote (the formats are in
-`hf_ftpipe.trainer.checkpoint_format`), rank 0 adds the scheduler and the partition, and all ranks meet before
-``trainer_state.json`` marks the folder complete.
+`hf_ftpipe.trainer.checkpoint_format`), rank 0 adds the scheduler and the partition. A checkpoint
+is written under a temporary name and renamed by rank 0 once every rank has written its share
+(`hf_ftpipe.trainer.checkpoint_folders`), so ``checkpoint-N`` only ever names a whole one.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 from transformers.trainer import SCHEDULER_NAME
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from hf_ftpipe.errors import CheckpointError, PipelineError
 from hf_ftpipe.runtime import PipelineEngine
 from hf_ftpipe.trainer import checkpoint_format as checkpoint
+from hf_ftpipe.trainer.checkpoint_folders import TRAINER_STATE, StagedCheckpoint, rotate_complete
 
 __all__ = ["PipeCheckpointing"]
 
@@ -30,7 +35,46 @@ _DATA_RNG_STATE = "data_rng_state.pth"
 
 class PipeCheckpointing:
     """`PipeTrainer`'s checkpoint hooks, as a mixin placed before `Trainer` (it needs `PipeTrainer`'s
-    ``engine``, ``partition``, ``float16``, ``data_randomness``, ``barrier`` and ``_built_from``)."""
+    ``engine``, ``partition``, ``float16``, ``data_randomness``, ``barrier``, ``failing_together`` and
+    ``_built_from``)."""
+
+    _staged: StagedCheckpoint | None = None
+    """The checkpoint being saved: `Trainer` writes it into ``_staged.root``."""
+    _push_staged = False
+    """`Trainer` asked to push the checkpoint being saved: pushed once it is published."""
+
+    def _save_checkpoint(self, model: nn.Module, trial: Any) -> None:
+        """`Trainer`'s save, into ``_tmp-checkpoint-N/``; once every rank has written its share, rank 0
+        renames it to ``checkpoint-N``, then rotates and pushes as `Trainer` would have."""
+        run_dir = Path(super()._get_output_dir(trial=trial))
+        staged = StagedCheckpoint(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+        with self.failing_together(f"writing {staged.final}"):
+            self._staged = staged
+            try:
+                super()._save_checkpoint(model, trial)  # rotation and push: after publishing, below
+            finally:
+                self._staged = None
+            best = self.state.best_model_checkpoint
+            if best is not None and Path(best).parent == staged.root:  # the checkpoint just saved is the best
+                self.state.best_model_checkpoint = str(run_dir / Path(best).name)
+            if self.args.should_save:
+                if best != self.state.best_model_checkpoint:
+                    self.state.save_to_json(str(staged.folder / TRAINER_STATE))
+                staged.publish()
+                rotate_complete(run_dir, self.args.save_total_limit, self.state.best_model_checkpoint)
+                if self._push_staged:
+                    self._push_staged = False
+                    super()._push_from_checkpoint(str(staged.final))
+            self.barrier(f"waiting for rank 0 to publish {staged.name}")
+
+    def _get_output_dir(self, trial: Any) -> str:
+        return str(self._staged.root) if self._staged is not None else super()._get_output_dir(trial)
+
+    def _push_from_checkpoint(self, checkpoint_folder: str) -> None:
+        if self._staged is not None:
+            self._push_staged = True  # an upload reading the folder while it is renamed would break
+        else:
+            super()._push_from_checkpoint(checkpoint_folder)
 
     def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
         """Each rank writes its stages' optimizer state by parameter name (`hf_ftpipe.trainer.checkpoint_format`);
@@ -55,14 +99,15 @@ class PipeCheckpointing:
         super()._save_rng_state(output_dir)
         if self.args.should_save:
             torch.save(self.data_randomness.state_dict(), os.path.join(output_dir, _DATA_RNG_STATE))
-        # Every rank's files are written before rank 0 writes trainer_state.json, the last file of
-        # a checkpoint: a folder with it is complete.
+        # Every rank's files are written before rank 0 writes trainer_state.json and publishes the
+        # checkpoint; a rank that does not come is named.
         self.barrier(f"waiting for every rank to write its share of {os.path.basename(output_dir)}")
 
-    def _load_rng_state(self, checkpoint_dir: str | None) -> None:
-        super()._load_rng_state(checkpoint_dir)
-        path = os.path.join(checkpoint_dir or "", _DATA_RNG_STATE)
-        if checkpoint_dir is not None and os.path.isfile(path):
+    def _load_data_randomness(self, checkpoint_dir: str) -> None:
+        """Before the first batch of a resumed run is loaded (`Trainer` restores its own random
+        states only after loading it): data loading continues exactly where it stopped."""
+        path = os.path.join(checkpoint_dir, _DATA_RNG_STATE)
+        if os.path.isfile(path):
             self.data_randomness.load_state_dict(torch.load(path, weights_only=True))
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: nn.Module | None = None) -> None:
@@ -70,12 +115,17 @@ class PipeCheckpointing:
         engine = self._engine_for("resuming from a checkpoint")
         if self._built_from == resume_from_checkpoint:
             return  # the pipeline was built from this checkpoint's weights
-        count = checkpoint.load_engine_weights(engine, resume_from_checkpoint)
+        with self.failing_together(f"reading its stages' weights from {resume_from_checkpoint}"):
+            count = checkpoint.load_engine_weights(engine, resume_from_checkpoint)
         logger.info("rank %d read %d weights from %s", engine.rank, count, resume_from_checkpoint)
 
     def _load_optimizer_and_scheduler(self, checkpoint_dir: str | None) -> None:
         if checkpoint_dir is None:
             return
+        with self.failing_together(f"reading its optimizer state from {checkpoint_dir}"):
+            self._read_optimizer_and_scheduler(checkpoint_dir)
+
+    def _read_optimizer_and_scheduler(self, checkpoint_dir: str) -> None:
         engine = self._engine_for("resuming from a checkpoint")
         if not os.path.isdir(os.path.join(checkpoint_dir, checkpoint.OPTIMIZER_FOLDER)):
             # Trainer resumes a checkpoint without optimizer state (save_only_model=True) too.
@@ -102,7 +152,8 @@ class PipeCheckpointing:
         """`load_best_model_at_end`: every rank reloads its own stages from the best checkpoint."""
         best = self.state.best_model_checkpoint
         logger.info("loading the best model from %s (score: %s)", best, self.state.best_metric)
-        checkpoint.load_engine_weights(self._engine_for("loading the best model"), best)
+        with self.failing_together(f"loading the best model from {best}"):
+            checkpoint.load_engine_weights(self._engine_for("loading the best model"), best)
 
     def _engine_for(self, doing: str) -> PipelineEngine:
         if self.engine is None:

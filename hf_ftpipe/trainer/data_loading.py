@@ -38,13 +38,20 @@ class PipeDataLoading:
         for loader in {id(x): x for x in (dataloader, getattr(dataloader, "base_dataloader", None))}.values():
             if getattr(loader, "worker_init_fn", None) is not None:
                 loader.worker_init_fn = partial(seed_worker, num_workers=self.args.dataloader_num_workers, rank=0)
+        if is_training:  # a checkpoint saves where the collations of batches loaded ahead started
+            self.data_randomness.new_loader()
+            loader = getattr(dataloader, "base_dataloader", dataloader)  # the loader accelerate's wraps
+            loader.collate_fn = self.data_randomness.collating(loader.collate_fn)
         return dataloader
 
     def get_batch_samples(self, epoch_iterator: Any, num_batches: int, device: torch.device) -> tuple[list, Any]:
         # The loader's first batch of an epoch also starts its iterator: accelerate broadcasts the
         # sampler's generator there, so the wait is bounded like any other collective.
-        with self.data_randomness.active(), self.watchdog.waiting("loading the next training batch", collective=True):
-            return super().get_batch_samples(epoch_iterator, num_batches, device)
+        what = "loading the next training batch"
+        with self.data_randomness.active(), self.watchdog.waiting(what, collective=True, runs_user_code=True):
+            batches, count = super().get_batch_samples(epoch_iterator, num_batches, device)
+        self.data_randomness.trained(len(batches))
+        return batches, count
 
     def get_total_train_batch_size(self, args: Any) -> int:
         return self._train_batch_size * args.gradient_accumulation_steps  # ranks are stages, not replicas

@@ -10,18 +10,34 @@ three generators, seeded from the run's seed as ``transformers.set_seed`` seeds 
 and PipeTrainer loads every batch with that state swapped in. Data randomness then depends on
 the seed and the batches drawn so far, never on the model; with dropout off it is the very
 sequence a single-process `Trainer` draws, so a pipeline run masks exactly as `Trainer` does.
+
+Resuming continues that sequence exactly. accelerate's data loader collates one batch ahead of
+the one it hands out, so when a checkpoint is saved after step k, batch k + 1 is already
+collated and the state has moved past it; a resumed run skips k batches without collating them
+and would collate batch k + 1 from the state after it (`Trainer` restores its global generators
+after that, so its resumed masks differ too). So the training loader's collate function is
+wrapped (`collating`): it notes the state each collation starts from until its batch is trained,
+and a checkpoint saves those states with the current one; on resume the first collations start
+from the saved states and the current state is put back after them. With
+``dataloader_num_workers > 0`` the workers collate from seeds of their own, and a resumed run is
+not exact (as in `Trainer`).
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import numpy as np
 import torch
+from torch.utils.data import get_worker_info
 
 __all__ = ["DataRandomness"]
+
+_States = tuple[torch.Tensor, tuple, tuple]
+"""torch's CPU, numpy's and Python's generator states."""
 
 
 class DataRandomness:
@@ -33,56 +49,122 @@ class DataRandomness:
     """
 
     def __init__(self, seed: int) -> None:
-        self._torch = torch.Generator().manual_seed(seed).get_state()
-        self._numpy = np.random.RandomState(seed).get_state()
-        generator = random.Random(seed)
-        self._python = generator.getstate()
+        torch_state = torch.Generator().manual_seed(seed).get_state()
+        self._states: _States = (torch_state, np.random.RandomState(seed).get_state(), random.Random(seed).getstate())
+        self._collecting = False
+        """Inside `active` (not `forked`): training collations are noted."""
+        self._pending: list[_States] = []
+        """The states the collations of training batches not yet trained on started from, oldest first."""
+        self._replay: list[_States] = []
+        """Resuming: the states the next training collations start from."""
+        self._after_replay: _States | None = None
+        """Resuming: the state once `_replay` is used up."""
 
     @contextmanager
     def active(self) -> Iterator[None]:
         """Run the body on the data states; they advance, and the model's states are put back after."""
         saved = _global_states()
-        _set_global_states(self._torch, self._numpy, self._python)
+        _set_global_states(*self._states)
+        collecting, self._collecting = self._collecting, True
         try:
             yield
         finally:
-            self._torch, self._numpy, self._python = _global_states()
+            self._collecting = collecting
+            self._states = _global_states()
             _set_global_states(*saved)
 
     @contextmanager
     def forked(self) -> Iterator[None]:
         """Like `active`, but the data states do not advance (a look at a batch that is not trained on)."""
-        kept = self._torch, self._numpy, self._python
+        kept = self._states, list(self._pending), list(self._replay), self._after_replay
         try:
             with self.active():
+                self._collecting = False
                 yield
         finally:
-            self._torch, self._numpy, self._python = kept
+            self._states, self._pending, self._replay, self._after_replay = kept
+
+    def collating(self, collate: Callable[[list], Any]) -> Callable[[list], Any]:
+        """``collate`` (the training data loader's ``collate_fn``), noting the state each collation starts from."""
+        return _NotedCollate(self, collate)
+
+    def new_loader(self) -> None:
+        """A new training data loader: no batch of it is collated yet."""
+        self._pending.clear()
+
+    def trained(self, batches: int) -> None:
+        """The oldest ``batches`` collated batches were handed to training."""
+        del self._pending[:batches]
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """The states as tensors only (checkpoints load them with ``weights_only=True``)."""
-        kind, keys, position, has_gauss, cached_gaussian = self._numpy
-        version, python_state, gauss = self._python
-        return {
-            "torch": self._torch.clone(),
-            "numpy_keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
-            "numpy_scalars": torch.tensor([position, has_gauss], dtype=torch.int64),
-            "numpy_cached_gaussian": torch.tensor(cached_gaussian, dtype=torch.float64),
-            "python": torch.tensor([version, *python_state], dtype=torch.int64),
-            "python_gauss": torch.tensor([float("nan") if gauss is None else gauss], dtype=torch.float64),
-        }
+        """The states a resumed run starts its collations from, as tensors only (checkpoints load
+        them with ``weights_only=True``): the start of each batch collated but not yet trained on,
+        then the current state (``then{i}/...`` keys)."""
+        now = self._after_replay if self._replay else self._states
+        states = [*self._pending, *self._replay, now]
+        result = _to_tensors(states[0])
+        for i, state in enumerate(states[1:], start=1):
+            result.update({f"then{i}/{key}": value for key, value in _to_tensors(state).items()})
+        return result
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        self._torch = state["torch"].clone()
-        position, has_gauss = (int(v) for v in state["numpy_scalars"])
-        keys = state["numpy_keys"].numpy().astype(np.uint32)
-        self._numpy = ("MT19937", keys, position, has_gauss, float(state["numpy_cached_gaussian"]))
-        version, *python_state = (int(v) for v in state["python"])
-        gauss = float(state["python_gauss"][0])
-        self._python = (version, tuple(python_state), None if gauss != gauss else gauss)
+        states = [_from_tensors(state)]
+        while f"then{len(states)}/torch" in state:
+            prefix = f"then{len(states)}/"
+            states.append(_from_tensors({k.removeprefix(prefix): v for k, v in state.items() if k.startswith(prefix)}))
+        self._states = states[0]
+        self._pending = []
+        self._replay, self._after_replay = (states[:-1], states[-1]) if len(states) > 1 else ([], None)
+
+    def _start_collation(self) -> None:
+        if not self._collecting or get_worker_info() is not None:
+            return
+        if self._replay:
+            _set_global_states(*self._replay.pop(0))
+        self._pending.append(_global_states())
+
+    def _end_collation(self) -> None:
+        if self._collecting and not self._replay and self._after_replay is not None:
+            _set_global_states(*self._after_replay)
+            self._after_replay = None
 
 
-def _global_states() -> tuple[torch.Tensor, tuple, tuple]:
+class _NotedCollate:
+    """A collate function that tells `DataRandomness` where each collation starts and ends (a class,
+    not a closure, so that data loader workers started by ``spawn`` can pickle it)."""
+
+    def __init__(self, randomness: DataRandomness, collate: Callable[[list], Any]) -> None:
+        self.randomness, self.collate = randomness, collate
+
+    def __call__(self, samples: list) -> Any:
+        self.randomness._start_collation()
+        batch = self.collate(samples)
+        self.randomness._end_collation()
+        return batch
+
+
+def _to_tensors(states: _States) -> dict[str, torch.Tensor]:
+    torch_state, (_, keys, position, has_gauss, cached_gaussian), (version, python_state, gauss) = states
+    return {
+        "torch": torch_state.clone(),
+        "numpy_keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
+        "numpy_scalars": torch.tensor([position, has_gauss], dtype=torch.int64),
+        "numpy_cached_gaussian": torch.tensor(cached_gaussian, dtype=torch.float64),
+        "python": torch.tensor([version, *python_state], dtype=torch.int64),
+        "python_gauss": torch.tensor([float("nan") if gauss is None else gauss], dtype=torch.float64),
+    }
+
+
+def _from_tensors(state: dict[str, torch.Tensor]) -> _States:
+    position, has_gauss = (int(v) for v in state["numpy_scalars"])
+    keys = state["numpy_keys"].numpy().astype(np.uint32)
+    numpy_state = ("MT19937", keys, position, has_gauss, float(state["numpy_cached_gaussian"]))
+    version, *python_state = (int(v) for v in state["python"])
+    gauss = float(state["python_gauss"][0])
+    return state["torch"].clone(), numpy_state, (version, tuple(python_state), None if gauss != gauss else gauss)
+
+
+def _global_states() -> _States:
     return torch.get_rng_state(), np.random.get_state(), random.getstate()
 
 

@@ -14,24 +14,26 @@ pipeline's building, training step and saving; in mixins, one job each, data loa
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
-from typing import Any
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from transformers import Trainer
-from transformers.trainer_utils import get_last_checkpoint
 
-from hf_ftpipe.errors import CheckpointError, PipelineError
+from hf_ftpipe.errors import PipelineError
 from hf_ftpipe.graph.token_slices import SlicedModel
 from hf_ftpipe.plan import Partition
 from hf_ftpipe.runtime import PipelineEngine, Watchdog
 from hf_ftpipe.runtime.weights import release_foreign_weights
-from hf_ftpipe.trainer import checkpoint_format as checkpoint
 from hf_ftpipe.trainer.arguments import PipeTrainingArguments
 from hf_ftpipe.trainer.batch_check import check_same_batch
+from hf_ftpipe.trainer.checkpoint_folders import check_output_dir
 from hf_ftpipe.trainer.checkpoint_hooks import PipeCheckpointing
 from hf_ftpipe.trainer.data_loading import PipeDataLoading
 from hf_ftpipe.trainer.data_randomness import DataRandomness
@@ -40,6 +42,7 @@ from hf_ftpipe.trainer.float16 import Float16Training
 from hf_ftpipe.trainer.launch import check_one_writer
 from hf_ftpipe.trainer.loss_weighting import label_counts, model_loss_shifts_labels
 from hf_ftpipe.trainer.plan_sharing import share_partition
+from hf_ftpipe.trainer.preflight import agree_before_training
 from hf_ftpipe.trainer.reporting import PipeReporting
 from hf_ftpipe.trainer.run_log import get_logger
 from hf_ftpipe.trainer.token_slicing import capture_for_pipeline
@@ -50,6 +53,22 @@ logger = get_logger(__name__)
 
 _trainer_counter = itertools.count()
 """Names each PipeTrainer's keys in the rendezvous store alike on every rank (made in the same order)."""
+
+_Method = TypeVar("_Method", bound=Callable[..., Any])
+
+
+def _fails_together(doing: str) -> Callable[[_Method], _Method]:
+    """A `PipeTrainer` method whose exceptions every other rank learns of (see `PipeTrainer.failing_together`)."""
+
+    def wrap(method: _Method) -> _Method:
+        @functools.wraps(method)
+        def run(self: PipeTrainer, *args: Any, **kwargs: Any) -> Any:
+            with self.failing_together(doing):
+                return method(self, *args, **kwargs)
+
+        return run  # type: ignore[return-value]
+
+    return wrap
 
 
 class _StagesModule(nn.Module):
@@ -80,7 +99,13 @@ class PipeTrainer(PipeEvaluation, PipeCheckpointing, PipeDataLoading, PipeReport
             )
         if args is None:  # Trainer would make plain TrainingArguments, which lack the pipeline's fields
             args = PipeTrainingArguments(output_dir="trainer_output")
-        super().__init__(model=model, args=args, **kwargs)
+        self._run_id = f"trainer-{next(_trainer_counter)}"
+        self._timeout_s = args.pipeline_timeout_s
+        self._watchdog: Watchdog | None = None
+        if args.output_dir:  # Trainer creates it on rank 0 only, with a bare OSError if it cannot
+            check_output_dir(args.output_dir)
+        with self.failing_together("setting up PipeTrainer"):
+            super().__init__(model=model, args=args, **kwargs)
         self.engine: PipelineEngine | None = None
         self.partition: Partition | None = None
         self._resume_from: str | None = None
@@ -103,7 +128,6 @@ class PipeTrainer(PipeEvaluation, PipeCheckpointing, PipeDataLoading, PipeReport
         """What data loading and collation draw from, on every rank alike (see `hf_ftpipe.trainer.data_randomness`)."""
         self.batch_digest: str | None = None
         """The digest of the last training batch, equal on every rank (see `hf_ftpipe.trainer.batch_check`)."""
-        self._watchdog: Watchdog | None = None
 
     # -- building the pipeline ----------------------------------------------------------------
 
@@ -170,13 +194,22 @@ class PipeTrainer(PipeEvaluation, PipeCheckpointing, PipeDataLoading, PipeReport
         trainer's own collectives (partition, batch check, checkpoint barriers). Made on first use,
         once the process group exists."""
         if self._watchdog is None:
-            self._watchdog = Watchdog(
-                dist.get_rank(),
-                dist.get_world_size(),
-                self.args.pipeline_timeout_s,
-                run_id=f"trainer-{next(_trainer_counter)}",
-            )
+            self._watchdog = Watchdog(dist.get_rank(), dist.get_world_size(), self._timeout_s, run_id=self._run_id)
         return self._watchdog
+
+    @contextmanager
+    def failing_together(self, doing: str) -> Iterator[None]:
+        """An exception leaving the body is published first (`Watchdog.report_exception`), so that every other
+        rank stops, within ``pipeline_timeout_s``, with ``[rank r] failed while {doing}: ...``
+        instead of waiting for this rank or dying on gloo's ``Connection closed by peer``. Wraps
+        `train`, `evaluate`, `predict`, `save_model` and the checkpoint hooks (the innermost names
+        what failed); the pipeline's own failures are published by the engine."""
+        try:
+            yield
+        except BaseException as error:
+            if dist.is_initialized() and dist.get_world_size() > 1:
+                self.watchdog.report_exception(doing, error)
+            raise
 
     def barrier(self, what: str) -> None:
         """`dist.barrier`, bounded: a rank that never arrives stops every other one, named."""
@@ -223,25 +256,32 @@ class PipeTrainer(PipeEvaluation, PipeCheckpointing, PipeDataLoading, PipeReport
         return optimizer
 
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any) -> Any:
-        if resume_from_checkpoint is True:
-            # Trainer's meaning (the last checkpoint in output_dir), resolved early: a model built
-            # with empty weights reads them from it.
-            last = get_last_checkpoint(self.args.output_dir) if os.path.isdir(self.args.output_dir) else None
-            if last is None:
-                raise CheckpointError(
-                    f"No valid checkpoint found in output directory ({self.args.output_dir}) for "
-                    "`resume_from_checkpoint=True`; pass a checkpoint's path, or train without resuming"
-                )
-            resume_from_checkpoint = last
-        if isinstance(resume_from_checkpoint, str):
-            checkpoint.check_resumable(resume_from_checkpoint)  # before any rank builds on it
-        self._resume_from = resume_from_checkpoint if isinstance(resume_from_checkpoint, str) else None
-        if self.engine is None:
-            self._check_enough_training_data()
-            self._ensure_engine(self._first_batch(self.get_train_dataloader()))
-        output = super().train(resume_from_checkpoint, *args, **kwargs)
-        self.sync_model()
+        # True (Trainer's "the last checkpoint in output_dir") is resolved here, to the newest
+        # complete one: a model built with empty weights reads them from it. Every rank checks the
+        # checkpoint's files and output_dir before any rank builds anything, and all raise the same
+        # error if one finds a problem (`hf_ftpipe.trainer.preflight`): nothing to publish.
+        distributed = dist.is_initialized() and dist.get_world_size() > 1
+        rank = dist.get_rank() if distributed else 0
+        watchdog = self.watchdog if distributed else None
+        resume_from_checkpoint = agree_before_training(self.args.output_dir, resume_from_checkpoint, rank, watchdog)
+        with self.failing_together("training"):
+            self._resume_from = resume_from_checkpoint
+            if resume_from_checkpoint is not None:
+                self._load_data_randomness(resume_from_checkpoint)
+            if self.engine is None:
+                self._check_enough_training_data()
+                self._ensure_engine(self._first_batch(self.get_train_dataloader()))
+            output = super().train(resume_from_checkpoint, *args, **kwargs)
+            self.sync_model()
         return output
+
+    @_fails_together("evaluating")
+    def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
+        return super().evaluate(*args, **kwargs)
+
+    @_fails_together("predicting")
+    def predict(self, *args: Any, **kwargs: Any) -> Any:
+        return super().predict(*args, **kwargs)
 
     def sync_model(self) -> None:
         """Put the pipeline's current weights into ``self.model`` on rank 0 (all ranks must call it).
@@ -317,6 +357,7 @@ class PipeTrainer(PipeEvaluation, PipeCheckpointing, PipeDataLoading, PipeReport
 
     # -- saving -------------------------------------------------------------------------------
 
+    @_fails_together("writing the model")
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """Write one standard checkpoint (rank 0) holding every stage's trained weights; all ranks must call it."""
         self.sync_model()

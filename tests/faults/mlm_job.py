@@ -6,7 +6,9 @@ Three runs in one launch, each a fresh PipeTrainer on a tiny BERT with Hugging F
 - ``digests``: dropout 0.1, 100 steps; every rank records the digest of every batch it trained on.
 - ``workers``: the same with two data loader workers, which collate in their own processes.
 - ``losses``: dropout 0 (the model draws nothing random): the logged losses, for the comparison
-  with plain `Trainer` in the test process.
+  with plain `Trainer` in the test process; it saves a checkpoint every 4 steps.
+- ``resumed``: the same run resumed from its ``checkpoint-4`` (mid-epoch: the data loader had
+  collated batch 5 already), for the comparison with the uninterrupted run.
 - ``seeds``: each rank shuffles with its own ``data_seed``; the error each rank raised.
 - ``small_eval``: an evaluation set of one sample, fewer than a micro-batch: `evaluate()` before
   `train()` (the pipeline is traced on it), then after.
@@ -63,7 +65,10 @@ def main(output_dir: str) -> None:
     digests = train(output_dir, dropout=0.1, steps=DIGEST_STEPS).digests
     worker_digests = train(output_dir, dropout=0.1, steps=LOSS_STEPS, dataloader_num_workers=2).digests
     rank = torch.distributed.get_rank()
-    losses = train(output_dir, dropout=0.0, steps=LOSS_STEPS).state.log_history
+    saving = {"save_strategy": "steps", "save_steps": 4}
+    losses = train(output_dir, dropout=0.0, steps=LOSS_STEPS, **saving).state.log_history
+    resumed = make_trainer(output_dir, dropout=0.0, steps=LOSS_STEPS, **saving)
+    resumed.train(resume_from_checkpoint=f"{output_dir}/checkpoint-4")
     try:
         train(output_dir, dropout=0.0, steps=LOSS_STEPS, data_seed=100 + rank)
         seeds_error = None
@@ -74,6 +79,7 @@ def main(output_dir: str) -> None:
         "digests": digests,
         "worker_digests": worker_digests,
         "log_history": losses,
+        "resumed_log_history": resumed.state.log_history,
         "seeds_error": seeds_error,
         "small_eval": small_eval,
     }

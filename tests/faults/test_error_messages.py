@@ -1,16 +1,14 @@
 """Errors that name their real cause and the fix, not a later symptom (issue 14, item 3).
 
-Resuming from a path that is no checkpoint, or from a checkpoint missing a rank's tensor file; a
-wrong ``partition_file`` (fix or rewrite it, not "delete it", which is the advice for a cached
+A wrong ``partition_file`` (fix or rewrite it, not "delete it", which is the advice for a cached
 file); JSON nested too deep to parse; a model whose forward branches on its labels. Real tiny
-models (``tests/helpers/models.py``) and real files; the checkpoints come from one launch of two CPU
-processes (``errors_resume_job.py``), shared by the module.
+models (``tests/helpers/models.py``) and real files. Checkpoints that cannot be resumed are in
+``test_checkpoint_faults.py``.
 """
 
 from __future__ import annotations
 
 import logging
-import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -19,66 +17,15 @@ import transformers
 
 from hf_ftpipe.cli import parser as cli
 from hf_ftpipe.costmodel import get_profile
-from hf_ftpipe.errors import CheckpointError, PartitionFormatError, ProfileError, TraceError
+from hf_ftpipe.errors import PartitionFormatError, ProfileError, TraceError
 from hf_ftpipe.graph import CostGraph, capture_model
 from hf_ftpipe.hub import PartitionStore, resolve_partition
 from hf_ftpipe.partitioners import partition_seq_greedy
 from hf_ftpipe.plan import Partition
-from hf_ftpipe.trainer.checkpoint_format import check_resumable
 
-from distributed import accelerate_launch
 from models import VOCAB, tiny_batch, tiny_model
 
-JOB = str(Path(__file__).with_name("errors_resume_job.py"))
 TOO_DEEP = "[" * 100_000
-
-
-# -- resuming -------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def refusals(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("resume-errors")
-    accelerate_launch(JOB, str(root), timeout_s=280)
-    return root
-
-
-def _messages(root: Path, case: str) -> list[str]:
-    return [(root / f"{case}-rank{rank}.txt").read_text() for rank in (0, 1)]
-
-
-@pytest.mark.distributed
-@pytest.mark.slow
-@pytest.mark.parametrize("case", ["missing", "missing-empty-weights"])
-def test_resuming_from_a_path_that_does_not_exist_names_the_path(refusals: Path, case: str) -> None:
-    # Before: "the model has empty (meta) weights ... set `weights_path`", for both models.
-    for message in _messages(refusals, case):
-        assert message.startswith(f"Can't find a valid checkpoint at {refusals / 'no-such-checkpoint'}: no such folder")
-        assert "checkpoint-N folder" in message and "weights_path" not in message
-
-
-@pytest.mark.distributed
-@pytest.mark.slow
-def test_a_checkpoint_missing_a_rank_tensor_file_is_refused_on_every_rank(refusals: Path) -> None:
-    # Before: a raw FileNotFoundError on rank 1 and "a peer probably died" on rank 0.
-    rank0, rank1 = _messages(refusals, "incomplete")
-    assert rank0 == rank1
-    checkpoint = refusals / "incomplete-checkpoint"
-    assert rank0.startswith(f"the checkpoint {checkpoint} is incomplete: optimizer/rank1.safetensors is missing")
-    assert "resume from another checkpoint" in rank0
-
-
-@pytest.mark.distributed
-@pytest.mark.slow
-def test_a_folder_that_is_no_whole_checkpoint_says_what_it_lacks(refusals: Path, tmp_path: Path) -> None:
-    unfinished = tmp_path / "unfinished"
-    shutil.copytree(refusals / "trained" / "checkpoint-3", unfinished)
-    (unfinished / "trainer_state.json").unlink()
-    with pytest.raises(CheckpointError, match="it has no trainer_state.json, which a checkpoint gets last"):
-        check_resumable(unfinished)
-    (unfinished / "model.safetensors").unlink()
-    with pytest.raises(CheckpointError, match="it holds no model weights"):
-        check_resumable(unfinished)
 
 
 # -- partition files ------------------------------------------------------------------------

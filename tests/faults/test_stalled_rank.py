@@ -1,9 +1,11 @@
-"""A rank that stops answering (SIGSTOP) at a step boundary, during evaluation or during a checkpoint
-save: the other rank stops within ``pipeline_timeout_s`` + 15 s, naming it, and the launcher
-leaves no process behind.
+"""A rank that stops answering (SIGSTOP) at a step boundary, during evaluation, during a checkpoint
+save or in the tied-weight gradient reduction: the other rank stops within ``pipeline_timeout_s``
++ 15 s, naming it, and the launcher leaves no process behind. A rank that fails writing a
+checkpoint, and lingers: the other rank stops at once, naming it and what it was doing (a rank
+that fails reading one: `test_checkpoint_faults.py`).
 
-The three jobs (`stall_job.py`, `accelerate launch`, 2 ranks) run at once: most of their time is
-spent waiting, for the timeout and for the launcher's grace period before it kills the stopped rank.
+The jobs (`stall_job.py`, `accelerate launch`, 2 ranks) run at once: most of their time is spent
+waiting, for the timeout and for the launcher's grace period before it kills the stopped rank.
 """
 
 from __future__ import annotations
@@ -24,7 +26,10 @@ pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 STALLING_RANK = 1
 TIMEOUT_S = 10
 
-WHERE = ("step", "eval", "save")
+STALLS = ("step", "eval", "save", "tied")
+FAILURES = {"fail-save": "writing {folder}/checkpoint-2: OSError: [Errno 28] No space left on device"}
+"""What rank 0 must say rank 1 was doing, by the job's fault."""
+WHERE = (*STALLS, *FAILURES)
 LAUNCHER_DEADLINE_S = 150
 
 
@@ -33,8 +38,9 @@ class Outcome:
     output: str
     returncode: int
     waited_after_stop_s: float
-    """From the stalling rank's stop until every other rank had exited."""
+    """From the stalling rank's stop (or failure) until every other rank had exited."""
     stalled_pid: int
+    folder: Path
 
 
 def _alive(pid: int) -> bool:
@@ -72,7 +78,7 @@ def _watch(folders: dict[str, Path], launched: dict[str, subprocess.Popen]) -> d
             pytest.fail(f"{where}: the launcher did not end within {LAUNCHER_DEADLINE_S} s:\n{output[-6000:]}")
         waited = others_gone_at.get(where, float("inf")) - stopped_at.get(where, 0.0)
         stalled_pid = int((folders[where] / f"pid{STALLING_RANK}").read_text())
-        outcomes[where] = Outcome(output, launcher.returncode, waited, stalled_pid)
+        outcomes[where] = Outcome(output, launcher.returncode, waited, stalled_pid, folders[where])
     return outcomes
 
 
@@ -91,7 +97,7 @@ def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Outcome]:
                 os.killpg(process.pid, signal.SIGKILL)
 
 
-@pytest.mark.parametrize("where", WHERE)
+@pytest.mark.parametrize("where", STALLS)
 def test_other_ranks_stop_in_time_naming_the_silent_rank_and_nothing_is_left_behind(
     outcomes: dict[str, Outcome], where: str
 ) -> None:
@@ -102,4 +108,26 @@ def test_other_ranks_stop_in_time_naming_the_silent_rank_and_nothing_is_left_beh
     stopping = [line.split(reason, 1)[1] for line in outcome.output.splitlines() if reason in line]
     assert stopping, outcome.output[-6000:]
     assert f"rank {STALLING_RANK}" in stopping[0], stopping[0]
+    assert not _alive(outcome.stalled_pid), f"rank {STALLING_RANK} (pid {outcome.stalled_pid}) is still alive"
+
+
+def test_a_timeout_in_the_tied_weight_reduction_names_the_peer(outcomes: dict[str, Outcome]) -> None:
+    # Before: "... reducing tied-weight gradients; a peer is stuck or dead".
+    output = outcomes["tied"].output
+    reason = f"hf_ftpipe: [rank 0] timed out after {TIMEOUT_S} s reducing tied-weight gradients: rank {STALLING_RANK} "
+    assert reason + "did not answer (last seen " in output, output[-6000:]
+
+
+@pytest.mark.parametrize("where", FAILURES)
+def test_a_rank_that_fails_writing_a_checkpoint_stops_the_others_at_once_naming_it(
+    outcomes: dict[str, Outcome], where: str
+) -> None:
+    # Before: rank 0 died on gloo's "Connection closed by peer ... GLHF!", or waited for the timeout.
+    outcome = outcomes[where]
+    assert outcome.returncode != 0, outcome.output[-6000:]
+    assert outcome.waited_after_stop_s < TIMEOUT_S, (outcome.waited_after_stop_s, outcome.output[-6000:])
+    failure = f"[rank {STALLING_RANK}] failed while " + FAILURES[where].format(folder=outcome.folder)
+    stopping = [line for line in outcome.output.splitlines() if "[rank 0] stop" in line]
+    assert any(failure in line for line in stopping), outcome.output[-6000:]
+    assert "timed out" not in outcome.output and "GLHF" not in outcome.output
     assert not _alive(outcome.stalled_pid), f"rank {STALLING_RANK} (pid {outcome.stalled_pid}) is still alive"

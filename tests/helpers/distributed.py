@@ -128,10 +128,16 @@ def job_env(extra: dict | None = None) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": path, **(extra or {})}
 
 
-def launcher(num_processes: int = 2) -> list[str]:
-    """``accelerate launch --multi_gpu`` on ``num_processes`` CPU processes, on a free port."""
+def launcher(num_processes: int = 2, monitor_interval_s: float | None = None) -> list[str]:
+    """``accelerate launch --multi_gpu`` on ``num_processes`` CPU processes, on a free port.
+
+    ``monitor_interval_s``: how often the launcher looks for a rank that exited (0.1 s by default;
+    it then ends the others). A test that checks what the other ranks say about a rank that died
+    gives them longer, so that what they print does not depend on who wins that race.
+    """
     command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu"]
-    return command + ["--num_processes", str(num_processes), "--main_process_port", "0"]
+    command += ["--num_processes", str(num_processes), "--main_process_port", "0"]
+    return command + (["--monitor_interval", str(monitor_interval_s)] if monitor_interval_s is not None else [])
 
 
 def run_job(
@@ -150,14 +156,20 @@ def run_job(
 
 
 def accelerate_launch(
-    *command: str, num_processes: int = 2, timeout_s: float = 300, check: bool = True, env: dict | None = None
+    *command: str,
+    num_processes: int = 2,
+    timeout_s: float = 300,
+    check: bool = True,
+    env: dict | None = None,
+    monitor_interval_s: float | None = None,
 ) -> subprocess.CompletedProcess:
     """Start ``command`` the way a user would on a CPU-only machine: ``accelerate launch --multi_gpu``.
 
     The script itself must ask for CPU (``use_cpu=True``). With ``check`` the job must succeed;
     its output tails are in the assertion message when it does not.
     """
-    return run_job(*launcher(num_processes)[1:], *command, timeout_s=timeout_s, check=check, env=env)
+    prefix = launcher(num_processes, monitor_interval_s)[1:]
+    return run_job(*prefix, *command, timeout_s=timeout_s, check=check, env=env)
 
 
 def torchrun(

@@ -1,11 +1,11 @@
 """One PipeTrainer run of a tiny GPT-2 that saves checkpoints every 3 steps or resumes from one.
 
-Run by tests/trainer/resume_job.py (the runs of test_checkpoint.py) and tests/faults/errors_resume_job.py.
-A run is ``{"output_dir", "partitioner", "schedule", "dropout", "resume", "empty_weights", "model_seed",
-"expect_error", "best"}``. Each writes ``result.json`` (rank 0: the logged loss of every step) and
-``rank{r}.pt`` (each rank's stage weights after training) into its ``output_dir``; a run that
-expects an error writes its `CheckpointError` message to ``error.txt`` instead (every rank fails
-the same way, before any collective, so the processes can go on).
+Run by tests/trainer/resume_job.py (the runs of test_checkpoint.py), tests/faults/crash_save_job.py and
+tests/faults/errors_resume_job.py. A run is ``{"output_dir", "partitioner", "schedule", "dropout", "resume",
+"empty_weights", "model_seed", "expect_error", "best", "save_total_limit", "timeout_s"}``. Each writes ``result.json``
+(rank 0: the logged loss of every step) and ``rank{r}.pt`` (each rank's stage weights after training)
+into its ``output_dir``; a run that expects an error writes its `CheckpointError` message to
+``error.txt`` instead (every rank fails the same way, so the processes can go on).
 """
 
 import json
@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 from accelerate import init_empty_weights
 from datasets import Dataset
+from transformers import TrainerCallback
 
 from hf_ftpipe import CheckpointError, PipeTrainer, PipeTrainingArguments
 
@@ -24,8 +25,10 @@ from models import tiny_batch, tiny_model
 SAMPLES = 18
 
 
-def run(spec: dict) -> None:
-    """Train (or resume) the run ``spec`` describes, in these processes; see the module's docstring."""
+def run(spec: dict, trainer_class: type[PipeTrainer] = PipeTrainer, callbacks: list[TrainerCallback] = ()) -> None:
+    """Train (or resume) the run ``spec`` describes, in these processes; see the module's docstring.
+
+    ``trainer_class`` and ``callbacks``: a fault to inject, or what to record as the run goes."""
     args = PipeTrainingArguments(
         output_dir=spec["output_dir"],
         pipeline_schedule=spec.get("schedule", "gpipe"),
@@ -41,6 +44,8 @@ def run(spec: dict) -> None:
         logging_steps=1,
         save_strategy="steps",
         save_steps=3,
+        save_total_limit=spec.get("save_total_limit"),
+        pipeline_timeout_s=spec.get("timeout_s", 300.0),
         report_to="none",
         seed=0,
         max_grad_norm=1.0,
@@ -59,7 +64,9 @@ def run(spec: dict) -> None:
             model = tiny_model("gpt2", dropout=spec.get("dropout", 0.0))
     else:
         model = tiny_model("gpt2", dropout=spec.get("dropout", 0.0), seed=spec.get("model_seed", 0))
-    trainer = PipeTrainer(model=model, args=args, train_dataset=dataset, eval_dataset=dataset)
+    trainer = trainer_class(
+        model=model, args=args, train_dataset=dataset, eval_dataset=dataset, callbacks=list(callbacks)
+    )
     if spec.get("expect_error"):
         try:
             trainer.train(resume_from_checkpoint=spec["resume"])

@@ -31,7 +31,8 @@ def counted_seq_greedy(*args, **kwargs) -> Partition:
 
 
 def main(output_dir: str, repo: str, push: str, model_repo: str = "") -> None:
-    """``model_repo``: also Trainer's own ``push_to_hub`` of the trained model to that model repo."""
+    """``model_repo``: also Trainer's own ``push_to_hub`` of the trained model to that model repo, and of
+    the checkpoint of the last step (``hub_strategy="checkpoint"``) as its ``last-checkpoint/``."""
     logging.basicConfig(level=logging.INFO)
     args = PipeTrainingArguments(
         push_to_hub=bool(model_repo),
@@ -44,7 +45,9 @@ def main(output_dir: str, repo: str, push: str, model_repo: str = "") -> None:
         partition_repo=repo,
         push_partition_to_hub=push == "push",
         max_steps=2,
-        save_strategy="no",
+        save_strategy="steps" if model_repo else "no",
+        save_steps=2,
+        hub_strategy="checkpoint",
         report_to="none",
         log_level="info",  # rank 0 logs the plan it used (transformers' logging)
         seed=0,

@@ -54,6 +54,10 @@ def test_push_to_hub_uploads_the_whole_trained_model_that_plain_transformers_loa
     launch(tmp_path / "job", tmp_path / "home", push=False, model_repo="user/tiny-pipe")
     files = hub.repo("user/tiny-pipe", repo_type="model").resolve("main").files
     assert {"config.json", "model.safetensors", "README.md"} <= set(files)
+    # The checkpoint is pushed once every rank has written it and it is renamed from its temporary folder.
+    shares = {f"last-checkpoint/optimizer/rank{r}.safetensors" for r in (0, 1)}
+    assert {"last-checkpoint/trainer_state.json", "last-checkpoint/model.safetensors", *shares} <= set(files), files
+    assert not any(name.startswith("_tmp-") for name in files)
     assert files["model.safetensors"] == (tmp_path / "job" / "model.safetensors").read_bytes()
 
     # This process's huggingface_hub read HF_ENDPOINT at import, so load the pushed files from disk.

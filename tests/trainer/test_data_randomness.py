@@ -57,3 +57,28 @@ def test_state_dict_round_trip_resumes_the_same_sequence() -> None:
     with resumed.active():
         np.random.randn()
         assert draws() == expected
+
+
+def test_a_checkpoint_with_a_batch_collated_ahead_resumes_the_collations_exactly() -> None:
+    # accelerate's loader collates one batch ahead of the one it hands out: at a checkpoint after
+    # step 2, batch 3 is collated but not trained on, and the data state has moved past it.
+    data = DataRandomness(5)
+    collate = data.collating(lambda samples: torch.rand(2))
+    with data.active():
+        batches = [collate([]), collate([])]  # batch 1, and batch 2 ahead
+    data.trained(1)
+    with data.active():
+        batches.append(collate([]))  # batch 3 ahead
+    data.trained(1)
+    state = data.state_dict()
+    with data.active():
+        batches += [collate([]), collate([])]
+
+    resumed = DataRandomness(0)
+    resumed.load_state_dict(state)
+    collate = resumed.collating(lambda samples: torch.rand(2))
+    with resumed.active():
+        torch.rand(3)  # a new data loader draws its own seed before its first batch
+        again = [collate([]), collate([]), collate([])]  # batches 3, 4 and 5 of the resumed run
+    assert all(torch.equal(a, b) for a, b in zip(again, batches[2:], strict=True))
+    assert not torch.equal(batches[2], batches[3])

@@ -9,7 +9,6 @@ is written under a temporary name and renamed by rank 0 once every rank has writ
 
 from __future__ import annotations
 
-import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -23,10 +22,11 @@ from hf_ftpipe.errors import CheckpointError, PipelineError
 from hf_ftpipe.runtime import PipelineEngine
 from hf_ftpipe.trainer import checkpoint_format as checkpoint
 from hf_ftpipe.trainer.checkpoint_folders import TRAINER_STATE, StagedCheckpoint, rotate_complete
+from hf_ftpipe.trainer.run_log import get_logger
 
 __all__ = ["PipeCheckpointing"]
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 _PARTITION = "partition.json"
 _DATA_RNG_STATE = "data_rng_state.pth"

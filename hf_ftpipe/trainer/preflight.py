@@ -12,7 +12,6 @@ with rank 0's checkpoint.
 
 from __future__ import annotations
 
-import logging
 import shutil
 from dataclasses import dataclass
 
@@ -22,10 +21,11 @@ from hf_ftpipe.errors import CheckpointError
 from hf_ftpipe.runtime.watchdog import Watchdog
 from hf_ftpipe.trainer.checkpoint_check import check_resumable
 from hf_ftpipe.trainer.checkpoint_folders import check_output_dir, leftovers, newest_complete
+from hf_ftpipe.trainer.run_log import get_logger
 
 __all__ = ["agree_before_training"]
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 
 @dataclass(frozen=True)

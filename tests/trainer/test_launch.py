@@ -49,8 +49,12 @@ def launched(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict]
 @pytest.mark.slow
 def test_every_output_file_is_written_by_rank_0_alone_and_is_valid(launched: tuple[Path, list[dict], str]) -> None:
     output, ranks, _ = launched
-    assert ranks[1]["written"] == [], "rank 1 wrote into output_dir"
-    assert sorted(set(ranks[0]["written"])) == sorted(OUTPUTS)
+    # Before training each rank checks that it can write output_dir with a probe file it removes at once.
+    probes = [[w for w in rank["written"] if w.startswith(".hf_ftpipe-write-check-")] for rank in ranks]
+    assert probes == [[".hf_ftpipe-write-check-rank0"], [".hf_ftpipe-write-check-rank1"]]
+    written = [[w for w in rank["written"] if not w.startswith(".hf_ftpipe-write-check-")] for rank in ranks]
+    assert written[1] == [], "rank 1 wrote into output_dir"
+    assert sorted(set(written[0])) == sorted(OUTPUTS)
     assert sorted(p.name for p in output.iterdir()) == sorted(OUTPUTS), "a file was written unrecorded"
     results = {name: json.loads((output / name).read_text()) for name in OUTPUTS if name.endswith("results.json")}
     assert {"train_loss", "train_samples"} <= set(results["train_results.json"])

@@ -53,7 +53,8 @@ class PlanSource(Protocol):
 
 @dataclass(frozen=True)
 class StoredPlanCheck:
-    """What a plan from the cache or the Hub must pass: this model, this key, and the run's checks.
+    """What a stored plan (a named file, the cache, the Hub) must pass: this model, this key, and the
+    run's checks.
 
     A plan made on another release's graph of the model is re-anchored onto this graph first
     (priced with ``profile``, the run's GPUs). With a ``partitioner`` other than ``"auto"``, a plan
@@ -101,13 +102,10 @@ class PlanFile:
             f"{user_file_fix(self.path)} Or drop `partition_file` so that a plan is taken from the cache "
             "or `partition_repo`, or computed."
         )
+        # Whatever partitioner made it, and without the budget checks of plans nobody named.
+        fits = StoredPlanCheck(self.graph, check=self.check, profile=self.profile)
         with with_fix(fix):
-            partition = Partition.from_json(self.path, expected_key=key)
-            partition, reanchored = fit_to_graph(partition, self.graph, self.profile, source=self.path)
-        if self.check is not None:
-            self.check(partition)
-        if reanchored is not None:
-            logger.info("%s: %s", self.path, reanchored.describe())
+            partition, reanchored = fits(Partition.from_json(self.path, expected_key=key), key, self.path)
         return Resolved(partition, "file", self.path, reanchored)
 
 

@@ -9,6 +9,7 @@ asked for CPU itself, transformers made both ranks process 0 of 1 and both wrote
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -86,14 +87,17 @@ def test_every_rank_agrees_that_rank_0_is_the_main_process(launched: tuple[Path,
 @pytest.mark.slow
 def test_log_level_info_shows_the_plan_and_the_chosen_slices_once(launched: tuple[Path, list[dict], str]) -> None:
     _, _, log = launched
+    # Each line reaches the log once per handler: transformers' own, and under CI=true (transformers then
+    # propagates to the root logger) also the script's basicConfig one. Trainer's banner counts them.
+    handlers = log.count("***** Running training *****")
+    assert handlers == (2 if os.environ.get("CI", "").upper() in {"1", "ON", "YES", "TRUE"} else 1), log[-6000:]
     plan_lines = [line for line in log.splitlines() if "pipeline plan: computed by auto (chose " in line]
-    assert len(plan_lines) == 1, log[-6000:]
+    assert len(plan_lines) == handlers, log[-6000:]
     assert "2 stages on 2 GPUs" in plan_lines[0] and "GPU 1: stage 1, peak " in plan_lines[0]
     slices = [line for line in log.splitlines() if "token_slices='auto': [" in line]
-    assert len(slices) == 1, log[-6000:]
+    assert len(slices) == handlers, log[-6000:]
     chosen = slices[0].split("token_slices='auto': ")[1].split(" (")[0]
     assert plan_lines[0].endswith(f"token slices {chosen} (chosen by token_slices='auto')")
-    assert log.count("***** Running training *****") == 1
 
 
 @pytest.mark.parametrize(

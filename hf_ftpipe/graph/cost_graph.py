@@ -31,6 +31,12 @@ name. Node attributes (all plain Python values, so a graph pickles, hashes and p
 ``requires_grad`` (`bool`)
     whether the node's outputs take part in backward (a floating output downstream of a
     trainable parameter). Decides which activations travel back as gradients.
+``size_inputs`` (`tuple[str, ...]`)
+    the size nodes (``aten.sym_size`` of a varying input dimension) the node reads, e.g. the
+    sequence length a ``view`` reshapes to. They are not nodes of the graph: every stage
+    evaluates them from its micro-batch's shapes (`hf_ftpipe.graph.dynamic_shapes`).
+
+Shapes and bytes are those of the planned micro-batch (the largest the run will see).
 
 Edge ``u -> v`` means ``v`` reads an output of ``u``; attribute ``bytes`` is what ``u`` sends.
 """
@@ -71,13 +77,16 @@ class ParamInfo:
 
 @dataclass(frozen=True)
 class InputInfo:
-    """One model input (an exported placeholder): a tensor with a fixed shape, or a constant."""
+    """One model input (an exported placeholder): a tensor, or a constant."""
 
     name: str
     shape: tuple[int, ...] | None
+    """The planned shape: the largest micro-batch's (sizes in `varying` are the most it may have)."""
     dtype: str | None
     constant: bool | int | float | str | None = None
     """The value of a non-tensor input (``use_cache=False``); ``None`` for tensors."""
+    varying: tuple[int, ...] = ()
+    """The dimensions whose size may differ from micro-batch to micro-batch (batch, sequence)."""
 
 
 @dataclass

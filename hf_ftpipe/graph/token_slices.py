@@ -171,6 +171,9 @@ def capture_token_slices(
 ) -> SlicedModel:
     """Capture ``model`` on one micro-batch, whole and at each distinct length of ``slice_lengths``.
 
+    Each capture has fixed shapes: a slice's graph is matched op by op to the whole one's, for
+    sequences of the one length the slices add up to.
+
     ``full``: the whole-sequence capture of an earlier call on the same model and sample, reused
     (choosing the lengths needs it first: PipeTrainer's ``token_slices="auto"``).
 
@@ -182,7 +185,7 @@ def capture_token_slices(
     seq_len = int(full_inputs["input_ids"].shape[1])
     check_sliceable(model, seq_len)
     pieces = cut_slices(full_inputs, slice_lengths)
-    full = full if full is not None else capture_model(model, full_inputs)
+    full = full if full is not None else capture_model(model, full_inputs, dynamic=False)
     if not any(_is_attention(node) for node in full.graph_module.modules()):
         raise TraceError(
             f"{type(model).__name__}'s graph has no scaled_dot_product_attention call to slice; "
@@ -191,7 +194,7 @@ def capture_token_slices(
     by_length: dict[int, TracedModel] = {}
     for length, piece in zip(slice_lengths, pieces, strict=True):
         if length not in by_length:
-            by_length[length] = full if length == seq_len else capture_model(model, piece)
+            by_length[length] = full if length == seq_len else capture_model(model, piece, dynamic=False)
     return SlicedModel(full=full, by_length=by_length, slice_lengths=tuple(slice_lengths))
 
 

@@ -1,34 +1,36 @@
 """Capture a model as an exported op graph and measure it on the meta device.
 
 ``torch.export`` (non-strict, training mode) gives an ATen-level graph whose nodes keep their
-module scope. One pass of that graph over meta tensors then records, per node, output shapes and
-bytes, the parameters it reads, its forward FLOPs (``FlopCounterMode`` works on meta tensors) and
-whether it takes part in backward. Nothing is computed for real and no weight is read, so a
-T5-3B-sized model built on the meta device is measured in seconds.
+module scope, with the batch and sequence sizes of the inputs left variable where the model's
+code allows (`hf_ftpipe.graph.dynamic_shapes`): one graph serves every batch shape. One pass of
+that graph over meta tensors of the planned shapes (the largest micro-batch the run will see)
+then measures it (`hf_ftpipe.graph.measure`). Nothing is computed for real and no weight is read,
+so a T5-3B-sized model built on the meta device is measured in seconds.
 """
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Iterator, Mapping
+import inspect
+import logging
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-import networkx as nx
 import torch
 from torch import fx, nn
-from torch.utils._pytree import tree_flatten
-from torch.utils.flop_counter import FlopCounterMode
 
-from hf_ftpipe.errors import TraceError
+from hf_ftpipe.errors import PipelineError, TraceError
 from hf_ftpipe.graph._export_failure import explain_export_failure, without_partial_graph
-from hf_ftpipe.graph.cost_graph import CostGraph, InputInfo, ParamInfo
-from hf_ftpipe.graph.fingerprint import model_fingerprint
+from hf_ftpipe.graph.cost_graph import CostGraph
+from hf_ftpipe.graph.dynamic_shapes import ShapeFormulas, dynamic_shapes_spec
+from hf_ftpipe.graph.measure import measure_graph
 from hf_ftpipe.graph.modes import make_mode_aware
 from hf_ftpipe.graph.mutations import fuse_mutations
 
 __all__ = ["TracedModel", "trace_model", "capture_model"]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -46,37 +48,111 @@ class TracedModel:
     """Every tensor ``get_attr`` target of the graph → the canonical name of the tensor it reads."""
     tensors: dict[str, torch.Tensor]
     """Canonical name → the model's real parameter or buffer, which the stages bind to."""
+    shapes: ShapeFormulas = field(default=None)  # type: ignore[assignment]
+    """Which input sizes vary, and every value's shape as a formula in them (fixed shapes: none vary)."""
 
 
-def trace_model(model: nn.Module, sample_inputs: Mapping[str, Any]) -> CostGraph:
+def trace_model(
+    model: nn.Module, sample_inputs: Mapping[str, Any], planned: Mapping[str, Sequence[int]] | None = None
+) -> CostGraph:
     """Trace ``model`` on ``sample_inputs`` (keyword tensors, meta accepted) into a `CostGraph`.
 
     Args:
         model (`nn.Module`): a Hugging Face model (any device, meta included). It is exported in
             training mode; its weights are never read.
         sample_inputs (`Mapping[str, Any]`): the keyword arguments of one micro-batch, e.g.
-            ``input_ids``, ``attention_mask``, ``labels``. Shapes are fixed into the graph.
+            ``input_ids``, ``attention_mask``, ``labels``.
+        planned (`Mapping[str, Sequence[int]]`, *optional*): the input shapes to measure the graph
+            at: the largest micro-batch the run will see (default: ``sample_inputs``' own).
 
     Raises:
         `TraceError`: the model cannot be exported; the message names the class, the failing op
             and what to try.
     """
-    return capture_model(model, sample_inputs).cost_graph
+    return capture_model(model, sample_inputs, planned=planned).cost_graph
 
 
-def capture_model(model: nn.Module, sample_inputs: Mapping[str, Any]) -> TracedModel:
-    """Export ``model`` and measure the graph; the runtime builds its stages from the result."""
+def capture_model(
+    model: nn.Module,
+    sample_inputs: Mapping[str, Any],
+    *,
+    planned: Mapping[str, Sequence[int]] | None = None,
+    dynamic: bool = True,
+) -> TracedModel:
+    """Export ``model`` and measure the graph; the runtime builds its stages from the result.
+
+    With ``dynamic`` (the default) the batch and sequence sizes of the inputs stay variable where the
+    model allows; a model that cannot be exported so is exported with ``sample_inputs``' fixed
+    shapes, with a warning that names the reason (its batches must then all have those shapes).
+    The graph is measured at ``planned`` (default: the sample's shapes).
+    """
     inputs = _export_inputs(model, sample_inputs)
-    with _weights_on_meta(model):
-        graph_module = _export(model, inputs)
+    with _weights_on_meta(model), _without_cache(model):
+        graph_module = _export_any_shape(model, inputs) if dynamic else _export(model, inputs, None)
         canonical = _canonical_names(model, graph_module)
         state_names = set(model.state_dict())
     make_mode_aware(graph_module)
-    fuse_mutations(graph_module)
-    cost_graph = _measure(model, graph_module, inputs, canonical, state_names)
+    fuse_mutations(graph_module)  # its nodes keep the shapes of those they replace
+    name = type(model).__name__
+    shapes = (
+        ShapeFormulas.from_graph(graph_module, name)
+        if graph_module.meta["dynamic"]
+        else ShapeFormulas.fixed({n: tuple(v.shape) for n, v in inputs.items() if isinstance(v, torch.Tensor)}, name)
+    )
+    measured = _planned_inputs(inputs, planned, shapes)
+    cost_graph = measure_graph(model, graph_module, measured, canonical, state_names, shapes)
     real = dict(model.named_parameters(remove_duplicate=False)) | dict(model.named_buffers(remove_duplicate=False))
     tensors = {name: real[name] for name in set(canonical.values()) if name in real}
-    return TracedModel(graph_module=graph_module, cost_graph=cost_graph, canonical_names=canonical, tensors=tensors)
+    return TracedModel(
+        graph_module=graph_module, cost_graph=cost_graph, canonical_names=canonical, tensors=tensors, shapes=shapes
+    )
+
+
+def _export_any_shape(model: nn.Module, inputs: dict[str, Any]) -> fx.GraphModule:
+    """Export with variable batch and sequence sizes; fixed shapes (and a warning) where that fails."""
+    try:
+        return _export(model, _at_least_two(inputs), dynamic_shapes_spec(model, inputs))
+    except TraceError as error:
+        graph_module = _export(model, inputs, None)
+        logger.warning(
+            "%s cannot take batches of varying shapes (%s); it was traced with fixed shapes %s, which every "
+            "batch must have: pad to that length (padding='max_length') and keep batches whole "
+            "(dataloader_drop_last=True)",
+            type(model).__name__,
+            str(error).split("\n")[0],
+            {name: tuple(value.shape) for name, value in inputs.items() if isinstance(value, torch.Tensor)},
+        )
+        return graph_module
+
+
+def _at_least_two(inputs: dict[str, Any]) -> dict[str, Any]:
+    """``inputs`` with every batch or sequence size of 1 made 2: export fixes a size it sees as 0 or 1."""
+    return {
+        name: torch.empty(
+            [max(size, 2) if dim < 2 else size for dim, size in enumerate(value.shape)], dtype=value.dtype, device="meta"
+        )
+        if isinstance(value, torch.Tensor)
+        else value
+        for name, value in inputs.items()
+    }
+
+
+def _planned_inputs(
+    inputs: dict[str, Any], planned: Mapping[str, Sequence[int]] | None, shapes: ShapeFormulas
+) -> dict[str, Any]:
+    """The meta inputs the graph is measured on: ``inputs`` at the ``planned`` shapes."""
+    if planned is None:
+        return inputs
+    try:
+        shapes.bind(planned)
+    except PipelineError as error:
+        raise PipelineError(f"the planned shapes {dict(planned)} do not fit the traced model: {error}") from None
+    return {
+        name: torch.empty(tuple(planned[name]), dtype=value.dtype, device="meta")
+        if isinstance(value, torch.Tensor) and name in planned
+        else value
+        for name, value in inputs.items()
+    }
 
 
 @contextmanager
@@ -104,27 +180,48 @@ def _weights_on_meta(model: nn.Module) -> Iterator[None]:
 
 
 def _export_inputs(model: nn.Module, sample_inputs: Mapping[str, Any]) -> dict[str, Any]:
-    """The sample inputs as meta tensors, plus ``use_cache=False``.
+    """The sample inputs as meta tensors, plus ``use_cache=False`` where ``forward`` names it.
 
     Only shapes and dtypes matter to the trace. A KV-cache object in the outputs breaks export,
-    and training never needs one.
+    and training never needs one; a model that takes ``use_cache`` only through ``**kwargs`` is
+    exported with its config's ``use_cache`` off instead (`_without_cache`), since export cannot
+    vary shapes with constants in ``**kwargs``.
     """
     inputs = {
         name: torch.empty(value.shape, dtype=value.dtype, device="meta") if isinstance(value, torch.Tensor) else value
         for name, value in sample_inputs.items()
     }
     config = getattr(model, "config", None)
-    if config is not None and hasattr(config, "use_cache"):
+    if (
+        config is not None
+        and hasattr(config, "use_cache")
+        and "use_cache" in inspect.signature(model.forward).parameters
+    ):
         inputs.setdefault("use_cache", False)
     return inputs
 
 
-def _export(model: nn.Module, inputs: dict[str, Any]) -> fx.GraphModule:
+@contextmanager
+def _without_cache(model: nn.Module) -> Iterator[None]:
+    """``model.config.use_cache`` off while exporting (see `_export_inputs`)."""
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "use_cache"):
+        yield
+        return
+    before = config.use_cache
+    config.use_cache = False
+    try:
+        yield
+    finally:
+        config.use_cache = before
+
+
+def _export(model: nn.Module, inputs: dict[str, Any], dynamic_shapes: tuple[Any, ...] | None) -> fx.GraphModule:
     was_training = model.training
     model.train()
     try:
         with without_partial_graph():
-            program = torch.export.export(model, (), kwargs=inputs, strict=False)
+            program = torch.export.export(model, (), kwargs=inputs, strict=False, dynamic_shapes=dynamic_shapes)
     except Exception as error:  # torch raises many unrelated types here
         raise TraceError(explain_export_failure(model, error)) from error
     finally:
@@ -133,6 +230,7 @@ def _export(model: nn.Module, inputs: dict[str, Any]) -> fx.GraphModule:
     _drop_checks(graph_module)
     graph_module.meta["output_names"] = _output_names(program)
     graph_module.meta["input_names"] = tuple(inputs)
+    graph_module.meta["dynamic"] = dynamic_shapes is not None
     return graph_module
 
 
@@ -179,258 +277,3 @@ def _fetch_attr(module: nn.Module, target: str) -> Any:
     for part in target.split("."):
         value = getattr(value, part)
     return value
-
-
-def _measure(
-    model: nn.Module,
-    graph_module: fx.GraphModule,
-    meta_inputs: dict[str, Any],
-    canonical: dict[str, str],
-    state_names: set[str],
-) -> CostGraph:
-    params = _param_infos(model, graph_module, canonical, state_names)
-    recorder = _MetaRecorder(graph_module, canonical)
-    try:
-        recorder.run(*[meta_inputs[node.target] for node in recorder.placeholders])
-    except Exception as error:
-        raise TraceError(
-            f"cannot measure {type(model).__name__} on the meta device: node "
-            f"{recorder.current!r} failed with {type(error).__name__}: {error}. "
-            "An op without a meta implementation or a data-dependent shape is the usual cause; "
-            "report the op name."
-        ) from error
-
-    graph = nx.DiGraph()
-    placeholder_names = {node.name for node in recorder.placeholders}
-    attr_nodes = {node.name for node in graph_module.graph.nodes if node.op == "get_attr" and node.target in canonical}
-    order = 0
-    for node in graph_module.graph.nodes:
-        if node.op not in ("call_function", "call_module"):
-            continue
-        record = recorder.records[node.name]
-        producers = [arg for arg in node.all_input_nodes]
-        graph.add_node(
-            node.name,
-            order=order,
-            op=str(node.target) if node.op == "call_function" else _module_op_name(graph_module, node),
-            scope=record["scope"],
-            scope_types=record["scope_types"],
-            output_shapes=record["shapes"],
-            output_dtypes=record["dtypes"],
-            output_bytes=record["bytes"],
-            params=tuple(sorted({canonical[p.target] for p in producers if p.name in attr_nodes})),
-            batch_inputs=tuple(p.name for p in producers if p.name in placeholder_names),
-            flops=record["flops"],
-            bytes_accessed=record["bytes"] + record["input_bytes"],
-            saved_bytes=record["saved_bytes"],
-            requires_grad=record["requires_grad"],
-        )
-        order += 1
-        for producer in producers:
-            if producer.op in ("call_function", "call_module"):
-                graph.add_edge(producer.name, node.name, bytes=recorder.records[producer.name]["bytes"])
-
-    output_node = next(node for node in graph_module.graph.nodes if node.op == "output")
-    flat_outputs, _ = tree_flatten(output_node.args[0])
-    example = {
-        name: InputInfo(name, tuple(v.shape), str(v.dtype).removeprefix("torch."))
-        if isinstance(v, torch.Tensor)
-        else InputInfo(name, None, None, constant=v)
-        for name, v in meta_inputs.items()
-    }
-    cost_graph = CostGraph(
-        graph=graph,
-        params=params,
-        inputs=example,
-        outputs=tuple(n.name if isinstance(n, fx.Node) else str(n) for n in flat_outputs),
-        output_names=graph_module.meta["output_names"],
-        model_class=type(model).__name__,
-    )
-    cost_graph.fingerprint = model_fingerprint(model, cost_graph)
-    return cost_graph
-
-
-def _module_op_name(graph_module: fx.GraphModule, node: fx.Node) -> str:
-    submodule = graph_module.get_submodule(node.target)
-    return str(getattr(submodule, "op", type(submodule).__name__))
-
-
-def _param_infos(
-    model: nn.Module, graph_module: fx.GraphModule, canonical: dict[str, str], state_names: set[str]
-) -> dict[str, ParamInfo]:
-    aliases: dict[str, list[str]] = {}
-    for target, name in canonical.items():
-        aliases.setdefault(name, [name])
-        if target != name and target not in aliases[name]:
-            aliases[name].append(target)
-    buffers = {name for name, _ in model.named_buffers()}
-    infos: dict[str, ParamInfo] = {}
-    for name, names in aliases.items():
-        tensor = _fetch_attr(graph_module, next(t for t, c in canonical.items() if c == name))
-        infos[name] = ParamInfo(
-            name=name,
-            aliases=tuple(names),
-            shape=tuple(tensor.shape),
-            dtype=str(tensor.dtype).removeprefix("torch."),
-            bytes=tensor.numel() * tensor.element_size(),
-            requires_grad=bool(getattr(tensor, "requires_grad", False)),
-            is_buffer=name in buffers or not isinstance(tensor, nn.Parameter),
-            in_state_dict=name in state_names,
-        )
-    return infos
-
-
-class _MetaRecorder(fx.Interpreter):
-    """Runs the graph on meta tensors, recording per node shapes, bytes, FLOPs and requires_grad."""
-
-    def __init__(self, graph_module: fx.GraphModule, canonical: dict[str, str]) -> None:
-        super().__init__(graph_module, garbage_collect_values=True)
-        self.placeholders = [n for n in graph_module.graph.nodes if n.op == "placeholder"]
-        self.records: dict[str, dict[str, Any]] = {}
-        self.current = ""
-        self._meta_params: dict[str, torch.Tensor] = {}
-        self._canonical = canonical
-        self._counter = FlopCounterMode(display=False)
-        self._meta_regions: dict[int, fx.GraphModule] = {}
-        self._saved: dict[int, torch.Tensor] = {}
-        self._saved_now = 0
-        self._param_ids: set[int] = set()
-
-    def run(self, *args: Any) -> Any:
-        hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda tensor: tensor)
-        with self._counter, torch.enable_grad(), hooks:
-            return super().run(*args)
-
-    def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
-        """Count a tensor autograd keeps for backward once, views of it included, weights excluded."""
-        base = tensor._base if tensor._base is not None else tensor
-        if id(base) not in self._saved and id(base) not in self._param_ids:
-            self._saved[id(base)] = base  # holding it keeps the id from being reused
-            self._saved_now += _nbytes(base)
-        return tensor
-
-    def _fused_attention_saved(self, node: fx.Node, output: torch.Tensor, saved_before: set[int]) -> None:
-        """What a fused attention kernel keeps for backward, in place of the math decomposition's.
-
-        On meta, ``scaled_dot_product_attention`` runs its math decomposition, which saves the
-        attention probabilities (batch × heads × query × key). The runtime's kernels (flash and
-        memory-efficient on CUDA, flash on the CPU) keep the query, key, value, output and one
-        log-sum-exp per query row and head instead, and a mask as an additive bias of the query's
-        dtype, of its full (broadcast) shape.
-        """
-        for key in set(self._saved) - saved_before:
-            del self._saved[key]
-        self._saved_now = 0
-        for arg in node.args[:3]:
-            value = self.env.get(arg) if isinstance(arg, fx.Node) else None
-            if isinstance(value, torch.Tensor):
-                self._pack(value)
-        self._pack(output)
-        rows = output.numel() // output.shape[-1]
-        self._saved_now += rows * (8 if output.dtype == torch.float64 else 4)
-        mask_arg = node.args[3] if len(node.args) > 3 else node.kwargs.get("attn_mask")
-        mask = self.env.get(mask_arg) if isinstance(mask_arg, fx.Node) else None
-        if isinstance(mask, torch.Tensor):
-            self._saved_now += mask.numel() * output.element_size()
-
-    def fetch_attr(self, target: str) -> Any:
-        key = self._canonical.get(target, target)
-        if key not in self._meta_params:
-            real = super().fetch_attr(target)
-            if not isinstance(real, torch.Tensor):
-                return real
-            meta = torch.empty(real.shape, dtype=real.dtype, device="meta")
-            self._meta_params[key] = meta.requires_grad_(real.requires_grad and real.is_floating_point())
-            self._param_ids.add(id(self._meta_params[key]))
-        return self._meta_params[key]
-
-    def call_function(self, target: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
-        # The export baked the model's device into factory and `.to()` calls; keep everything on meta.
-        args = tuple(self._on_meta(a) for a in args)
-        kwargs = {k: self._on_meta(v) for k, v in kwargs.items()}
-        return super().call_function(target, args, kwargs)
-
-    def _on_meta(self, value: Any) -> Any:
-        """Device arguments become meta; so do those inside a higher-order op's region (a submodule)."""
-        if isinstance(value, torch.device):
-            return torch.device("meta")
-        if isinstance(value, fx.GraphModule):
-            if id(value) not in self._meta_regions:
-                self._meta_regions[id(value)] = _with_meta_devices(copy.deepcopy(value))
-            return self._meta_regions[id(value)]
-        return value
-
-    def run_node(self, node: fx.Node) -> Any:
-        self.current = node.name
-        self._saved_now = 0
-        flops_before = self._counter.get_total_flops()
-        saved_before = set(self._saved)
-        result = super().run_node(node)
-        if _is_attention(node, self.module):
-            self._fused_attention_saved(node, result, saved_before)
-        if node.op in ("call_function", "call_module"):
-            tensors = [t for t in tree_flatten(result)[0] if isinstance(t, torch.Tensor)]
-            inputs = [
-                t
-                for arg in node.all_input_nodes
-                if arg.op != "get_attr"
-                for t in tree_flatten(self.env.get(arg))[0]
-                if isinstance(t, torch.Tensor)
-            ]
-            scope, scope_types = _scope(node)
-            self.records[node.name] = {
-                "shapes": tuple(tuple(t.shape) for t in tensors),
-                "dtypes": tuple(str(t.dtype).removeprefix("torch.") for t in tensors),
-                "bytes": sum(_nbytes(t) for t in tensors),
-                "saved_bytes": self._saved_now,
-                "input_bytes": sum(_nbytes(t) for t in inputs),
-                "flops": float(self._counter.get_total_flops() - flops_before),
-                "requires_grad": any(t.requires_grad for t in tensors),
-                "scope": scope,
-                "scope_types": scope_types,
-            }
-        return result
-
-
-def _is_attention(node: fx.Node, root: nn.Module) -> bool:
-    if node.op == "call_function":
-        return node.target is torch.ops.aten.scaled_dot_product_attention.default
-    if node.op == "call_module":  # made mode-aware (`graph.modes`)
-        return (
-            getattr(root.get_submodule(node.target), "op", None) is torch.ops.aten.scaled_dot_product_attention.default
-        )
-    return False
-
-
-def _with_meta_devices(region: fx.GraphModule) -> fx.GraphModule:
-    """A higher-order op's region with every baked device argument moved to meta, nested ones too."""
-    meta = torch.device("meta")
-    for node in region.graph.nodes:
-        node.args = tuple(meta if isinstance(a, torch.device) else a for a in node.args)
-        node.kwargs = {k: meta if isinstance(v, torch.device) else v for k, v in node.kwargs.items()}
-    for child in region.children():
-        if isinstance(child, fx.GraphModule):
-            _with_meta_devices(child)
-    region.recompile()
-    return region
-
-
-def _nbytes(tensor: torch.Tensor) -> int:
-    return tensor.numel() * tensor.element_size()
-
-
-def _scope(node: fx.Node) -> tuple[str, tuple[str, ...]]:
-    stack = node.meta.get("nn_module_stack") or {}
-    entries = list(stack.values())
-    if not entries:
-        return "", ()
-    path = entries[-1][0] if isinstance(entries[-1], tuple) else ""
-    types = tuple(str(entry[1]).rsplit(".", 1)[-1] if isinstance(entry, tuple) else "" for entry in entries)
-    return _clean_scope(path), types
-
-
-def _clean_scope(path: str) -> str:
-    """``L['self'].encoder.block[0]``-style paths (older exporters) to ``encoder.block.0``."""
-    for old, new in (("L['self'].", ""), ("L['self']", ""), ("[", "."), ("]", ""), ("'", "")):
-        path = path.replace(old, new)
-    return path.strip(".")

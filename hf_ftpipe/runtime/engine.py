@@ -24,6 +24,7 @@ import torch.distributed as dist
 from torch import nn
 
 from hf_ftpipe.errors import PartitionError, PipelineError
+from hf_ftpipe.graph.dynamic_shapes import ShapeFormulas
 from hf_ftpipe.graph.token_slices import DERIVED_INPUTS, SlicedModel, sequence_inputs
 from hf_ftpipe.runtime.autocast import autocast_dtypes
 from hf_ftpipe.runtime.comm import Messenger
@@ -33,6 +34,7 @@ from hf_ftpipe.runtime.messages import dataflow, plan_transfers, value_shape
 from hf_ftpipe.runtime.microbatches import check_loss_weights, mean_loss, split_batch
 from hf_ftpipe.runtime.prediction import check_predictable
 from hf_ftpipe.runtime.rank_stages import build_rank_stages
+from hf_ftpipe.runtime.shapes import ShapeBook
 from hf_ftpipe.runtime.stage import plan_stages
 from hf_ftpipe.runtime.state import MicrobatchState
 from hf_ftpipe.runtime.streaming import StreamingWeights
@@ -176,6 +178,16 @@ class PipelineEngine(Executor):
         self.transfers = plan_transfers(
             self.graph, self.specs, self.stage_rank, self.world_size, self.loss_value, self._autocast_dtypes
         )
+        self.formulas = traced.shapes or ShapeFormulas.fixed(
+            {n: i.shape for n, i in self.graph.inputs.items() if i.shape is not None}, self.graph.model_class
+        )
+        self.shape_book = ShapeBook(
+            self.formulas,
+            self.graph,
+            values=[*self.transfers, *(v for spec in self.specs for v in spec.model_outputs.values())],
+            sizes=[size for s in self.local_stages for size in self.specs[s].size_inputs],
+        )
+        """Each micro-batch shape's value shapes and sizes (`hf_ftpipe.runtime.shapes`), cached."""
         p2p_group = dist.new_group(list(range(self.world_size)))
         self.messenger = Messenger(
             self.rank, timeout_s, run_id=f"engine-{next(_run_counter)}", p2p_group=p2p_group, watchdog=watchdog
@@ -313,15 +325,21 @@ class PipelineEngine(Executor):
                 f"the {self.schedule.name!r} schedule updates weights inside the pipeline; call "
                 "`attach_optimizer(optimizer)` before the first train_step"
             )
-        microbatches = split_batch(self.graph, batch, self.num_microbatches, self.device, DERIVED_INPUTS)
-        weights = check_loss_weights(loss_weights, self.num_microbatches)
+        microbatches = self._split(batch)
+        weights = check_loss_weights(loss_weights, len(microbatches))
         self._update_norms.clear()
         if isinstance(self.schedule, StreamingSchedule):
+            if len(microbatches) < self.num_microbatches:
+                raise PipelineError(
+                    f"the {self.schedule.name!r} schedule streams whole mini-batches of num_microbatches="
+                    f"{self.num_microbatches} micro-batches, but this batch has {len(microbatches)} rows; drop the "
+                    "short last batch (dataloader_drop_last=True) or use gpipe or 1f1b, which train it"
+                )
             first = self.schedule.given
             program = self._streaming_program(self.schedule.next_step())
         else:
             first = 0
-            program = self._flushing_program(training=True)
+            program = self._flushing_program(training=True, microbatches=len(microbatches))
         units = self._units(microbatches, first, weights)
         self.module.train(True)
         losses = self._run(program, training=True)
@@ -357,12 +375,14 @@ class PipelineEngine(Executor):
         A streaming pipeline is drained first, so evaluation sees the latest weights.
         """
         self.drain()
-        for offset, microbatch in enumerate(
-            split_batch(self.graph, batch, self.num_microbatches, self.device, DERIVED_INPUTS)
-        ):  # a sliced model evaluates whole sequences: no backward, so no bubble to fill
+        microbatches = self._split(batch)
+        for offset, microbatch in enumerate(microbatches):
+            # a sliced model evaluates whole sequences: no backward, so no bubble to fill
             self.state.data[offset] = microbatch if self.token_slicing is None else sequence_inputs(microbatch)
+            self.state.shapes[offset] = self.shape_book.of(microbatch)
         self.module.train(False)
-        losses = [loss for _, loss in self._run(self._flushing_program(training=False), training=False)]
+        program = self._flushing_program(training=False, microbatches=len(microbatches))
+        losses = [loss for _, loss in self._run(program, training=False)]
         self._flush()
         outputs: dict[str, torch.Tensor] = {}
         for name in output_names:
@@ -370,12 +390,13 @@ class PipelineEngine(Executor):
             if owner is None:
                 continue
             value = owner.model_outputs[name]
-            if value == self.loss_value and len(losses) == self.num_microbatches:  # already on every rank
+            if value == self.loss_value and len(losses) == len(microbatches):  # already on every rank
                 outputs[name] = torch.stack(losses)
                 continue
-            shape, dtype = value_shape(self.graph, value, self._autocast_dtypes)
+            _, dtype = value_shape(self.graph, value, self._autocast_dtypes)
             pieces = []
-            for m in range(self.num_microbatches):
+            for m in range(len(microbatches)):
+                shape = self.state.shapes[m].values[value]
                 local = self.state.outputs.get((value, m)) if self.stage_rank[owner.stage_index] == self.rank else None
                 tensor = (
                     local.detach().to(dtype, copy=True)
@@ -396,8 +417,13 @@ class PipelineEngine(Executor):
 
     # -- the step ---------------------------------------------------------------------------
 
+    def _split(self, batch: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """``batch`` as micro-batches (fewer than ``num_microbatches`` if it has fewer rows)."""
+        return split_batch(self.graph, self.formulas, batch, self.num_microbatches, self.device, DERIVED_INPUTS)
+
     def _units(self, microbatches: list[dict[str, Any]], first: int, weights: list[float]) -> int:
-        """Store the step's micro-batches (or their token slices) and loss weights; returns how many.
+        """Store the step's micro-batches (or their token slices), their shapes and loss weights;
+        returns how many units.
 
         A slice's loss is its share of its sequence's mean (`hf_ftpipe.graph.token_slices`), so every
         slice of micro-batch m takes m's weight and the slices' weighted losses add up to m's.
@@ -406,18 +432,28 @@ class PipelineEngine(Executor):
             m = first + offset
             if self.token_slicing is None:
                 self.state.data[m], self.state.loss_weight[m] = microbatch, weights[offset]
+                self.state.shapes[m] = self.shape_book.of(microbatch)
                 continue
             for i, piece in enumerate(self.token_slicing.split(m, microbatch)):
                 unit = self.token_slicing.unit(m, i)
                 self.state.data[unit], self.state.loss_weight[unit] = piece, weights[offset]
-        return self.num_microbatches * (1 if self.token_slicing is None else self.token_slicing.num_slices)
+        return len(microbatches) * (1 if self.token_slicing is None else self.token_slicing.num_slices)
 
-    def _flushing_program(self, training: bool) -> list[Op]:
-        """This rank's program for one mini-batch that flushes (forwards only for evaluation).
+    def _flushing_program(self, training: bool, microbatches: int) -> list[Op]:
+        """This rank's program for one mini-batch of ``microbatches`` micro-batches that flushes
+        (forwards only for evaluation).
 
         The order is the same every step, so it is lowered once, by a `Lowering` of its own: an
-        evaluation must not touch what a streaming schedule's steps carry over.
+        evaluation must not touch what a streaming schedule's steps carry over. A short batch's
+        program is the full one less the missing micro-batches' actions and messages, on every
+        rank alike: what remains runs in the same relative order, so it cannot deadlock.
         """
+        program = self._full_flushing_program(training)
+        if microbatches >= self.num_microbatches:
+            return program
+        return [op for op in program if op.microbatch_index < microbatches]
+
+    def _full_flushing_program(self, training: bool) -> list[Op]:
         if training not in self._programs:
             if training:
                 order = self.schedule.global_order()

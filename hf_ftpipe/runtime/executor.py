@@ -139,7 +139,12 @@ class Executor:
             if training and self.graph.node(value)["requires_grad"] and leaf.is_floating_point():
                 leaf.requires_grad_(True)
             leaves.append(leaf)
-        args = [*[self.state.data[m][name] for name in spec.batch_inputs], *leaves]
+        sizes = self.state.shapes[m].sizes if spec.size_inputs else {}
+        args = [
+            *[self.state.data[m][name] for name in spec.batch_inputs],
+            *[sizes[name] for name in spec.size_inputs],
+            *leaves,
+        ]
         self._point_slice(action)
         if training and self.streaming_weights is not None:
             older = sum(1 for stage, _ in self.state.saved if stage == spec.stage_index)
@@ -234,9 +239,10 @@ class Executor:
     def _post(self, comm: Comm) -> None:
         transfer = self.transfers[comm.value]
         tag = self._tag(transfer, self._unit(comm), comm.backward)
-        shape = transfer.shape
         if comm.slice_index is not None and self.token_slicing is not None:
             shape = self.token_slicing.shape(comm.value, comm.slice_index)
+        else:  # this micro-batch's own shape (`hf_ftpipe.runtime.shapes`)
+            shape = self.state.shapes[self._unit(comm)].values[comm.value]
         self.state.posted[comm] = self.messenger.post_recv(shape, transfer.dtype, self.device, comm.peer, tag)
 
     def _take(self, comm: Comm, what: str) -> torch.Tensor:

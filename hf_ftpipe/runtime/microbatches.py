@@ -9,20 +9,35 @@ import torch
 
 from hf_ftpipe.errors import PipelineError
 from hf_ftpipe.graph.cost_graph import CostGraph
+from hf_ftpipe.graph.dynamic_shapes import ShapeFormulas
+from hf_ftpipe.runtime.shapes import input_shapes
 
-__all__ = ["check_loss_weights", "mean_loss", "split_batch"]
+__all__ = ["check_loss_weights", "mean_loss", "microbatch_rows", "split_batch"]
 
 
 def split_batch(
     graph: CostGraph,
+    formulas: ShapeFormulas,
     batch: Mapping[str, Any],
     num_microbatches: int,
     device: torch.device,
     derived: Collection[str] = (),
 ) -> list[dict[str, Any]]:
-    """The rank's own copy of the mini-batch as micro-batches of the traced shape; the inputs in
-    ``derived`` are left out (the runtime makes them per micro-batch)."""
-    microbatches: list[dict[str, Any]] = [{} for _ in range(num_microbatches)]
+    """The rank's own copy of the mini-batch as micro-batches; the inputs in ``derived`` are left
+    out (the runtime makes them per micro-batch).
+
+    A mini-batch of ``B`` rows gives ``min(B, num_microbatches)`` micro-batches whose sizes differ by
+    at most one row (``torch.tensor_split``: 5 rows in 4 give 2, 1, 1, 1), so a short last batch
+    trains whole. Sizes that vary (`hf_ftpipe.graph.dynamic_shapes`) may be anything up to the
+    planned ones (the graph's input shapes); the others must equal them.
+
+    Raises:
+        `PipelineError`: an input is missing, a size the model fixes differs, or a micro-batch is larger
+            than planned (named, with the sizes and what to change).
+    """
+    rows = _rows(graph, batch)
+    count = min(rows, num_microbatches)
+    microbatches: list[dict[str, Any]] = [{} for _ in range(count)]
     for name, info in graph.inputs.items():
         if name in derived:
             continue
@@ -33,21 +48,60 @@ def split_batch(
         if name not in batch:
             raise PipelineError(f"the batch has no {name!r}, which the traced model reads; batch keys: {sorted(batch)}")
         tensor = torch.as_tensor(batch[name])
-        expected = info.shape[0] * num_microbatches
-        if tensor.shape[0] < num_microbatches:
+        if tensor.dim() == 0 or tensor.shape[0] != rows:
             raise PipelineError(
-                f"the batch has {tensor.shape[0]} samples, fewer than num_microbatches={num_microbatches}; "
-                "raise the batch size or lower num_microbatches"
+                f"{name!r} has shape {tuple(tensor.shape)}, but the batch has {rows} rows: every input needs one "
+                "row per sample"
             )
-        if tuple(tensor.shape) != (expected, *info.shape[1:]):
-            raise PipelineError(
-                f"{name!r} has shape {tuple(tensor.shape)} but the pipeline was traced for "
-                f"{num_microbatches} micro-batches of {info.shape} = {(expected, *info.shape[1:])}; "
-                "pad inputs to a fixed length and drop incomplete batches (dataloader_drop_last=True)"
-            )
-        for m, piece in enumerate(tensor.to(device).chunk(num_microbatches)):
+        for m, piece in enumerate(tensor.to(device).tensor_split(count)):
             microbatches[m][name] = piece
+    for microbatch in microbatches:
+        formulas.bind(input_shapes(microbatch))
+        _check_planned(graph, microbatch, num_microbatches)
     return microbatches
+
+
+def microbatch_rows(rows: int, num_microbatches: int) -> list[int]:
+    """The rows of each micro-batch `split_batch` makes of ``rows`` rows (the larger ones first)."""
+    count = min(rows, num_microbatches)
+    return [rows // count + (1 if m < rows % count else 0) for m in range(count)] if count else []
+
+
+def _rows(graph: CostGraph, batch: Mapping[str, Any]) -> int:
+    for name, info in graph.inputs.items():
+        value = batch.get(name)
+        if info.shape is not None and isinstance(value, torch.Tensor) and value.dim() > 0:
+            if value.shape[0] == 0:
+                raise PipelineError(f"the batch is empty ({name!r} has shape {tuple(value.shape)})")
+            return int(value.shape[0])
+    missing = [name for name, info in graph.inputs.items() if info.shape is not None and name not in batch]
+    raise PipelineError(
+        f"the batch has none of the tensors the traced model reads ({missing}); batch keys: {sorted(batch)}"
+    )
+
+
+def _check_planned(graph: CostGraph, microbatch: Mapping[str, Any], num_microbatches: int) -> None:
+    """A micro-batch larger than planned would not fit the memory the plan was made for."""
+    for name, value in microbatch.items():
+        info = graph.inputs.get(name)
+        if info is None or info.shape is None or not isinstance(value, torch.Tensor):
+            continue
+        for dim in info.varying:
+            size, planned = int(value.shape[dim]), info.shape[dim]
+            if size <= planned:
+                continue
+            if dim == 0:
+                raise PipelineError(
+                    f"a micro-batch of {size} rows, but the pipeline was planned for at most {planned} "
+                    f"({num_microbatches} micro-batches of a mini-batch of {planned * num_microbatches}): use batches "
+                    f"of at most {planned * num_microbatches} rows, or raise the batch size the pipeline is planned for"
+                )
+            raise PipelineError(
+                f"{name!r} has length {size} (dimension {dim}), but the pipeline was planned for at most {planned}: "
+                f"a longer sequence may not fit the memory the plan was made for. Set "
+                f"PipeTrainingArguments(max_seq_length={size}) or more (the longest sequence of the run), "
+                f"or truncate the data to at most {planned} tokens"
+            )
 
 
 def check_loss_weights(loss_weights: Sequence[float] | None, num_microbatches: int) -> list[float]:

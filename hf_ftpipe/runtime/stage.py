@@ -40,6 +40,9 @@ class StageSpec:
     """For each sent value, the stages that read it."""
     model_outputs: dict[str, str] = field(default_factory=dict)
     """Model output name (``loss``, ``logits``) → the sent value that holds it."""
+    size_inputs: list[str] = field(default_factory=list)
+    """Size nodes the stage reads (a varying sequence length...), evaluated per micro-batch from its
+    input shapes (`hf_ftpipe.runtime.shapes`); passed after the batch inputs."""
 
 
 def plan_stages(graph: CostGraph, node_stage: Mapping[str, int]) -> list[StageSpec]:
@@ -57,6 +60,9 @@ def plan_stages(graph: CostGraph, node_stage: Mapping[str, int]) -> list[StageSp
         for batch_input in attrs["batch_inputs"]:
             if batch_input not in specs[stage].batch_inputs:
                 specs[stage].batch_inputs.append(batch_input)
+        for size in attrs.get("size_inputs", ()):
+            if size not in specs[stage].size_inputs:
+                specs[stage].size_inputs.append(size)
         for producer in graph.graph.predecessors(name):
             source = node_stage[producer]
             if source == stage:
@@ -93,7 +99,7 @@ def build_stage_module(
     tensors: Mapping[str, torch.Tensor],
     device: torch.device,
 ) -> fx.GraphModule:
-    """A GraphModule computing ``spec``: ``forward(*batch_inputs, *received) -> tuple(sent)``.
+    """A GraphModule computing ``spec``: ``forward(*batch_inputs, *size_inputs, *received) -> tuple(sent)``.
 
     Parameters are read under their canonical names (a tied weight is one attribute) and bound to
     ``tensors``, the model's own: nothing is copied. The graph was traced on meta, so every device
@@ -102,7 +108,7 @@ def build_stage_module(
     source_nodes = {node.name: node for node in graph_module.graph.nodes}
     graph = fx.Graph()
     env: dict[str, fx.Node] = {}
-    for name in [*spec.batch_inputs, *spec.received]:
+    for name in [*spec.batch_inputs, *spec.size_inputs, *spec.received]:
         env[name] = graph.placeholder(name)
 
     def lookup(node: fx.Node) -> fx.Node:

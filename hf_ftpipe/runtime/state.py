@@ -8,6 +8,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from hf_ftpipe.runtime.shapes import MicrobatchShapes
 from hf_ftpipe.schedules.lowering import Comm
 
 __all__ = ["MicrobatchState"]
@@ -24,6 +25,8 @@ class MicrobatchState:
     actions_per_microbatch: int
     data: dict[int, dict[str, Any]] = field(default_factory=dict)
     """The micro-batch's own inputs, read from the rank's copy of the batch."""
+    shapes: dict[int, MicrobatchShapes] = field(default_factory=dict)
+    """The shapes its values travel in and the sizes its stages read (`hf_ftpipe.runtime.shapes`)."""
     outputs: dict[tuple[str, int], torch.Tensor] = field(default_factory=dict)
     """Values produced here that stages here read (and, in evaluation, the model's outputs)."""
     received: dict[tuple[str, int], torch.Tensor] = field(default_factory=dict)
@@ -47,6 +50,7 @@ class MicrobatchState:
             return
         self._actions_left.pop(m, None)
         self.data.pop(m, None)
+        self.shapes.pop(m, None)
         for store in (self.outputs, self.received, self.grads):
             for key in [k for k in store if k[1] == m]:
                 del store[key]

@@ -114,14 +114,17 @@ def tiny_model(kind: str, dropout: float = 0.0, seed: int = 0) -> nn.Module:
 KINDS = ("t5", "gpt2", "bert", "roberta", "bart", "llama")
 
 
-def tiny_batch(kind: str, batch_size: int, seed: int = 0) -> dict[str, torch.Tensor]:
-    """A batch of random tokens with the inputs and labels ``kind`` trains on."""
+def tiny_batch(
+    kind: str, batch_size: int, seed: int = 0, seq: int = SEQ, target: int = TARGET
+) -> dict[str, torch.Tensor]:
+    """A batch of random tokens with the inputs and labels ``kind`` trains on (``seq`` tokens per
+    row, ``target`` label tokens for an encoder-decoder)."""
     generator = torch.Generator().manual_seed(seed)
-    input_ids = torch.randint(3, VOCAB, (batch_size, SEQ), generator=generator)
-    attention_mask = torch.ones(batch_size, SEQ, dtype=torch.long)
-    attention_mask[0, -2:] = 0  # some padding, so masks matter
+    input_ids = torch.randint(3, VOCAB, (batch_size, seq), generator=generator)
+    attention_mask = torch.ones(batch_size, seq, dtype=torch.long)
+    attention_mask[0, -min(2, seq - 1) :] = 0  # some padding, so masks matter
     if kind in ("t5", "bart"):
-        labels = torch.randint(3, VOCAB, (batch_size, TARGET), generator=generator)
+        labels = torch.randint(3, VOCAB, (batch_size, target), generator=generator)
         return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
     if kind in ("gpt2", "llama"):
         labels = input_ids.clone()

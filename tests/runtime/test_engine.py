@@ -87,23 +87,6 @@ def test_eval_step_returns_loss_and_logits_on_every_rank() -> None:
         torch.testing.assert_close(outputs["loss"], torch.stack([p.loss for p in pieces]), atol=1e-5, rtol=0)
 
 
-def too_small_batch_run(rank: int, world_size: int):
-    model = tiny_model("gpt2")
-    batch = tiny_batch("gpt2", 1)
-    traced = capture_model(model, batch)
-    engine = PipelineEngine(traced, contiguous_placement(traced.cost_graph, [0, 1]), num_microbatches=2)
-    try:
-        engine.train_step(batch)
-    except Exception as error:
-        return f"{type(error).__name__}: {error}"
-    return "no error"
-
-
-def test_fewer_samples_than_microbatches_is_a_clear_error() -> None:
-    for message in values_or_raise(run_ranks(too_small_batch_run, 2)):
-        assert message.startswith("PipelineError: the batch has 1 samples, fewer than num_microbatches=2"), message
-
-
 def recompute_run(rank: int, world_size: int, schedule: str):
     """The same training with and without recomputation, dropout on: equal only if the recomputed
     forward repeats the original one exactly (random state included)."""

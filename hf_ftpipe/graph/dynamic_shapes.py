@@ -1,0 +1,175 @@
+"""Batches of any shape through one traced graph: which input sizes vary, and every value's shape.
+
+A Hugging Face script hands the trainer batches of many shapes: dynamic padding makes each batch
+as long as its longest row, and the last batch of an epoch is short. So the model is exported once
+with its batch dimension and its second (sequence) dimension of every tensor input marked
+dynamic (``torch.export.Dim.AUTO``: a size the model's code fixes, such as a classifier's label
+count, silently stays fixed, and `ShapeFormulas.varying` says which did vary). The exported graph
+then computes with symbols (``s0``, ``s1``...) where those sizes were; every node's output shape
+is a formula in them.
+
+Knowing a micro-batch's input shapes binds the symbols, so every rank knows the shape of every
+value a stage will send or receive before a tensor moves (receive buffers are sized from it, never
+from shapes sent ahead), and the value of each size node (``aten.sym_size``) that a stage reads
+without holding the tensor it measures. Evaluating a few formulas costs microseconds; results are
+cached per micro-batch shape (`hf_ftpipe.runtime.shapes`).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import sympy
+import torch
+from torch import fx, nn
+
+from hf_ftpipe.errors import PipelineError
+
+__all__ = ["ShapeFormulas", "dynamic_shapes_spec", "is_size_node"]
+
+_SIZE_TYPES = (torch.SymInt, torch.SymBool, torch.SymFloat, int, bool, float)
+
+Formula = int | sympy.Expr
+"""A size: fixed (``int``) or a formula in the input symbols."""
+
+
+def dynamic_shapes_spec(model: nn.Module, inputs: Mapping[str, Any]) -> tuple[Any, ...]:
+    """``torch.export``'s ``dynamic_shapes`` for keyword ``inputs``: dimensions 0 and 1 of every
+    tensor ``Dim.AUTO``, in the order of ``model.forward``'s signature (keywords the signature
+    collects in ``**kwargs`` go in one dict there, as export requires)."""
+    auto = torch.export.Dim.AUTO
+
+    def spec(value: Any) -> dict[int, Any] | None:
+        if not isinstance(value, torch.Tensor) or value.dim() == 0:
+            return None
+        return {dim: auto for dim in range(min(value.dim(), 2))}
+
+    parameters = inspect.signature(model.forward).parameters
+    named = [name for name, p in parameters.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    extra = {name: spec(value) for name, value in inputs.items() if name not in named}
+    shapes: list[Any] = []
+    for name, parameter in parameters.items():
+        if parameter.kind == parameter.VAR_KEYWORD:
+            if extra:
+                shapes.append(extra)
+        elif parameter.kind != parameter.VAR_POSITIONAL and name in inputs:
+            shapes.append(spec(inputs[name]))
+    return tuple(shapes)
+
+
+def is_size_node(node: fx.Node) -> bool:
+    """Whether ``node`` computes a size (a Python number, symbolic or not), not a tensor."""
+    return node.op == "call_function" and isinstance(node.meta.get("val"), _SIZE_TYPES)
+
+
+@dataclass(frozen=True)
+class ShapeFormulas:
+    """The sizes of a dynamically exported graph as formulas in its input symbols.
+
+    Built once per trace (`from_graph`); plain data apart from the sympy formulas.
+    """
+
+    model_class: str
+    inputs: dict[str, tuple[Formula, ...]]
+    """Each tensor input's dimensions: a symbol where it varies, its traced size where it does not."""
+    values: dict[str, tuple[Formula, ...]]
+    """Each node with one tensor output: that tensor's shape."""
+    sizes: dict[str, Formula]
+    """Each size node (`is_size_node`): the number it computes."""
+
+    @classmethod
+    def from_graph(cls, graph_module: fx.GraphModule, model_class: str) -> ShapeFormulas:
+        inputs, values, sizes = {}, {}, {}
+        for node in graph_module.graph.nodes:
+            value = node.meta.get("val")
+            if node.op == "placeholder" and isinstance(value, torch.Tensor):
+                inputs[node.name] = tuple(_formula(size) for size in value.shape)
+            elif is_size_node(node):
+                sizes[node.name] = _formula(value)
+            elif node.op in ("call_function", "call_module") and isinstance(value, torch.Tensor):
+                values[node.name] = tuple(_formula(size) for size in value.shape)
+        return cls(model_class, inputs, values, sizes)
+
+    @classmethod
+    def fixed(cls, inputs: Mapping[str, Sequence[int]], model_class: str) -> ShapeFormulas:
+        """A graph exported with fixed shapes: nothing varies, values keep their traced shapes."""
+        return cls(model_class, {name: tuple(shape) for name, shape in inputs.items()}, {}, {})
+
+    def varying(self, name: str) -> tuple[int, ...]:
+        """The dimensions of input ``name`` that may differ from batch to batch."""
+        return tuple(dim for dim, size in enumerate(self.inputs.get(name, ())) if not isinstance(size, int))
+
+    def bind(self, shapes: Mapping[str, Sequence[int]]) -> dict[sympy.Symbol, int]:
+        """The symbols' values for a micro-batch whose tensor inputs have ``shapes``.
+
+        Raises `PipelineError` naming the input and dimension where a fixed size differs, or where
+        two inputs give one symbol two values (e.g. ``input_ids`` and ``attention_mask`` of
+        different lengths)."""
+        bound: dict[sympy.Symbol, int] = {}
+        for name, formulas in self.inputs.items():
+            if name not in shapes:
+                continue
+            shape = tuple(shapes[name])
+            if len(shape) != len(formulas):
+                raise PipelineError(
+                    f"{name!r} has {len(shape)} dimensions {shape}, but {self.model_class} was traced with "
+                    f"{len(formulas)}: {self._describe(name)}"
+                )
+            for dim, (formula, size) in enumerate(zip(formulas, shape, strict=True)):
+                if isinstance(formula, int):
+                    if formula != size:
+                        raise PipelineError(
+                            f"{name!r} has size {size} in dimension {dim}, but {self.model_class} fixes it at "
+                            f"{formula} (torch.export found the model's code needs that size: {self._describe(name)}); "
+                            f"give batches whose {name!r} has {formula} there"
+                        )
+                    continue
+                symbol = formula if isinstance(formula, sympy.Symbol) else None
+                if symbol is None:
+                    continue
+                if bound.setdefault(symbol, int(size)) != size:
+                    raise PipelineError(
+                        f"{name!r} has size {size} in dimension {dim}, which the model requires to equal "
+                        f"{bound[symbol]} (another input's size in that place); give inputs of matching shapes"
+                    )
+        return bound
+
+    def shape_of(self, value: str, bound: Mapping[sympy.Symbol, int], traced: Sequence[int]) -> tuple[int, ...]:
+        """The shape of node ``value`` under ``bound``; ``traced`` where the graph has no formula
+        (exported with fixed shapes)."""
+        formulas = self.values.get(value)
+        if formulas is None:
+            return tuple(traced)
+        return tuple(_evaluate(formula, bound, value) for formula in formulas)
+
+    def size_of(self, node: str, bound: Mapping[sympy.Symbol, int]) -> int | bool | float:
+        return _evaluate(self.sizes[node], bound, node)
+
+    def _describe(self, name: str) -> str:
+        shape = ", ".join(str(size) for size in self.inputs[name])
+        return f"traced as ({shape}), a symbol where the size may vary"
+
+
+def _formula(size: Any) -> Formula:
+    if isinstance(size, torch.SymInt | torch.SymBool | torch.SymFloat):
+        expr = size.node.expr
+        return int(expr) if expr.is_Integer else expr
+    return size
+
+
+def _evaluate(formula: Formula, bound: Mapping[sympy.Symbol, int], node: str) -> Any:
+    if not isinstance(formula, sympy.Basic):
+        return formula
+    result = sympy.sympify(formula.xreplace(bound))
+    if result.free_symbols:
+        missing = ", ".join(sorted(str(s) for s in result.free_symbols))
+        raise PipelineError(
+            f"the size of {node!r} depends on {missing}, which no input of this micro-batch sets; "
+            "please report the model class to hf_ftpipe"
+        )
+    if result.is_Boolean or result in (sympy.true, sympy.false):
+        return bool(result)
+    return int(result) if result.is_integer else float(result)

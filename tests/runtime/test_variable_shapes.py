@@ -1,0 +1,114 @@
+"""Batches of any shape through one traced pipeline: every step's length and row count differ,
+short batches give fewer or unequal micro-batches, and training equals one process on the same
+micro-batches, loss by loss and weight by weight; evaluation returns the model's own logits.
+
+One launch trains every model in turn (process start-up is most of a launch's time)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hf_ftpipe.graph import capture_model
+from hf_ftpipe.runtime import PipelineEngine
+
+from distributed import run_ranks, values_or_raise
+from models import tiny_batch, tiny_model
+from placements import contiguous_placement
+
+NUM_MICROBATCHES = 2
+LR = 0.5
+SHAPES = [(6, 8), (5, 5), (1, 4), (3, 7)]
+"""(rows, sequence length) of each step: equal halves, unequal micro-batches (3 + 2), fewer rows
+than micro-batches, and 2 + 1; the first is the planned (largest) shape: micro-batches of (3, 8)."""
+CASES = {  # kind: (stage → rank, schedule)
+    "gpt2": ([0, 1], "gpipe"),  # wte / lm_head tied across ranks
+    "t5": ([0, 1, 0], "1f1b"),  # Mixed-Pipe: rank 0 holds stages 0 and 2; labels vary too
+    "bert": ([0, 1], "1f1b"),
+    "llama": ([0, 1, 1, 0], "gpipe"),
+}
+
+
+def steps(kind: str) -> list[dict[str, torch.Tensor]]:
+    return [
+        tiny_batch(kind, rows, seed=step, seq=seq, target=max(2, seq // 2)) for step, (rows, seq) in enumerate(SHAPES)
+    ]
+
+
+def row_weights(rows: int) -> list[float]:
+    """Each micro-batch's share of the mini-batch's rows: its weight in a loss averaged over rows."""
+    sizes = [len(piece) for piece in torch.arange(rows).tensor_split(min(rows, NUM_MICROBATCHES))]
+    return [size / rows for size in sizes]
+
+
+def pipeline_run(rank: int, world_size: int) -> dict[str, tuple[list[float], dict, dict]]:
+    results = {}
+    for kind, (stage_device, schedule) in CASES.items():
+        data = steps(kind)
+        planned = {name: value[:3] for name, value in data[0].items()}
+        traced = capture_model(tiny_model(kind), planned)
+        engine = PipelineEngine(
+            traced,
+            contiguous_placement(traced.cost_graph, stage_device),
+            num_microbatches=NUM_MICROBATCHES,
+            schedule=schedule,
+        )
+        optimizer = torch.optim.SGD(engine.parameters(), lr=LR)
+        losses = []
+        for batch in data:
+            optimizer.zero_grad()
+            rows = len(batch["input_ids"])
+            losses.append(engine.train_step(batch, loss_weights=row_weights(rows)).item())
+            optimizer.step()
+        evaluated = engine.eval_step(data[1], output_names=("loss", "logits"))
+        results[kind] = (losses, engine.state_dict(), evaluated, engine.shape_book.cached)
+    return results
+
+
+def reference_run(kind: str) -> tuple[list[float], dict, torch.Tensor]:
+    """One process, the same micro-batches, gradients accumulated with the same weights."""
+    model = tiny_model(kind)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    losses = []
+    for batch in steps(kind):
+        optimizer.zero_grad()
+        rows = len(batch["input_ids"])
+        split = {name: value.tensor_split(min(rows, NUM_MICROBATCHES)) for name, value in batch.items()}
+        total = 0.0
+        for m, weight in enumerate(row_weights(rows)):
+            microbatch = {name: pieces[m] for name, pieces in split.items()}
+            loss = model(**microbatch).loss
+            (loss * weight).backward()
+            total += loss.item() * weight
+        optimizer.step()
+        losses.append(total)
+    model.eval()
+    evaluated = steps(kind)[1]
+    with torch.no_grad():  # the same micro-batches: logits equal to the float rounding
+        logits = torch.cat(
+            [model(**{k: v[rows] for k, v in evaluated.items()}).logits for rows in (slice(3), slice(3, 5))]
+        )
+    return losses, model.state_dict(), logits
+
+
+@pytest.fixture(scope="module")
+def pipeline_results() -> list[dict]:
+    return values_or_raise(run_ranks(pipeline_run, 2, deadline_s=240))
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("kind", list(CASES))
+def test_every_batch_shape_trains_as_one_process(pipeline_results: list[dict], kind: str) -> None:
+    reference_losses, reference_state, reference_logits = reference_run(kind)
+    covered = set()
+    for rank, results in enumerate(pipeline_results):
+        losses, state, evaluated, cached = results[kind]
+        assert losses == pytest.approx(reference_losses, abs=1e-5), f"rank {rank} losses"
+        for name, value in state.items():
+            torch.testing.assert_close(value, reference_state[name], atol=1e-5, rtol=0, msg=f"rank {rank}: {name}")
+            covered.add(name)
+        torch.testing.assert_close(evaluated["logits"], reference_logits, atol=1e-5, rtol=1e-4)
+        # micro-batch shapes: (3, 8); (3, 5) (2, 5); (1, 4); (2, 7) (1, 7); evaluation's (3, 5) (2, 5) again
+        assert cached == 6, f"rank {rank} evaluated {cached} micro-batch shapes"
+    trainable = {name for name, _ in tiny_model(kind).named_parameters()}
+    assert trainable <= covered, f"parameters on no rank: {sorted(trainable - covered)}"

@@ -127,14 +127,13 @@ def _export_any_shape(model: nn.Module, inputs: dict[str, Any]) -> fx.GraphModul
 
 def _at_least_two(inputs: dict[str, Any]) -> dict[str, Any]:
     """``inputs`` with every batch or sequence size of 1 made 2: export fixes a size it sees as 0 or 1."""
-    return {
-        name: torch.empty(
-            [max(size, 2) if dim < 2 else size for dim, size in enumerate(value.shape)], dtype=value.dtype, device="meta"
-        )
-        if isinstance(value, torch.Tensor)
-        else value
-        for name, value in inputs.items()
-    }
+    grown = {}
+    for name, value in inputs.items():
+        if isinstance(value, torch.Tensor):
+            shape = [max(size, 2) if dim < 2 else size for dim, size in enumerate(value.shape)]
+            value = torch.empty(shape, dtype=value.dtype, device="meta")
+        grown[name] = value
+    return grown
 
 
 def _planned_inputs(

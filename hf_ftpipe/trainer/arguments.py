@@ -137,6 +137,14 @@ class PipeTrainingArguments(TrainingArguments):
             "(generate's `max_length`); at most the traced label length + 1, which is the default."
         },
     )
+    max_seq_length: int | None = field(
+        default=None,
+        metadata={
+            "help": "The longest sequence (every input's second dimension: input_ids, labels...) the pipeline is "
+            "planned for: its cost and memory. Batches may be any length up to it. Default: the longest row of "
+            "the training and evaluation datasets as the data collator pads it, else the first batch's length."
+        },
+    )
     token_slices: list[int] | str | None = field(
         default=None,
         metadata={

@@ -2,8 +2,9 @@
 
 Ranks are stages of one model, not data-parallel replicas: accelerate's sharding is undone, data
 loader workers are seeded alike on every rank, and the batch size is not multiplied by the ranks.
-Training needs whole mini-batches (the pipeline is traced for one batch shape), so a training set
-smaller than one fails with the sizes that would fit.
+Batches may have any shape, a short last one included, as with `Trainer`; only the streaming
+schedules (``async``, ``2bw``), which carry whole mini-batches from step to step, drop an
+incomplete last batch, and refuse a training set smaller than one with the sizes that would fit.
 """
 
 from __future__ import annotations
@@ -26,9 +27,8 @@ class PipeDataLoading:
     def _get_dataloader(self, dataset: Any, description: str, batch_size: int, *args: Any, **kwargs: Any) -> Any:
         is_training = kwargs.get("is_training", len(args) > 1 and args[1])
         drop_last = self.args.dataloader_drop_last
-        # Training steps need whole mini-batches (the pipeline is traced for one shape);
-        # evaluation pads its last batch instead, so no sample is lost.
-        self.args.dataloader_drop_last = bool(is_training) or drop_last
+        # Streaming schedules carry whole mini-batches from step to step (see the module docstring).
+        self.args.dataloader_drop_last = (bool(is_training) and self._streams_whole_batches()) or drop_last
         try:
             dataloader = super()._get_dataloader(dataset, description, batch_size, *args, **kwargs)
         finally:
@@ -70,11 +70,17 @@ class PipeDataLoading:
             raise PipelineError(f"{_samples_of(dataloader)}, so there is no batch to trace the pipeline on")
         return batch
 
+    def _streams_whole_batches(self) -> bool:
+        """Streaming schedules, and token slicing (fixed shapes), train whole mini-batches only."""
+        from hf_ftpipe.schedules.registry import SCHEDULES
+
+        return not SCHEDULES[self.args.pipeline_schedule].flushes or self.args.token_slices is not None
+
     def _check_enough_training_data(self) -> None:
-        """The pipeline trains on whole mini-batches (it is traced for one shape): a training set
-        smaller than one gets a clear error instead of an empty epoch."""
+        """A streaming schedule trains on whole mini-batches only: a training set smaller than one
+        gets a clear error instead of an empty epoch."""
         dataset = self.train_dataset
-        if dataset is None or not hasattr(dataset, "__len__"):
+        if dataset is None or not hasattr(dataset, "__len__") or not self._streams_whole_batches():
             return
         samples, batch = len(dataset), self.args.per_device_train_batch_size
         if samples >= batch:
@@ -87,8 +93,9 @@ class PipeDataLoading:
             fits = f"per_device_train_batch_size={max(samples, 1)} with num_microbatches={max(samples, 1)}"
         raise PipelineError(
             f"the training set has {samples} samples, fewer than one mini-batch of per_device_train_batch_size="
-            f"{batch}; the pipeline trains on whole mini-batches only (it is traced for one batch shape, and "
-            f"an incomplete last batch is dropped). Use {fits}, or more data"
+            f"{batch}; pipeline_schedule={self.args.pipeline_schedule!r}"
+            f"{' with token_slices' if self.args.token_slices is not None else ''} trains on whole mini-batches "
+            f"only (an incomplete last batch is dropped). Use {fits}, or more data"
         )
 
 

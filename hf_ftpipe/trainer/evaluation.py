@@ -1,12 +1,16 @@
 """Evaluation, prediction and generation of `PipeTrainer`: `Trainer`'s numbers, through the pipeline.
 
 `Trainer.evaluation_loop` stays in charge (metrics, callbacks, padding across batches); what
-changes is the step. An eval batch runs through the pipeline in pieces of the traced mini-batch
-(the last one padded with ignored labels); the loss is recombined the way the model computes it on
-the whole batch on one process, micro-batch by micro-batch, weighted by label tokens (see
+changes is the step. An eval batch runs through the pipeline in pieces of at most the planned
+mini-batch, any length; the loss is recombined the way the model computes it on the whole batch
+on one process, micro-batch by micro-batch, weighted by label tokens (see
 `hf_ftpipe.trainer.loss_weighting`); predictions are the model's outputs less ``loss`` and
 ``keys_to_ignore_at_inference``, or, with ``predict_with_generate``, greedily generated tokens
 (`hf_ftpipe.trainer.generation`). Every rank gets the same whole outputs, so nothing is gathered.
+
+A batch without the labels the model was traced with (a test split, ``run_qa.py``'s evaluation
+features) gives no loss and no labels, as with `Trainer`: the graph still computes its loss, on
+placeholder labels that every loss ignores (`_placeholder_labels`), and that loss is dropped.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from torch import nn
 from transformers.trainer_pt_utils import find_batch_size, nested_truncate
 
 from hf_ftpipe.errors import PipelineError
+from hf_ftpipe.runtime.microbatches import microbatch_rows
 from hf_ftpipe.trainer.generation import greedy_decode
 from hf_ftpipe.trainer.loss_weighting import label_counts
 
@@ -53,26 +58,30 @@ class PipeEvaluation:
         engine = self._ensure_engine(inputs)
         inputs = self._prepare_inputs(inputs)
         self._batch_rows = find_batch_size(inputs)
+        has_labels = bool(self.label_names) and all(inputs.get(name) is not None for name in self.label_names)
         if ignore_keys is None:
             config = getattr(self.model, "config", None)
             ignore_keys = list(getattr(config, "keys_to_ignore_at_inference", None) or []) if config else []
         generating = self.args.predict_with_generate and not prediction_loss_only
-        names = ["loss"]
+        names = ["loss"] if has_labels else []
         if not prediction_loss_only and not generating:
             names += [n for n in engine.graph.output_names if n != "loss" and n not in ignore_keys]
-        losses, counts, pieces = [], [], {name: [] for name in names[1:]}
-        for real, chunk in self._chunks(inputs):
-            outputs = engine.eval_step(chunk, output_names=tuple(names))
-            if outputs.get("loss") is not None:
-                losses.append(outputs["loss"])
-                counts.append(self._microbatch_counts(chunk, real))
-            for name in pieces:
-                if outputs.get(name) is not None:
-                    pieces[name].append(outputs[name][:real])
+        losses, counts, pieces = [], [], {name: [] for name in names if name != "loss"}
+        if names:
+            for chunk in self._chunks(inputs if has_labels else self._placeholder_labels(inputs)):
+                real = find_batch_size(chunk)
+                chunk = self._fixed_rows(chunk)
+                outputs = engine.eval_step(chunk, output_names=tuple(names))
+                if outputs.get("loss") is not None:
+                    losses.append(outputs["loss"])
+                    counts.append(self._microbatch_counts(chunk, real))
+                for name in pieces:
+                    if outputs.get(name) is not None:
+                        pieces[name].append(outputs[name][:real])
         loss = _weighted_mean(torch.cat(losses), torch.cat(counts), self._trainer_count(inputs)) if losses else None
         if prediction_loss_only:
             return loss, None, None
-        labels = inputs.get("labels")
+        labels = inputs.get("labels") if has_labels else None
         if generating:
             generated = self.generate(inputs, max_length=self.args.generation_max_length, pad_to_max_length=True)
             return loss, generated, labels
@@ -118,7 +127,9 @@ class PipeEvaluation:
             return engine.eval_step(batch, output_names=("logits",))["logits"]
 
         pieces = []
-        for real, chunk in self._chunks({k: v for k, v in inputs.items() if k != "labels"}, labels_like=label_length):
+        for chunk in self._chunks({k: v for k, v in inputs.items() if k != "labels"}, labels_like=label_length):
+            real = find_batch_size(chunk)
+            chunk = self._fixed_rows(chunk)
             tokens = greedy_decode(
                 logits_of,
                 chunk,
@@ -134,42 +145,72 @@ class PipeEvaluation:
         return torch.cat([nn.functional.pad(p, (0, width - p.shape[1]), value=pad) for p in pieces])
 
     def _chunks(self, inputs: dict[str, Any], labels_like: int | None = None) -> Any:
-        """``(real rows, batch)`` pieces of ``inputs`` of the traced mini-batch size, the last padded.
+        """``inputs`` in pieces of at most the planned mini-batch (the memory the plan allows).
 
         ``labels_like``: add placeholder ``labels`` of that length (generation replaces them)."""
-        size = self.args.per_device_train_batch_size  # the traced mini-batch
-        rows = next(v.shape[0] for v in inputs.values() if isinstance(v, torch.Tensor))
+        size = self.args.per_device_train_batch_size
+        rows = find_batch_size(inputs)
         for start in range(0, rows, size):
             chunk = {k: v[start : start + size] if _is_batched(v, rows) else v for k, v in inputs.items()}
             if labels_like is not None:
                 real = min(size, rows - start)
                 chunk["labels"] = torch.zeros(real, labels_like, dtype=torch.long, device=self.args.device)
-            yield self._pad_batch(chunk, size)
+            yield chunk
 
-    def _pad_batch(self, inputs: dict[str, Any], size: int) -> tuple[int, dict[str, Any]]:
-        """Pad a short batch to the traced mini-batch size; padded rows carry ignored labels."""
-        real = next(v.shape[0] for v in inputs.values() if isinstance(v, torch.Tensor))
+    def _placeholder_labels(self, inputs: dict[str, Any]) -> dict[str, Any]:
+        """``inputs`` with each traced input it lacks (labels, answer positions) filled with a value every
+        Hugging Face loss ignores: ``-100`` for integers (cross-entropy's ``ignore_index``), and where a
+        loss clamps positions to the sequence length (question answering), past it; zeros for floats.
+        Shaped as traced, with the batch's rows and (for a sequence) the length of ``input_ids``."""
+        graph = self.engine.graph
+        rows = find_batch_size(inputs)
+        filled = dict(inputs)
+        for name, info in graph.inputs.items():
+            if name in inputs or info.shape is None:
+                continue
+            shape = [rows, *info.shape[1:]]
+            length = next((v.shape[1] for v in inputs.values() if isinstance(v, torch.Tensor) and v.dim() > 1), None)
+            if len(shape) > 1 and 1 in info.varying and length is not None:
+                shape[1] = int(length)
+            dtype = getattr(torch, info.dtype or "long")
+            if dtype.is_floating_point:
+                filled[name] = torch.zeros(shape, dtype=dtype, device=self.args.device)
+            else:
+                ignored = -100 if name == "labels" or len(shape) > 1 else 2**30  # positions: clamped, then ignored
+                filled[name] = torch.full(shape, ignored, dtype=dtype, device=self.args.device)
+        return filled
+
+    def _fixed_rows(self, chunk: dict[str, Any]) -> dict[str, Any]:
+        """A graph traced with fixed shapes (token slicing, or a model that cannot vary them) takes
+        only whole mini-batches: a short chunk is padded with copies of its last row, whose labels
+        are ignored (their outputs are cut off again)."""
+        graph = self.engine.graph
+        if any(info.varying for info in graph.inputs.values()):
+            return chunk
+        size, real = self.args.per_device_train_batch_size, find_batch_size(chunk)
         if real >= size:
-            return real, inputs
+            return chunk
         padded = {}
-        for name, value in inputs.items():
+        for name, value in chunk.items():
             if isinstance(value, torch.Tensor) and value.shape[:1] == (real,):
                 filler = value[-1:].expand(size - real, *value.shape[1:]).clone()
                 if name == "labels":
                     filler.fill_(-100)
                 value = torch.cat([value, filler])
             padded[name] = value
-        return real, padded
+        return padded
 
     def _microbatch_counts(self, chunk: dict[str, Any], real: int) -> torch.Tensor:
-        """What each micro-batch's loss is a mean over: its label tokens, or (no labels to count) its real rows."""
+        """What each micro-batch's loss is a mean over: its label tokens, or (no labels to count) its
+        rows, of which the first ``real`` are the batch's own."""
         num_microbatches = self.engine.num_microbatches
         labels = chunk.get("labels")
         if isinstance(labels, torch.Tensor) and labels.dim() > 0:
             counts = label_counts(labels, num_microbatches, shifted=self._model_loss_shifts)
         else:
-            rows = self.args.per_device_train_batch_size // num_microbatches
-            counts = [min(rows, max(0, real - m * rows)) for m in range(num_microbatches)]
+            sizes = microbatch_rows(find_batch_size(chunk), num_microbatches)
+            starts = [sum(sizes[:m]) for m in range(len(sizes))]
+            counts = [min(size, max(0, real - start)) for size, start in zip(sizes, starts, strict=True)]
         return torch.tensor(counts, dtype=torch.float64)
 
 

@@ -42,4 +42,5 @@ def label_counts(labels: torch.Tensor, num_microbatches: int, shifted: bool) -> 
     position of each row when ``shifted``)."""
     if shifted:
         labels = labels[..., 1:]
-    return [int(chunk.ne(IGNORE_INDEX).sum()) for chunk in labels.chunk(num_microbatches)]
+    pieces = labels.tensor_split(min(len(labels), num_microbatches))  # the pipeline's split
+    return [int(piece.ne(IGNORE_INDEX).sum()) for piece in pieces]

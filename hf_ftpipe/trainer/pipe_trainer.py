@@ -23,13 +23,16 @@ from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
+from datasets import Dataset
 from torch import nn
 from transformers import Trainer
+from transformers.trainer_pt_utils import find_batch_size
 
 from hf_ftpipe.errors import PipelineError
 from hf_ftpipe.graph.token_slices import SlicedModel
 from hf_ftpipe.plan import Partition
 from hf_ftpipe.runtime import PipelineEngine, Watchdog
+from hf_ftpipe.runtime.microbatches import microbatch_rows
 from hf_ftpipe.runtime.weights import release_foreign_weights
 from hf_ftpipe.trainer.arguments import PipeTrainingArguments
 from hf_ftpipe.trainer.batch_check import check_same_batch
@@ -42,6 +45,7 @@ from hf_ftpipe.trainer.float16 import Float16Training
 from hf_ftpipe.trainer.launch import check_one_writer
 from hf_ftpipe.trainer.loss_weighting import label_counts, model_loss_shifts_labels
 from hf_ftpipe.trainer.plan_sharing import share_partition
+from hf_ftpipe.trainer.planned_shapes import longest_rows, microbatch_rows_planned, planned_microbatch
 from hf_ftpipe.trainer.preflight import agree_before_training
 from hf_ftpipe.trainer.reporting import PipeReporting
 from hf_ftpipe.trainer.run_log import get_logger
@@ -83,8 +87,8 @@ class PipeTrainer(PipeEvaluation, PipeCheckpointing, PipeDataLoading, PipeReport
     """`Trainer` that trains and evaluates ``model`` as a pipeline (see `PipeTrainingArguments`).
 
     ``self.model`` stays the user's model object: `Trainer` reads its config and signature, and
-    `save_model()` writes it with the pipeline's trained weights. Batches must have fixed shapes
-    (pad to a fixed length, e.g. ``padding="max_length"``), since the pipeline is traced once.
+    `save_model()` writes it with the pipeline's trained weights. Batches may have any shape (dynamic
+    padding, a short last batch); the plan is made for the largest (`hf_ftpipe.trainer.planned_shapes`).
     """
 
     args: PipeTrainingArguments
@@ -148,20 +152,18 @@ class PipeTrainer(PipeEvaluation, PipeCheckpointing, PipeDataLoading, PipeReport
                 "`torchrun --nproc_per_node N script.py`, with N >= 2"
             )
         check_one_writer(self.args)
-        size = self.args.per_device_train_batch_size // self.args.num_microbatches
-        # An evaluation batch may hold fewer rows than a micro-batch: only the shapes are traced.
-        _, padded = self._pad_batch(inputs, size)
-        microbatch = {
-            name: value[:size] if isinstance(value, torch.Tensor) else value for name, value in padded.items()
-        }
+        rows = microbatch_rows_planned(self.args.per_device_train_batch_size, self.args.num_microbatches)
+        # Any batch serves to trace (only its shapes matter); the plan is for the largest micro-batch.
+        microbatch = {n: value[:rows] if isinstance(value, torch.Tensor) else value for n, value in inputs.items()}
+        planned = self._planned_shapes(inputs, rows) if self.args.token_slices is None else None
         if any(p.is_meta for p in self.model.parameters()) and hasattr(self.model, "tie_weights"):
             # accelerate.init_empty_weights registers a new tensor per name, untying shared weights.
             self.model.tie_weights()
-        traced = capture_for_pipeline(self.args, self.model, microbatch, self.watchdog)
+        traced = capture_for_pipeline(self.args, self.model, microbatch, self.watchdog, planned=planned)
         # A sliced model is planned on its whole-sequence graph, the computation its slices add up to.
         whole = traced.full if isinstance(traced, SlicedModel) else traced
         slices = traced.slice_lengths if isinstance(traced, SlicedModel) else None
-        shared = share_partition(self.args, whole, microbatch, self.watchdog, token_slices=slices)
+        shared = share_partition(self.args, whole, self._planned_batch(whole), self.watchdog, token_slices=slices)
         self.partition, self.partition_source = shared.partition, shared.source
         self._built_from = self._weights_path()
         self.engine = PipelineEngine(
@@ -187,6 +189,28 @@ class PipeTrainer(PipeEvaluation, PipeCheckpointing, PipeDataLoading, PipeReport
             "rank %d runs stages %s (%d parameters) of %d", self.engine.rank, stages, params, self.partition.num_stages
         )
         return self.engine
+
+    def _planned_shapes(self, batch: dict[str, Any], rows: int) -> dict[str, tuple[int, ...]]:
+        """The largest micro-batch the run will see (`hf_ftpipe.trainer.planned_shapes`)."""
+        columns = [name for name, value in batch.items() if isinstance(value, torch.Tensor) and value.dim() > 1]
+        datasets = [self.train_dataset]
+        evaluation = self.eval_dataset
+        datasets += list(evaluation.values()) if isinstance(evaluation, dict) else [evaluation]
+        usable = [self._remove_unused_columns(d, "planning") for d in datasets if isinstance(d, Dataset)]
+        longest = None
+        if usable and self.args.max_seq_length is None and columns:
+            with self.data_randomness.forked():  # a random collator must not draw from the run's generators
+                longest = longest_rows(usable, self.data_collator, columns)
+        return planned_microbatch(batch, rows, longest, self.args.max_seq_length)
+
+    @staticmethod
+    def _planned_batch(traced: Any) -> dict[str, Any]:
+        """The planned micro-batch as meta tensors: what the planner reads its size from."""
+        return {
+            name: torch.empty(info.shape, device="meta")
+            for name, info in traced.cost_graph.inputs.items()
+            if info.shape is not None
+        }
 
     @property
     def watchdog(self) -> Watchdog:
@@ -318,12 +342,13 @@ class PipeTrainer(PipeEvaluation, PipeCheckpointing, PipeDataLoading, PipeReport
 
         Where Trainer passes ``num_items_in_batch`` (the model takes loss kwargs), its loss is the
         sum of token losses over the mini-batch's label tokens: micro-batch m weighs its own token
-        count over that count (see `hf_ftpipe.trainer.loss_weighting`). Otherwise: the plain mean of the
-        equal micro-batches (``None``).
+        count over that count (see `hf_ftpipe.trainer.loss_weighting`). Otherwise: each micro-batch's
+        share of the rows (a short batch's micro-batches may differ by one row).
         """
         total = self._trainer_count(inputs)
-        if not total:
-            return None
+        if not total:  # the model's loss is a mean over rows: each micro-batch weighs its share of them
+            rows = find_batch_size(inputs)
+            return [size / rows for size in microbatch_rows(rows, self.engine.num_microbatches)]
         counts = label_counts(inputs["labels"], self.engine.num_microbatches, shifted=self._model_loss_shifts)
         return [count / total for count in counts]
 

@@ -67,6 +67,11 @@ def share_partition(
                 args.partitioner,
                 token_slices,
                 token_slices_auto=args.token_slices == "auto",
+                planned={
+                    name: info.shape
+                    for name, info in traced.cost_graph.inputs.items()
+                    if info.shape is not None and info.varying
+                },
             )
             payload[0] = json.dumps(resolved.partition.to_dict())
         except Exception as error:  # the other ranks must not wait for a plan that never comes

@@ -44,6 +44,8 @@ class PlanUsed:
     """The slice lengths each sequence is cut into (None: whole sequences)."""
     token_slices_auto: bool = False
     """Whether TeraPipe's dynamic program chose them (``token_slices="auto"``)."""
+    planned: dict[str, tuple[int, ...]] | None = None
+    """The shapes of the largest micro-batch the plan is made for (`hf_ftpipe.trainer.planned_shapes`)."""
 
 
 def plan_line(plan: PlanUsed) -> str:
@@ -60,6 +62,9 @@ def plan_line(plan: PlanUsed) -> str:
     if plan.resolved.reanchored is not None:  # a stored plan made under another transformers release
         parts.append(plan.resolved.reanchored.describe())
     parts.append(f"{partition.num_stages} stages on {partition.num_devices} GPUs")
+    if plan.planned:
+        shapes = ", ".join(f"{name} {tuple(shape)}" for name, shape in plan.planned.items())
+        parts.append(f"planned for micro-batches of up to {shapes}")
     predicted = partition.predicted
     if predicted is None:
         parts.append("no prediction in the plan")

@@ -37,16 +37,22 @@ logger = get_logger(__name__)
 
 
 def capture_for_pipeline(
-    args: PipeTrainingArguments, model: nn.Module, microbatch: Mapping[str, Any], watchdog: Watchdog
+    args: PipeTrainingArguments,
+    model: nn.Module,
+    microbatch: Mapping[str, Any],
+    watchdog: Watchdog,
+    planned: Mapping[str, tuple[int, ...]] | None = None,
 ) -> TracedModel | SlicedModel:
-    """The model captured on ``microbatch``: whole, or sliced as ``args.token_slices`` says.
+    """The model captured on ``microbatch``: whole (measured at the ``planned`` shapes: any batch
+    shape up to them runs), or sliced as ``args.token_slices`` says (fixed shapes: every batch
+    must have ``microbatch``'s sequence length).
 
     Raises:
         `ValueError`: the slice lengths do not add up to the batches' sequence length.
         `TraceError`: the model cannot be sliced (`hf_ftpipe.graph.token_slices.check_sliceable`).
     """
     if args.token_slices is None:
-        return capture_model(model, microbatch)
+        return capture_model(model, microbatch, planned=planned)
     seq_len = int(sequence_inputs(microbatch)["input_ids"].shape[1])  # refuses a batch without labels
     if args.token_slices != "auto":
         lengths = list(args.token_slices)

@@ -1,0 +1,95 @@
+"""The micro-batch a run's plan is made for: the largest it will see, so every batch fits.
+
+The pipeline takes batches of any length (`hf_ftpipe.graph.dynamic_shapes`), but its plan (the
+stage cut, the memory each GPU needs) is made for one shape. A plan that fits the longest sequence
+fits every shorter one, so the plan is made for the longest: ``max_seq_length`` when given, else
+the longest rows of the training and evaluation datasets, collated as the data loader would
+collate them (the collator pads to its own rule, e.g. ``pad_to_multiple_of=8``), else the first
+batch's shape. The rows of a planned micro-batch are ``per_device_train_batch_size`` over
+``num_microbatches``, rounded up (the largest piece of a mini-batch).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from hf_ftpipe.trainer.run_log import get_logger
+
+__all__ = ["longest_rows", "planned_microbatch"]
+
+logger = get_logger(__name__)
+
+
+def planned_microbatch(
+    sample: Mapping[str, Any],
+    rows: int,
+    longest: Mapping[str, Any] | None,
+    max_seq_length: int | None,
+) -> dict[str, tuple[int, ...]]:
+    """The planned shape of each tensor input of ``sample`` (a batch the model is traced on).
+
+    Args:
+        sample: a real batch (the first one): which inputs there are, and their sizes beyond the
+            sequence (a label count...).
+        rows: the rows of the largest micro-batch.
+        longest: the dataset's longest rows collated (`longest_rows`), or ``None`` if unknown.
+        max_seq_length: the user's bound on every sequence dimension, overriding the data's.
+    """
+    planned: dict[str, tuple[int, ...]] = {}
+    for name, value in sample.items():
+        if not isinstance(value, torch.Tensor) or value.dim() == 0:
+            continue
+        shape = [rows, *value.shape[1:]]
+        if value.dim() > 1:
+            other = longest.get(name) if longest is not None else None
+            if max_seq_length is not None:
+                shape[1] = max_seq_length
+            elif isinstance(other, torch.Tensor) and other.dim() == value.dim():
+                shape[1] = max(int(value.shape[1]), int(other.shape[1]))
+        planned[name] = tuple(int(size) for size in shape)
+    return planned
+
+
+def microbatch_rows_planned(batch_size: int, num_microbatches: int) -> int:
+    """The rows of the largest micro-batch of a mini-batch of ``batch_size``."""
+    return max(1, math.ceil(batch_size / max(1, num_microbatches)))
+
+
+def longest_rows(
+    datasets: Iterable[Any], collate: Callable[[list[Any]], Mapping[str, Any]], columns: Sequence[str]
+) -> Mapping[str, Any] | None:
+    """The longest row of each list-valued column in ``columns`` over ``datasets`` (🤗 `datasets.Dataset`
+    objects; others are skipped), collated together: each column's longest length as the collator
+    pads it. ``None`` when no dataset tells its lengths.
+    """
+    rows: list[Any] = []
+    for dataset in datasets:
+        if not hasattr(dataset, "with_format") or not hasattr(dataset, "column_names") or len(dataset) == 0:
+            continue
+        indices = {_longest_index(dataset, column) for column in columns if column in dataset.column_names}
+        rows.extend(dataset[i] for i in sorted(i for i in indices if i is not None))
+    if not rows:
+        return None
+    try:
+        return collate(rows)
+    except Exception as error:  # a collator that needs more than rows of the dataset: plan for the first batch
+        logger.warning("could not collate the dataset's longest rows (%s): planning for the first batch", error)
+        return None
+
+
+def _longest_index(dataset: Any, column: str) -> int | None:
+    """The index of ``dataset``'s longest row in ``column`` (its selection and order, as indexed)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    values = dataset.with_format("arrow")[column]  # reads lengths from Arrow, rows are not decoded
+    if not (pa.types.is_list(values.type) or pa.types.is_large_list(values.type)):
+        return None
+    lengths = pc.fill_null(pc.list_value_length(values), 0)
+    if len(lengths) == 0:
+        return None
+    return int(pc.index(lengths, pc.max(lengths)).as_py())

@@ -34,7 +34,9 @@ def _chained(traced: TracedModel, ids: torch.Tensor, node_stage: dict[str, int])
         stage = build_stage_module(
             traced.graph_module, spec, traced.canonical_names, traced.tensors, torch.device("cpu")
         )
-        outputs = stage(*[ids for _ in spec.batch_inputs], *[values[v] for v in spec.received])
+        bound = traced.shapes.bind({"ids": tuple(ids.shape)})
+        sizes = [traced.shapes.size_of(node, bound) for node in spec.size_inputs]
+        outputs = stage(*[ids for _ in spec.batch_inputs], *sizes, *[values[v] for v in spec.received])
         # A transfer is a snapshot: an in-place update on the sender's side later must not reach it.
         values.update((name, value.clone()) for name, value in zip(spec.sent, outputs))
     return values[traced.cost_graph.outputs[0]]

@@ -37,11 +37,14 @@ DOCUMENTED_ATTRIBUTES = {
 
 
 def _graph_inputs(traced: TracedModel, batch: dict[str, torch.Tensor]) -> dict[str, object]:
-    """Exactly the inputs the graph takes: the batch's tensors and the constants (``use_cache``)."""
-    return {
+    """Exactly the inputs the graph takes: the batch's tensors and the constants (``use_cache``), and
+    the sizes its stages read (a sequence length), evaluated for the batch's shapes."""
+    inputs = {
         name: batch[name] if info.shape is not None else info.constant
         for name, info in traced.cost_graph.inputs.items()
     }
+    bound = traced.shapes.bind({name: tuple(value.shape) for name, value in batch.items()})
+    return inputs | {node: traced.shapes.size_of(node, bound) for node in traced.shapes.sizes}
 
 
 def _contiguous_stages(graph: CostGraph, num_stages: int) -> dict[str, int]:
@@ -71,7 +74,8 @@ def _run_stages(
     values: dict[str, torch.Tensor] = {}
     outputs: dict[str, torch.Tensor] = {}
     for spec, module in stages:
-        result = module(*[inputs[name] for name in spec.batch_inputs], *[values[v] for v in spec.received])
+        local = [inputs[name] for name in [*spec.batch_inputs, *spec.size_inputs]]
+        result = module(*local, *[values[v] for v in spec.received])
         assert len(result) == len(spec.sent)
         values.update(zip(spec.sent, result, strict=True))
         outputs.update({name: values[value] for name, value in spec.model_outputs.items()})

@@ -79,6 +79,8 @@ class ShapeFormulas:
     """Each node with one tensor output: that tensor's shape."""
     sizes: dict[str, Formula]
     """Each size node (`is_size_node`): the number it computes."""
+    fixed_because: str = "torch.export found that the model's code needs that size"
+    """Why a size cannot vary, for the error that refuses a batch with another."""
 
     @classmethod
     def from_graph(cls, graph_module: fx.GraphModule, model_class: str) -> ShapeFormulas:
@@ -96,7 +98,8 @@ class ShapeFormulas:
     @classmethod
     def fixed(cls, inputs: Mapping[str, Sequence[int]], model_class: str) -> ShapeFormulas:
         """A graph exported with fixed shapes: nothing varies, values keep their traced shapes."""
-        return cls(model_class, {name: tuple(shape) for name, shape in inputs.items()}, {}, {})
+        because = "the pipeline was traced with fixed shapes (token slicing, or a model that cannot vary them)"
+        return cls(model_class, {name: tuple(shape) for name, shape in inputs.items()}, {}, {}, because)
 
     def varying(self, name: str) -> tuple[int, ...]:
         """The dimensions of input ``name`` that may differ from batch to batch."""
@@ -122,9 +125,9 @@ class ShapeFormulas:
                 if isinstance(formula, int):
                     if formula != size:
                         raise PipelineError(
-                            f"{name!r} has size {size} in dimension {dim}, but {self.model_class} fixes it at "
-                            f"{formula} (torch.export found the model's code needs that size: {self._describe(name)}); "
-                            f"give batches whose {name!r} has {formula} there"
+                            f"{name!r} has size {size} in dimension {dim}, but {self.model_class} takes only "
+                            f"{formula} there ({self.fixed_because}; {self._describe(name)}): give batches "
+                            f"whose {name!r} has {formula} there (pad to that length, drop a short last batch)"
                         )
                     continue
                 symbol = formula if isinstance(formula, sympy.Symbol) else None

@@ -66,11 +66,12 @@ class Reanchored:
     """The transformers version the plan was made under ("unknown" if it does not say)."""
     step_time_s: float | None
     """The plan's own predicted step time, when it has a prediction."""
+    torch_made_under: str = "unknown"
+    """The torch version it was made under: torch releases also export some ops differently."""
 
     def describe(self) -> str:
         """One line: versions, what matched and what moved, and the predicted step times."""
         total = self.matched + self.by_module + self.by_producer
-        now = collect_versions().get("transformers", "unknown")
         parts = [f"{self.matched} of {total} ops matched"]
         if self.by_module:
             parts.append(f"{self.by_module} placed with their module")
@@ -81,7 +82,12 @@ class Reanchored:
         if self.moved:
             parts.append(f"{self.moved} moved to a later stage")
         where = f" (in {', '.join(self.new_scopes)})" if self.new_scopes else ""
-        line = f"made under transformers {self.made_under}, re-anchored onto this graph (transformers {now}): "
+        versions = collect_versions()
+        made, here = f"transformers {self.made_under}", f"transformers {versions.get('transformers', 'unknown')}"
+        torch_now = versions.get("torch", "unknown")
+        if self.torch_made_under not in ("unknown", torch_now):
+            made, here = f"{made}, torch {self.torch_made_under}", f"{here}, torch {torch_now}"
+        line = f"made under {made}, re-anchored onto this graph ({here}): "
         line += ", ".join(parts) + where
         predicted = self.partition.predicted
         if self.step_time_s is not None and predicted is not None:
@@ -161,6 +167,7 @@ def reanchor(partition: Partition, graph: CostGraph, profile: GPUProfile | None 
         dropped=len(old_rows) - len(to_new),
         new_scopes=tuple(sorted(placement.unmatched_scopes)[:3]),
         made_under=partition.versions.get("transformers", "unknown"),
+        torch_made_under=partition.versions.get("torch", "unknown"),
         step_time_s=partition.predicted.step_time_s if partition.predicted is not None else None,
     )
 

@@ -67,10 +67,12 @@ class StepInputs:
         """
         microbatches = split_batch(self.graph, self.formulas, batch, self.num_microbatches, self.device, DERIVED_INPUTS)
         if streaming is not None and len(microbatches) < self.num_microbatches:
+            rows = len(microbatches)
             raise PipelineError(
                 f"the {streaming!r} schedule streams whole mini-batches of num_microbatches={self.num_microbatches} "
-                f"micro-batches, but this batch has {len(microbatches)} rows; drop the short last batch "
-                "(dataloader_drop_last=True) or use gpipe or 1f1b, which train it"
+                f"micro-batches, but this batch has only {rows} row{'s' if rows > 1 else ''}, too few for one per "
+                "micro-batch; drop the short last batch (dataloader_drop_last=True) or use gpipe or 1f1b, which "
+                "train it"
             )
         return microbatches
 

@@ -88,8 +88,13 @@ def test_a_size_the_models_code_needs_stays_fixed_and_other_sizes_are_refused() 
     assert traced.shapes.bind({"input_ids": (2, 5)})  # the sequence still varies
     with pytest.raises(PipelineError) as error:
         traced.shapes.bind({"input_ids": (3, 5)})
-    assert str(error.value).startswith("'input_ids' has size 3 in dimension 0, but _Pairs fixes it at 2")
-    assert str(error.value).endswith("give batches whose 'input_ids' has 2 there")
+    assert str(error.value).startswith(
+        "'input_ids' has size 3 in dimension 0, but _Pairs takes only 2 there (torch.export found that the "
+        "model's code needs that size; traced as (2, "
+    )
+    assert str(error.value).endswith(
+        "give batches whose 'input_ids' has 2 there (pad to that length, drop a short last batch)"
+    )
 
 
 def test_a_model_that_cannot_vary_its_sizes_is_traced_at_fixed_shapes_with_a_warning(
@@ -107,5 +112,8 @@ def test_a_model_that_cannot_vary_its_sizes_is_traced_at_fixed_shapes_with_a_war
     )
     assert traced.cost_graph.inputs["input_ids"].varying == ()
     assert traced.cost_graph.inputs["input_ids"].shape == (1, 8)
-    with pytest.raises(PipelineError, match="'input_ids' has size 7 in dimension 1, but _OneRow fixes it at 8"):
+    fixed = (
+        r"'input_ids' has size 7 in dimension 1, but _OneRow takes only 8 there \(the pipeline was traced with fixed"
+    )
+    with pytest.raises(PipelineError, match=fixed):
         traced.shapes.bind({"input_ids": (1, 7)})

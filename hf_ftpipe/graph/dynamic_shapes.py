@@ -112,6 +112,7 @@ class ShapeFormulas:
         two inputs give one symbol two values (e.g. ``input_ids`` and ``attention_mask`` of
         different lengths)."""
         bound: dict[sympy.Symbol, int] = {}
+        where: dict[sympy.Symbol, tuple[str, int]] = {}  # the input and dimension that bound a symbol
         for name, formulas in self.inputs.items():
             if name not in shapes:
                 continue
@@ -119,7 +120,8 @@ class ShapeFormulas:
             if len(shape) != len(formulas):
                 raise PipelineError(
                     f"{name!r} has {len(shape)} dimensions {shape}, but {self.model_class} was traced with "
-                    f"{len(formulas)}: {self._describe(name)}"
+                    f"{len(formulas)}: {self._describe(name)}; give {name!r} in the layout of the batch the "
+                    "model was traced on"
                 )
             for dim, (formula, size) in enumerate(zip(formulas, shape, strict=True)):
                 if isinstance(formula, int):
@@ -134,10 +136,13 @@ class ShapeFormulas:
                 if symbol is None:
                     continue
                 if bound.setdefault(symbol, int(size)) != size:
+                    other, other_dim = where[symbol]
                     raise PipelineError(
-                        f"{name!r} has size {size} in dimension {dim}, which the model requires to equal "
-                        f"{bound[symbol]} (another input's size in that place); give inputs of matching shapes"
+                        f"{name!r} has size {size} in dimension {dim}, but {other!r} has {bound[symbol]} in dimension "
+                        f"{other_dim}, and {self.model_class} needs the two equal (torch.export found its code uses "
+                        "them together); give inputs of matching shapes, e.g. padded by one collator"
                     )
+                where.setdefault(symbol, (name, dim))
         return bound
 
     def shape_of(self, value: str, bound: Mapping[sympy.Symbol, int], traced: Sequence[int]) -> tuple[int, ...]:

@@ -2,8 +2,9 @@
 
 Every rank builds the same traced graph and stage plan, then keeps only its own stages (any
 set, adjacent or not). A step splits the rank's own copy of the mini-batch into micro-batches,
-lowers the schedule's global order into this rank's program (its actions with their SENDs and
-RECVs, `hf_ftpipe.schedules.lowering`) and runs it (`Executor`).
+stores them with their shapes (`StepInputs`), lowers the schedule's order into this rank's program
+(its actions with their SENDs and RECVs, `RankPrograms`) and runs it (`Executor`); an evaluation
+gathers the model's outputs onto every rank (`ModelOutputs`).
 
 Flushing schedules (``gpipe``, ``1f1b``) leave the gradients in the local parameters for the
 caller's optimizer; weights shared by several ranks (tied embeddings) get the sum of their
@@ -24,26 +25,25 @@ import torch.distributed as dist
 from torch import nn
 
 from hf_ftpipe.errors import PartitionError, PipelineError
-from hf_ftpipe.graph.dynamic_shapes import ShapeFormulas
-from hf_ftpipe.graph.token_slices import DERIVED_INPUTS, SlicedModel, sequence_inputs
+from hf_ftpipe.graph.token_slices import SlicedModel
 from hf_ftpipe.runtime.autocast import autocast_dtypes
 from hf_ftpipe.runtime.comm import Messenger
 from hf_ftpipe.runtime.deliveries import Deliveries
 from hf_ftpipe.runtime.executor import Executor
-from hf_ftpipe.runtime.messages import dataflow, plan_transfers, value_shape
-from hf_ftpipe.runtime.microbatches import check_loss_weights, mean_loss, split_batch
+from hf_ftpipe.runtime.messages import dataflow, plan_transfers
+from hf_ftpipe.runtime.microbatches import check_loss_weights, mean_loss
+from hf_ftpipe.runtime.model_outputs import ModelOutputs
 from hf_ftpipe.runtime.prediction import check_predictable
-from hf_ftpipe.runtime.rank_stages import build_rank_stages
-from hf_ftpipe.runtime.shapes import ShapeBook
+from hf_ftpipe.runtime.programs import RankPrograms
+from hf_ftpipe.runtime.rank_stages import build_rank_stages, rank_parameters, rank_state_dict
 from hf_ftpipe.runtime.stage import plan_stages
 from hf_ftpipe.runtime.state import MicrobatchState
+from hf_ftpipe.runtime.step_inputs import StepInputs
 from hf_ftpipe.runtime.streaming import StreamingWeights
 from hf_ftpipe.runtime.token_slicing import TokenSlicing
 from hf_ftpipe.runtime.watchdog import Watchdog
 from hf_ftpipe.runtime.weight_sync import WeightSync
-from hf_ftpipe.schedules.actions import Action
-from hf_ftpipe.schedules.lowering import Lowering, Op
-from hf_ftpipe.schedules.orders import Schedule, ScheduleGPipe, StreamingSchedule, make_schedule
+from hf_ftpipe.schedules.orders import Schedule, StreamingSchedule, make_schedule
 from hf_ftpipe.schedules.registry import SCHEDULES
 from hf_ftpipe.schedules.rules import in_flight
 
@@ -178,16 +178,6 @@ class PipelineEngine(Executor):
         self.transfers = plan_transfers(
             self.graph, self.specs, self.stage_rank, self.world_size, self.loss_value, self._autocast_dtypes
         )
-        self.formulas = traced.shapes or ShapeFormulas.fixed(
-            {n: i.shape for n, i in self.graph.inputs.items() if i.shape is not None}, self.graph.model_class
-        )
-        self.shape_book = ShapeBook(
-            self.formulas,
-            self.graph,
-            values=[*self.transfers, *(v for spec in self.specs for v in spec.model_outputs.values())],
-            sizes=[size for s in self.local_stages for size in self.specs[s].size_inputs],
-        )
-        """Each micro-batch shape's value shapes and sizes (`hf_ftpipe.runtime.shapes`), cached."""
         p2p_group = dist.new_group(list(range(self.world_size)))
         self.messenger = Messenger(
             self.rank, timeout_s, run_id=f"engine-{next(_run_counter)}", p2p_group=p2p_group, watchdog=watchdog
@@ -224,16 +214,26 @@ class PipelineEngine(Executor):
             if self.streaming
             else None
         )
-        self._dataflow = dataflow(self.specs, self.transfers)
-        self._lowering = Lowering(self._dataflow, self.stage_rank)
-        """Lowers a streaming schedule's steps, carrying what a step leaves to the next."""
-        self._programs: dict[bool, list[Op]] = {}
+        self.inputs = StepInputs(
+            self.graph,
+            traced.shapes,
+            values=[*self.transfers, *(v for spec in self.specs for v in spec.model_outputs.values())],
+            sizes=[size for s in self.local_stages for size in self.specs[s].size_inputs],
+            num_microbatches=num_microbatches,
+            device=self.device,
+            token_slicing=self.token_slicing,
+        )
+        self.formulas, self.shape_book = self.inputs.formulas, self.inputs.shape_book
+        self.model_outputs = ModelOutputs(
+            self.graph, self.specs, self.stage_rank, self._autocast_dtypes, self.messenger, self.device
+        )
+        self.programs = RankPrograms(self.schedule, dataflow(self.specs, self.transfers), self.rank)
         self._reset_state()
 
     def _reset_state(self) -> None:
         """Per-micro-batch state; streaming schedules carry it from one step to the next."""
         self.state = MicrobatchState(actions_per_microbatch=2 * len(self.local_stages))
-        self._lowering.reset()
+        self.programs.reset()
         if self.streaming_weights is not None:
             self.streaming_weights.reset()
         self._deliveries = Deliveries(self.messenger, self._limits)
@@ -244,12 +244,7 @@ class PipelineEngine(Executor):
 
     def named_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
         """This rank's parameters under their original (canonical) names, each once."""
-        seen: set[int] = set()
-        for module in self.modules.values():
-            for name, param in module.named_parameters():
-                if id(param) not in seen:
-                    seen.add(id(param))
-                    yield name, param
+        return rank_parameters(self.modules)
 
     def parameters(self) -> Iterator[nn.Parameter]:
         for _, param in self.named_parameters():
@@ -257,13 +252,7 @@ class PipelineEngine(Executor):
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """This rank's weights and buffers under the model's own (canonical) names, constants left out."""
-        state: dict[str, torch.Tensor] = {}
-        for module in self.modules.values():
-            for name, tensor in module.state_dict().items():
-                info = self.graph.params.get(name)
-                if info is not None and info.in_state_dict:
-                    state[name] = tensor
-        return state
+        return rank_state_dict(self.modules, self.graph)
 
     def gather_state_dict(self, dst: int = 0) -> dict[str, torch.Tensor] | None:
         """The whole model's weights on rank ``dst`` (CPU tensors, canonical names); ``None`` elsewhere.
@@ -325,22 +314,16 @@ class PipelineEngine(Executor):
                 f"the {self.schedule.name!r} schedule updates weights inside the pipeline; call "
                 "`attach_optimizer(optimizer)` before the first train_step"
             )
-        microbatches = self._split(batch)
+        microbatches = self.inputs.split(batch, streaming=self.schedule.name if self.streaming else None)
         weights = check_loss_weights(loss_weights, len(microbatches))
         self._update_norms.clear()
         if isinstance(self.schedule, StreamingSchedule):
-            if len(microbatches) < self.num_microbatches:
-                raise PipelineError(
-                    f"the {self.schedule.name!r} schedule streams whole mini-batches of num_microbatches="
-                    f"{self.num_microbatches} micro-batches, but this batch has {len(microbatches)} rows; drop the "
-                    "short last batch (dataloader_drop_last=True) or use gpipe or 1f1b, which train it"
-                )
             first = self.schedule.given
-            program = self._streaming_program(self.schedule.next_step())
+            program = self.programs.streaming(self.schedule.next_step())
         else:
             first = 0
-            program = self._flushing_program(training=True, microbatches=len(microbatches))
-        units = self._units(microbatches, first, weights)
+            program = self.programs.flushing(training=True, microbatches=len(microbatches))
+        units = self.inputs.store(self.state, microbatches, first, weights)
         self.module.train(True)
         losses = self._run(program, training=True)
         if not self.streaming:
@@ -359,7 +342,7 @@ class PipelineEngine(Executor):
             return
         order = self.schedule.drain()
         self.module.train(True)
-        self._run(self._streaming_program(order), training=True)
+        self._run(self.programs.streaming(order), training=True)
         self._flush()
         assert self.streaming_weights is not None
         self.streaming_weights.settle()
@@ -375,36 +358,13 @@ class PipelineEngine(Executor):
         A streaming pipeline is drained first, so evaluation sees the latest weights.
         """
         self.drain()
-        microbatches = self._split(batch)
-        for offset, microbatch in enumerate(microbatches):
-            # a sliced model evaluates whole sequences: no backward, so no bubble to fill
-            self.state.data[offset] = microbatch if self.token_slicing is None else sequence_inputs(microbatch)
-            self.state.shapes[offset] = self.shape_book.of(microbatch)
+        microbatches = self.inputs.split(batch)
+        self.inputs.store_for_evaluation(self.state, microbatches)
         self.module.train(False)
-        program = self._flushing_program(training=False, microbatches=len(microbatches))
+        program = self.programs.flushing(training=False, microbatches=len(microbatches))
         losses = [loss for _, loss in self._run(program, training=False)]
         self._flush()
-        outputs: dict[str, torch.Tensor] = {}
-        for name in output_names:
-            owner = next((s for s in self.specs if name in s.model_outputs), None)
-            if owner is None:
-                continue
-            value = owner.model_outputs[name]
-            if value == self.loss_value and len(losses) == len(microbatches):  # already on every rank
-                outputs[name] = torch.stack(losses)
-                continue
-            _, dtype = value_shape(self.graph, value, self._autocast_dtypes)
-            pieces = []
-            for m in range(len(microbatches)):
-                shape = self.state.shapes[m].values[value]
-                local = self.state.outputs.get((value, m)) if self.stage_rank[owner.stage_index] == self.rank else None
-                tensor = (
-                    local.detach().to(dtype, copy=True)
-                    if local is not None
-                    else torch.empty(shape, dtype=dtype, device=self.device)
-                )
-                pieces.append(self.messenger.broadcast(tensor, self.stage_rank[owner.stage_index], name))
-            outputs[name] = torch.stack(pieces) if pieces[0].dim() == 0 else torch.cat(pieces)
+        outputs = self.model_outputs.gather(output_names, self.state, losses, len(microbatches))
         self._reset_state()
         return outputs
 
@@ -416,56 +376,6 @@ class PipelineEngine(Executor):
         return self.train(False)
 
     # -- the step ---------------------------------------------------------------------------
-
-    def _split(self, batch: Mapping[str, Any]) -> list[dict[str, Any]]:
-        """``batch`` as micro-batches (fewer than ``num_microbatches`` if it has fewer rows)."""
-        return split_batch(self.graph, self.formulas, batch, self.num_microbatches, self.device, DERIVED_INPUTS)
-
-    def _units(self, microbatches: list[dict[str, Any]], first: int, weights: list[float]) -> int:
-        """Store the step's micro-batches (or their token slices), their shapes and loss weights;
-        returns how many units.
-
-        A slice's loss is its share of its sequence's mean (`hf_ftpipe.graph.token_slices`), so every
-        slice of micro-batch m takes m's weight and the slices' weighted losses add up to m's.
-        """
-        for offset, microbatch in enumerate(microbatches):
-            m = first + offset
-            if self.token_slicing is None:
-                self.state.data[m], self.state.loss_weight[m] = microbatch, weights[offset]
-                self.state.shapes[m] = self.shape_book.of(microbatch)
-                continue
-            for i, piece in enumerate(self.token_slicing.split(m, microbatch)):
-                unit = self.token_slicing.unit(m, i)
-                self.state.data[unit], self.state.loss_weight[unit] = piece, weights[offset]
-        return len(microbatches) * (1 if self.token_slicing is None else self.token_slicing.num_slices)
-
-    def _flushing_program(self, training: bool, microbatches: int) -> list[Op]:
-        """This rank's program for one mini-batch of ``microbatches`` micro-batches that flushes
-        (forwards only for evaluation).
-
-        The order is the same every step, so it is lowered once, by a `Lowering` of its own: an
-        evaluation must not touch what a streaming schedule's steps carry over. A short batch's
-        program is the full one less the missing micro-batches' actions and messages, on every
-        rank alike: what remains runs in the same relative order, so it cannot deadlock.
-        """
-        program = self._full_flushing_program(training)
-        if microbatches >= self.num_microbatches:
-            return program
-        return [op for op in program if op.microbatch_index < microbatches]
-
-    def _full_flushing_program(self, training: bool) -> list[Op]:
-        if training not in self._programs:
-            if training:
-                order = self.schedule.global_order()
-            else:  # GPipe's forwards: each stage streams its micro-batches on to the next
-                gpipe = ScheduleGPipe(self.stage_rank, self.num_microbatches, self.schedule.edges)
-                order = [a for a in gpipe.global_order() if a.computation == "F"]
-            self._programs[training] = Lowering(self._dataflow, self.stage_rank).lower(order).get(self.rank, [])
-        return self._programs[training]
-
-    def _streaming_program(self, order: list[Action]) -> list[Op]:
-        """This rank's part of a streaming step (or the drain), lowered with what earlier steps left."""
-        return self._lowering.lower(order).get(self.rank, [])
 
     def _flush(self, older_than: int | None = None) -> None:
         self.messenger.flush(older_than)

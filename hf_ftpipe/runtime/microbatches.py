@@ -91,10 +91,13 @@ def _check_planned(graph: CostGraph, microbatch: Mapping[str, Any], num_microbat
             if size <= planned:
                 continue
             if dim == 0:
+                largest = planned * num_microbatches
                 raise PipelineError(
-                    f"a micro-batch of {size} rows, but the pipeline was planned for at most {planned} "
-                    f"({num_microbatches} micro-batches of a mini-batch of {planned * num_microbatches}): use batches "
-                    f"of at most {planned * num_microbatches} rows, or raise the batch size the pipeline is planned for"
+                    f"{name!r} gives a micro-batch of {size} rows, but the pipeline was planned for at most {planned} "
+                    f"({num_microbatches} micro-batches of a mini-batch of {largest}): a larger micro-batch may not "
+                    f"fit the memory the plan was made for. Give batches of at most {largest} rows, or plan for "
+                    "larger ones (PipeTrainer plans for `per_device_train_batch_size`; `capture_model(..., "
+                    "planned=...)` sets the shapes a pipeline is planned for)"
                 )
             raise PipelineError(
                 f"{name!r} has length {size} (dimension {dim}), but the pipeline was planned for at most {planned}: "

@@ -1,22 +1,23 @@
-"""The stages one rank runs, built from the traced graph, with their weights."""
+"""The stages one rank runs, built from the traced graph, with their weights under the model's own names."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import torch
-from torch import fx
+from torch import fx, nn
 
 from hf_ftpipe.errors import PipelineError
+from hf_ftpipe.graph.cost_graph import CostGraph
 from hf_ftpipe.runtime.stage import StageSpec, build_stage_module
 from hf_ftpipe.runtime.weights import load_stage_weights
 
 if TYPE_CHECKING:
     from hf_ftpipe.graph.trace import TracedModel
 
-__all__ = ["build_rank_stages"]
+__all__ = ["build_rank_stages", "rank_parameters", "rank_state_dict"]
 
 
 def build_rank_stages(
@@ -40,3 +41,25 @@ def build_rank_stages(
             "was built without weights: pass `weights_path` (a folder written by save_pretrained)"
         )
     return {s: module.to(device) for s, module in modules.items()}
+
+
+def rank_parameters(modules: Mapping[int, nn.Module]) -> Iterator[tuple[str, nn.Parameter]]:
+    """The stages' parameters under their original (canonical) names, each once (stages on one
+    rank share a tied weight)."""
+    seen: set[int] = set()
+    for module in modules.values():
+        for name, param in module.named_parameters():
+            if id(param) not in seen:
+                seen.add(id(param))
+                yield name, param
+
+
+def rank_state_dict(modules: Mapping[int, nn.Module], graph: CostGraph) -> dict[str, torch.Tensor]:
+    """The stages' weights and buffers under the model's own (canonical) names, constants left out."""
+    state: dict[str, torch.Tensor] = {}
+    for module in modules.values():
+        for name, tensor in module.state_dict().items():
+            info = graph.params.get(name)
+            if info is not None and info.in_state_dict:
+                state[name] = tensor
+    return state

@@ -1,6 +1,8 @@
 """Batches of any shape through one traced pipeline: every step's length and row count differ,
 short batches give fewer or unequal micro-batches, and training equals one process on the same
-micro-batches, loss by loss and weight by weight; evaluation returns the model's own logits.
+micro-batches, loss by loss and weight by weight; evaluation returns the model's own logits. A batch
+the plan cannot take (longer or larger than planned, shapes the model's code ties together) is
+refused on every rank with a message that says what to change.
 
 One launch trains every model in turn (process start-up is most of a launch's time)."""
 
@@ -9,7 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_ftpipe.graph import capture_model
+from hf_ftpipe.errors import PipelineError
+from hf_ftpipe.graph import TracedModel, capture_model
 from hf_ftpipe.runtime import PipelineEngine
 
 from distributed import run_ranks, values_or_raise
@@ -41,7 +44,7 @@ def row_weights(rows: int) -> list[float]:
     return [size / rows for size in sizes]
 
 
-def pipeline_run(rank: int, world_size: int) -> dict[str, tuple[list[float], dict, dict]]:
+def pipeline_run(rank: int, world_size: int) -> dict[str, tuple[list[float], dict, dict] | dict[str, str]]:
     results = {}
     for kind, (stage_device, schedule) in CASES.items():
         data = steps(kind)
@@ -53,6 +56,8 @@ def pipeline_run(rank: int, world_size: int) -> dict[str, tuple[list[float], dic
             num_microbatches=NUM_MICROBATCHES,
             schedule=schedule,
         )
+        if kind == "gpt2":  # first: a refused batch must leave the engine as it was
+            results["refusals"] = refusals(traced, engine)
         optimizer = torch.optim.SGD(engine.parameters(), lr=LR)
         losses = []
         for batch in data:
@@ -63,6 +68,31 @@ def pipeline_run(rank: int, world_size: int) -> dict[str, tuple[list[float], dic
         evaluated = engine.eval_step(data[1], output_names=("loss", "logits"))
         results[kind] = (losses, engine.state_dict(), evaluated, engine.shape_book.cached)
     return results
+
+
+def refusals(traced: TracedModel, engine: PipelineEngine) -> dict[str, str]:
+    """The error each batch the plan (micro-batches of at most 3 rows of 8 tokens) cannot take raises
+    here, from ``engine`` and from an ``async`` one on the same graph."""
+    streaming = PipelineEngine(
+        traced, contiguous_placement(traced.cost_graph, [0, 1]), num_microbatches=NUM_MICROBATCHES, schedule="async"
+    )
+    streaming.attach_optimizer(torch.optim.SGD(streaming.parameters(), lr=LR))
+    mismatched = tiny_batch("gpt2", 4, seq=6)
+    mismatched["attention_mask"] = mismatched["attention_mask"][:, :5]
+    cases = {
+        "too long": (engine, tiny_batch("gpt2", 4, seq=9)),
+        "too many rows": (engine, tiny_batch("gpt2", 8, seq=4)),
+        "async, fewer rows than micro-batches": (streaming, tiny_batch("gpt2", 1, seq=4)),
+        "inputs of different lengths": (engine, mismatched),
+    }
+    errors = {}
+    for case, (pipeline, batch) in cases.items():
+        try:
+            pipeline.train_step(batch)
+            errors[case] = "no error"
+        except PipelineError as error:
+            errors[case] = str(error)
+    return errors
 
 
 def reference_run(kind: str) -> tuple[list[float], dict, torch.Tensor]:
@@ -112,3 +142,28 @@ def test_every_batch_shape_trains_as_one_process(pipeline_results: list[dict], k
         assert cached == 6, f"rank {rank} evaluated {cached} micro-batch shapes"
     trainable = {name for name, _ in tiny_model(kind).named_parameters()}
     assert trainable <= covered, f"parameters on no rank: {sorted(trainable - covered)}"
+
+
+@pytest.mark.distributed
+def test_batches_larger_than_planned_or_of_shapes_the_model_ties_are_refused_on_every_rank(
+    pipeline_results: list[dict],
+) -> None:
+    """Refused before anything is sent, the same on every rank; the engine then trains as if they
+    had never come (`test_every_batch_shape_trains_as_one_process` on gpt2)."""
+    assert pipeline_results[0]["refusals"] == pipeline_results[1]["refusals"], "every rank says the same"
+    errors = pipeline_results[0]["refusals"]
+    assert errors["too long"].startswith("'input_ids' has length 9 (dimension 1), but the pipeline was planned for")
+    assert "at most 8" in errors["too long"] and "PipeTrainingArguments(max_seq_length=9)" in errors["too long"]
+    assert errors["too many rows"].startswith("'input_ids' gives a micro-batch of 4 rows, but the pipeline was")
+    assert "planned for at most 3 (2 micro-batches of a mini-batch of 6)" in errors["too many rows"]
+    assert "per_device_train_batch_size" in errors["too many rows"]
+    assert errors["async, fewer rows than micro-batches"].startswith(
+        "the 'async' schedule streams whole mini-batches of num_microbatches=2 micro-batches, but this batch "
+        "has only 1 row,"
+    )
+    assert "dataloader_drop_last=True" in errors["async, fewer rows than micro-batches"]
+    assert errors["inputs of different lengths"] == (  # ShapeFormulas.bind's
+        "'attention_mask' has size 5 in dimension 1, but 'input_ids' has 6 in dimension 1, and GPT2LMHeadModel "
+        "needs the two equal (torch.export found its code uses them together); give inputs of matching shapes, "
+        "e.g. padded by one collator"
+    )

@@ -1,0 +1,69 @@
+"""One rank's programs: a schedule's orders lowered to its actions with their SENDs and RECVs.
+
+A flushing step (``gpipe``, ``1f1b``) and an evaluation run the same order every time, so each is
+lowered once and kept; a short batch runs the full program less its missing micro-batches. A
+streaming step (``async``, ``2bw``) is lowered as it comes, with what the steps before it left
+(`hf_ftpipe.schedules.lowering.Lowering` carries it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from hf_ftpipe.schedules.actions import Action
+from hf_ftpipe.schedules.lowering import Dataflow, Lowering, Op
+from hf_ftpipe.schedules.orders import Schedule, ScheduleGPipe
+
+__all__ = ["RankPrograms"]
+
+
+class RankPrograms:
+    """Lowers the schedule's orders into ``rank``'s programs.
+
+    Args:
+        schedule (`Schedule`): the step's schedule (its stages' ranks, micro-batches and edges).
+        dataflow (`Dataflow`): what the stages exchange (`hf_ftpipe.runtime.messages.dataflow`).
+        rank (`int`): the rank whose programs these are.
+    """
+
+    def __init__(self, schedule: Schedule, dataflow: Dataflow, rank: int) -> None:
+        self.schedule = schedule
+        self.dataflow = dataflow
+        self.rank = rank
+        self._streaming = Lowering(dataflow, schedule.stage_rank)
+        """Lowers a streaming schedule's steps, carrying what a step leaves to the next."""
+        self._flushing: dict[bool, list[Op]] = {}
+
+    def reset(self) -> None:
+        """Forget what streaming steps carried over (the pipeline is empty)."""
+        self._streaming.reset()
+
+    def flushing(self, training: bool, microbatches: int) -> list[Op]:
+        """The program of one mini-batch of ``microbatches`` micro-batches that flushes (forwards only
+        for evaluation).
+
+        The full program is lowered by a `Lowering` of its own: an evaluation must not touch what a
+        streaming schedule's steps carry over. A short batch's program is the full one less the
+        missing micro-batches' actions and messages, on every rank alike: what remains runs in the
+        same relative order, so it cannot deadlock.
+        """
+        program = self._full(training)
+        if microbatches >= self.schedule.num_microbatches:
+            return program
+        return [op for op in program if op.microbatch_index < microbatches]
+
+    def streaming(self, order: Sequence[Action]) -> list[Op]:
+        """This rank's part of a streaming step (or the drain), lowered with what earlier steps left."""
+        return self._streaming.lower(order).get(self.rank, [])
+
+    def _full(self, training: bool) -> list[Op]:
+        if training not in self._flushing:
+            if training:
+                order = self.schedule.global_order()
+            else:  # GPipe's forwards: each stage streams its micro-batches on to the next
+                stage_rank, edges = self.schedule.stage_rank, self.schedule.edges
+                gpipe = ScheduleGPipe(stage_rank, self.schedule.num_microbatches, edges)
+                order = [a for a in gpipe.global_order() if a.computation == "F"]
+            program = Lowering(self.dataflow, self.schedule.stage_rank).lower(order).get(self.rank, [])
+            self._flushing[training] = program
+        return self._flushing[training]

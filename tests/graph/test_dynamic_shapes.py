@@ -1,0 +1,119 @@
+"""`hf_ftpipe.graph.dynamic_shapes`: one export serves every batch shape. Its formulas give each
+value's shape at a shape it was never run at, as a measurement there does; sizes a model's code
+needs are fixed, and a model that cannot be exported with varying sizes is traced at fixed ones."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+from hf_ftpipe.errors import PipelineError
+from hf_ftpipe.graph import capture_model
+
+from models import KINDS, tiny_batch, tiny_model
+
+TRACED_ON = (2, 8)
+PLANNED = (3, 5)
+"""Traced on micro-batches of 2 rows of 8 tokens, measured at 3 rows of 5 (3 target tokens)."""
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_batch_and_sequence_vary_and_the_formulas_give_the_shapes_a_measurement_finds(kind: str) -> None:
+    sample = tiny_batch(kind, TRACED_ON[0], seq=TRACED_ON[1])
+    planned = {
+        name: tuple(value.shape) for name, value in tiny_batch(kind, PLANNED[0], seq=PLANNED[1], target=3).items()
+    }
+    traced = capture_model(tiny_model(kind), sample, planned=planned)
+    graph, formulas = traced.cost_graph, traced.shapes
+
+    for name in ("input_ids", "attention_mask"):
+        assert graph.inputs[name].varying == (0, 1), name
+        assert graph.inputs[name].shape == PLANNED, f"{name}: the graph is measured at the planned shape"
+    assert graph.inputs["labels"].varying == tuple(range(len(planned["labels"])))
+
+    bound = formulas.bind(planned)
+    checked = 0
+    for node in graph.topological_order():
+        measured = graph.node(node)["output_shapes"]
+        if len(measured) != 1:  # a tuple: each part is read by a getitem node, checked there
+            continue
+        assert node in formulas.values, f"{node} has no shape formula"
+        assert formulas.shape_of(node, bound, traced=()) == tuple(measured[0]), node
+        checked += 1
+    logits = graph.node(graph.outputs[graph.output_names.index("logits")])["output_shapes"][0]
+    assert checked > 50 and logits[0] == PLANNED[0], "measured at the planned shape, not the traced one"
+
+    # a size node reads a dimension of a tensor: its value is that dimension at the bound shapes
+    sizes = [n for n in traced.graph_module.graph.nodes if n.target is torch.ops.aten.sym_size.int]
+    for node in sizes:
+        tensor, dim = node.args
+        shape = planned[tensor.name] if tensor.op == "placeholder" else formulas.shape_of(tensor.name, bound, ())
+        assert formulas.size_of(node.name, bound) == shape[dim], node.name
+
+    if kind in ("bert", "roberta"):  # one label per row was traced: a (rows, 2) layout is refused
+        with pytest.raises(PipelineError, match=r"^'labels' has 2 dimensions \(3, 2\), but \w+ was traced with 1"):
+            formulas.bind({**planned, "labels": (3, 2)})
+
+
+class _Pairs(nn.Module):
+    """Reads its rows two at a time (``view(2, -1)``): export keeps the batch size at 2."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(16, 4)
+
+    def forward(self, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"loss": self.embed(input_ids).view(2, -1).sum()}
+
+
+class _OneRow(nn.Module):
+    """Takes one row only, and says so: no batch of 2 rows exports."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(16, 4)
+
+    def forward(self, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        if input_ids.shape[0] != 1:
+            raise ValueError(f"_OneRow takes one row, got {input_ids.shape[0]}")
+        return {"loss": self.embed(input_ids).sum()}
+
+
+def test_a_size_the_models_code_needs_stays_fixed_and_other_sizes_are_refused() -> None:
+    traced = capture_model(_Pairs(), {"input_ids": torch.ones(2, 8, dtype=torch.long)})
+    assert traced.cost_graph.inputs["input_ids"].varying == (1,)
+    assert traced.shapes.bind({"input_ids": (2, 5)})  # the sequence still varies
+    with pytest.raises(PipelineError) as error:
+        traced.shapes.bind({"input_ids": (3, 5)})
+    assert str(error.value).startswith(
+        "'input_ids' has size 3 in dimension 0, but _Pairs takes only 2 there (torch.export found that the "
+        "model's code needs that size; traced as (2, "
+    )
+    assert str(error.value).endswith(
+        "give batches whose 'input_ids' has 2 there (pad to that length, drop a short last batch)"
+    )
+
+
+def test_a_model_that_cannot_vary_its_sizes_is_traced_at_fixed_shapes_with_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # export grows sizes of 1 to 2 to keep them variable, which _OneRow refuses
+    with caplog.at_level(logging.WARNING, logger="hf_ftpipe.graph.trace"):
+        traced = capture_model(_OneRow(), {"input_ids": torch.ones(1, 8, dtype=torch.long)})
+    (warning,) = [r.getMessage() for r in caplog.records if r.name == "hf_ftpipe.graph.trace"]
+    assert warning.startswith("_OneRow cannot take batches of varying shapes (cannot trace _OneRow: ")
+    assert "ValueError: _OneRow takes one row" in warning
+    assert warning.endswith(
+        "it was traced with fixed shapes {'input_ids': (1, 8)}, which every batch must have: pad to that length "
+        "(padding='max_length') and keep batches whole (dataloader_drop_last=True)"
+    )
+    assert traced.cost_graph.inputs["input_ids"].varying == ()
+    assert traced.cost_graph.inputs["input_ids"].shape == (1, 8)
+    fixed = (
+        r"'input_ids' has size 7 in dimension 1, but _OneRow takes only 8 there \(the pipeline was traced with fixed"
+    )
+    with pytest.raises(PipelineError, match=fixed):
+        traced.shapes.bind({"input_ids": (1, 7)})

@@ -114,7 +114,8 @@ class QuestionAnsweringPipeTrainer(PipeTrainer):
         self, features: Dataset, description: str, ignore_keys: list[str] | None, metric_key_prefix: str
     ) -> Any:
         """`Trainer.evaluation_loop` over the features (start and end logits of every one, none
-        dropped: the pipeline pads a short last batch), without `compute_metrics`."""
+        dropped: the pipeline takes a short last batch as it is), without `compute_metrics`. Batches
+        of different lengths are joined as `Trainer` joins them, the shorter padded with -100."""
         inputs = features.remove_columns([c for c in FEATURE_ONLY_COLUMNS if c in features.column_names])
         dataloader = self.get_eval_dataloader(inputs)
         compute_metrics, self.compute_metrics = self.compute_metrics, None  # answers are scored, not logits

@@ -2,9 +2,11 @@
 
 Tasks: BoolQ, CB, COPA, MultiRC, RTE (SuperGLUE's or GLUE's columns) and WiC, each example
 written as T5 wrote it (``examples/super_glue_tasks.py``: ``"rte hypothesis: ... premise: ..."``
--> ``"not_entailment"``), padded to the task's fixed lengths. Evaluation generates each label
-greedily through the pipeline (``predict_with_generate``), decodes it and scores it with T5's
-SuperGLUE metric (``hf_ftpipe.metrics.load_metric("t5_super_glue", task)``, ×100).
+-> ``"not_entailment"``), truncated to the task's lengths and padded per batch to its longest
+input and label (``DataCollatorForSeq2Seq``, as ``run_summarization.py``), or to the lengths with
+``--pad_to_max_length``. Evaluation generates each label greedily through the pipeline
+(``predict_with_generate``), decodes it and scores it with T5's SuperGLUE metric
+(``hf_ftpipe.metrics.load_metric("t5_super_glue", task)``, ×100).
 
 Offline (2 CPU processes, one pipeline stage each): without ``--model_name_or_path`` a tiny T5 is
 built from a config, its tokenizer is trained on the task's training text, and the data is the
@@ -15,12 +17,12 @@ task's fixture in ``examples/data/``. With no arguments at all this is the Quick
     accelerate launch --multi_gpu --num_processes 2 --main_process_port 0 examples/run_glue_pipe.py \\
         --task_name multirc --do_train --do_eval --output_dir pipe_output/multirc
 
-FTPipe's T5-3B on BoolQ, 8 GPUs: the Hub's data, the task's lengths (512/4), Adafactor lr 1e-3
-with ``scale_parameter=True`` (``--adafactor_scale_parameter``), constant schedule after warm-up::
+FTPipe's T5-3B on BoolQ, 8 GPUs: the Hub's data padded to the task's lengths (512/4), Adafactor lr
+1e-3 with ``scale_parameter=True`` (``--adafactor_scale_parameter``), constant schedule after warm-up::
 
     accelerate launch --num_processes 8 examples/run_glue_pipe.py --model_name_or_path t5-3b \\
-        --task_name boolq --dataset_name aps/super_glue --do_train --do_eval --use_cpu false \\
-        --adafactor_scale_parameter --learning_rate 1e-3 --lr_scheduler_type constant_with_warmup \\
+        --task_name boolq --dataset_name aps/super_glue --pad_to_max_length --do_train --do_eval \\
+        --use_cpu false --adafactor_scale_parameter --learning_rate 1e-3 --lr_scheduler_type constant_with_warmup \\
         --warmup_steps 200 --max_steps 3200 --per_device_train_batch_size 20 --num_microbatches 10 \\
         --output_dir pipe_output/boolq --gpu_profile rtx2080ti
 
@@ -46,6 +48,7 @@ from transformers import (
     Adafactor,
     AutoModelForSeq2SeqLM,
     AutoTokenizer,
+    DataCollatorForSeq2Seq,
     EvalPrediction,
     HfArgumentParser,
     PreTrainedTokenizerBase,
@@ -59,7 +62,13 @@ from hf_ftpipe import PipeTrainer, PipeTrainingArguments
 from hf_ftpipe.metrics import load_metric
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import checkpoint_to_resume, parse_arguments, record_metrics, set_up_logging  # noqa: E402
+from common import (  # noqa: E402
+    checkpoint_to_resume,
+    pad_to_multiple_of,
+    parse_arguments,
+    record_metrics,
+    set_up_logging,
+)
 from super_glue_tasks import Task, get_task, tokenize_batch  # noqa: E402
 
 from local_tokenizer import build_t5_tokenizer  # noqa: E402
@@ -109,13 +118,23 @@ class DataTrainingArguments:
     max_source_length: int | None = field(
         default=None,
         metadata={
-            "help": "Input tokens (EOS included). Default: the task's (FTPipe's, e.g. 512 for BoolQ); for the "
-            "tiny T5, the longest input of the data rounded up to a multiple of 8."
+            "help": "The most input tokens (EOS included): longer inputs are truncated. Default: the task's "
+            "(FTPipe's, e.g. 512 for BoolQ); for the tiny T5, the longest input of the data rounded up to a "
+            "multiple of 8."
         },
     )
     max_target_length: int | None = field(
         default=None,
-        metadata={"help": "Target tokens (EOS included). Default: the task's; for the tiny T5, the longest label's."},
+        metadata={
+            "help": "The most target tokens (EOS included). Default: the task's; for the tiny T5, the longest label's."
+        },
+    )
+    pad_to_max_length: bool = field(
+        default=False,
+        metadata={
+            "help": "Pad every input to `max_source_length` and every label to `max_target_length`, as FTPipe did "
+            "(the presets do). Default: pad each batch to its own longest input and label (DataCollatorForSeq2Seq)."
+        },
     )
     max_train_samples: int | None = field(default=None, metadata={"help": "Keep the first N training examples."})
     max_eval_samples: int | None = field(default=None, metadata={"help": "Keep the first N validation examples."})
@@ -165,16 +184,22 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
     raw = DatasetDict({split: _first(raw[split], limit) for split, limit in zip(SPLITS, limits) if split in raw})
     tokenizer, model = load_model(model_args, training_args, raw, task)
     source_length, target_length = _lengths(data_args, task, tokenizer, raw, tiny=model_args.model_name_or_path is None)
+    padding = "padded to" if data_args.pad_to_max_length else "up to"
     with training_args.main_process_first(desc="tokenizing"):
         features = raw.map(
             functools.partial(
-                tokenize_batch, tokenizer, task, max_source_length=source_length, max_target_length=target_length
+                tokenize_batch,
+                tokenizer,
+                task,
+                max_source_length=source_length,
+                max_target_length=target_length,
+                pad_to_max_length=data_args.pad_to_max_length,
             ),
             batched=True,
             num_proc=data_args.preprocessing_num_workers,
             remove_columns=next(iter(raw.values())).column_names,
             load_from_cache_file=not data_args.overwrite_cache,
-            desc=f"tokenizing ({source_length} / {target_length} tokens)",
+            desc=f"tokenizing ({padding} {source_length} / {target_length} tokens)",
         )
     train_data = _split(features, "train") if training_args.do_train else None
     eval_data = _split(features, "validation") if training_args.do_eval else None
@@ -185,7 +210,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
         train_dataset=train_data,
         eval_dataset=eval_data,
         processing_class=tokenizer,
-        data_collator=default_data_collator,  # tokenize_batch pads to fixed lengths
+        data_collator=data_collator(data_args, training_args, tokenizer),
         compute_metrics=t5_scores(task, tokenizer, raw["validation"]) if training_args.do_eval else None,
         optimizer_cls_and_kwargs=ftpipe_adafactor(model_args, training_args),
     )
@@ -266,6 +291,21 @@ def _lengths(
     if target is None:
         target = max(len(ids) for ids in tokenizer(list(task.label_names), add_special_tokens=False).input_ids) + 1
     return source, target
+
+
+def data_collator(
+    data_args: DataTrainingArguments, args: PipeTrainingArguments, tokenizer: PreTrainedTokenizerBase
+) -> Callable:
+    """`default_data_collator` for rows padded to the lengths, else `DataCollatorForSeq2Seq`: inputs
+    padded per batch with the pad token, labels with -100, as ``run_summarization.py`` collates.
+
+    Without ``model=``: T5 builds its decoder inputs by shifting ``labels``, and generation through
+    the pipeline feeds the tokens so far as ``labels``, so the batch must carry no
+    ``decoder_input_ids`` of its own.
+    """
+    if data_args.pad_to_max_length:
+        return default_data_collator
+    return DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=-100, pad_to_multiple_of=pad_to_multiple_of(args))
 
 
 def ftpipe_adafactor(model_args: ModelArguments, args: PipeTrainingArguments) -> tuple[type, dict] | None:

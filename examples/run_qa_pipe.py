@@ -1,8 +1,9 @@
 """Fine-tune a BERT-style model for extractive question answering on SQuAD 1.1 as a pipeline, as ``run_qa.py`` does.
 
 Hugging Face's ``examples/pytorch/question-answering/run_qa.py`` with `PipeTrainer`: each
-question and its context become one or more features of ``--max_seq_length`` tokens (a long
-context is cut into windows overlapping by ``--doc_stride`` tokens); the model predicts start
+question and its context become one or more features of at most ``--max_seq_length`` tokens (a
+long context is cut into windows overlapping by ``--doc_stride`` tokens), padded per batch to its
+longest (``DataCollatorWithPadding``), or to that length with ``--pad_to_max_length``; the model predicts start
 and end logits per token; the best span over all windows of an example is its answer, scored
 with the official SQuAD v1.1 exact match and F1.
 
@@ -13,13 +14,13 @@ contexts, and the data is the synthetic SQuAD in ``examples/data/`` (``make_squa
     accelerate launch --multi_gpu --num_processes 2 --main_process_port 0 examples/run_qa_pipe.py \\
         --do_train --do_eval
 
-FTPipe's BERT-large run (the classic Hugging Face recipe) on 8 GPUs: 384 tokens, stride 128,
-Adam lr 3e-5, no weight decay, linear decay without warm-up, 2 epochs, batch 24::
+FTPipe's BERT-large run (the classic Hugging Face recipe) on 8 GPUs: features padded to 384 tokens,
+stride 128, Adam lr 3e-5, no weight decay, linear decay without warm-up, 2 epochs, batch 24::
 
     accelerate launch --num_processes 8 examples/run_qa_pipe.py \\
         --model_name_or_path google-bert/bert-large-uncased-whole-word-masking \\
         --dataset_name rajpurkar/squad --dataset_config_name plain_text --do_train --do_eval \\
-        --max_seq_length 384 --doc_stride 128 --learning_rate 3e-5 --num_train_epochs 2 \\
+        --max_seq_length 384 --pad_to_max_length --doc_stride 128 --learning_rate 3e-5 --num_train_epochs 2 \\
         --per_device_train_batch_size 24 --per_device_eval_batch_size 24 --num_microbatches 4 \\
         --gpu_profile rtx2080ti
 
@@ -45,6 +46,7 @@ from transformers import (
     AutoTokenizer,
     BertConfig,
     BertForQuestionAnswering,
+    DataCollatorWithPadding,
     HfArgumentParser,
     PreTrainedTokenizerBase,
     default_data_collator,
@@ -54,7 +56,13 @@ from transformers import (
 from hf_ftpipe import PipeTrainingArguments
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import checkpoint_to_resume, parse_arguments, record_metrics, set_up_logging  # noqa: E402
+from common import (  # noqa: E402
+    checkpoint_to_resume,
+    pad_to_multiple_of,
+    parse_arguments,
+    record_metrics,
+    set_up_logging,
+)
 from qa_trainer import QuestionAnsweringPipeTrainer  # noqa: E402
 
 from local_tokenizer import build_bert_tokenizer  # noqa: E402
@@ -92,7 +100,15 @@ class DataTrainingArguments:
         metadata={"help": "Same layout (`answers` optional), for --do_predict. Default: the validation split."},
     )
     max_seq_length: int | None = field(
-        default=None, metadata={"help": f"Tokens per feature. Default: 384 ({TINY_MAX_SEQ_LENGTH} for the tiny BERT)."}
+        default=None,
+        metadata={"help": f"The most tokens per feature. Default: 384 ({TINY_MAX_SEQ_LENGTH} for the tiny BERT)."},
+    )
+    pad_to_max_length: bool = field(
+        default=False,
+        metadata={
+            "help": "Pad every feature to `max_seq_length`, as FTPipe did (the presets do). Default: pad each batch "
+            "to its longest feature (DataCollatorWithPadding)."
+        },
     )
     doc_stride: int | None = field(
         default=None,
@@ -142,7 +158,12 @@ def main() -> None:
         raise ValueError(
             f"`doc_stride` ({data_args.doc_stride}) must be below `max_seq_length` ({data_args.max_seq_length})"
         )
-    settings = {"tokenizer": tokenizer, "max_seq_length": data_args.max_seq_length, "doc_stride": data_args.doc_stride}
+    settings = {
+        "tokenizer": tokenizer,
+        "max_seq_length": data_args.max_seq_length,
+        "doc_stride": data_args.doc_stride,
+        "pad_to_max_length": data_args.pad_to_max_length,
+    }
     cache = {"num_proc": data_args.preprocessing_num_workers, "load_from_cache_file": not data_args.overwrite_cache}
 
     def featurize(examples: Dataset, keep_offsets: bool) -> Dataset:
@@ -176,7 +197,9 @@ def main() -> None:
         eval_examples=eval_examples,
         post_process_function=post_process,
         processing_class=tokenizer,
-        data_collator=default_data_collator,  # every feature is padded to max_seq_length: nothing to pad
+        data_collator=default_data_collator
+        if data_args.pad_to_max_length
+        else DataCollatorWithPadding(tokenizer, pad_to_multiple_of=pad_to_multiple_of(training_args)),
     )
     if training_args.do_train:
         result = trainer.train(resume_from_checkpoint=checkpoint_to_resume(training_args))
@@ -261,18 +284,19 @@ def prepare_features(
     max_seq_length: int,
     doc_stride: int,
     keep_offsets: bool,
+    pad_to_max_length: bool = False,
 ) -> dict[str, list]:
     """Tokenize a batch of examples into features: ``[CLS] question [SEP] window of the context [SEP]``.
 
     Questions lose their leading spaces (a few SQuAD questions start with many, which would eat
-    into the window); only the context is truncated (``only_second``), into windows of
-    ``max_seq_length`` tokens that overlap by ``doc_stride`` tokens; every feature is padded to
-    ``max_seq_length`` (the pipeline is traced for one shape).
+    into the window); only the context is truncated (``only_second``), into windows of at most
+    ``max_seq_length`` tokens that overlap by ``doc_stride`` tokens. With ``pad_to_max_length``
+    every feature is padded to ``max_seq_length``; otherwise the collator pads each batch.
 
     Every feature gets ``start_positions`` and ``end_positions``: the tokens of the first gold
     answer, or the ``[CLS]`` token when the answer is not wholly inside the window (or the example
-    has no answers). Evaluation features carry them too, since the pipeline takes the inputs it
-    was traced with; ``eval_loss`` is then the loss on the first gold answer.
+    has no answers). Evaluation features carry them too, so that ``eval_loss`` is reported, the
+    loss on the first gold answer.
 
     With ``keep_offsets`` (evaluation and prediction), a feature also keeps ``example_id`` and
     ``offset_mapping``, the latter ``None`` for every token outside the context, which is how
@@ -288,7 +312,7 @@ def prepare_features(
         stride=doc_stride,
         return_overflowing_tokens=True,
         return_offsets_mapping=True,
-        padding="max_length",
+        padding="max_length" if pad_to_max_length else False,
     )
     example_of = encoded.pop("overflow_to_sample_mapping")  # feature -> index of its example in the batch
     offsets_of = encoded.pop("offset_mapping")
@@ -349,7 +373,8 @@ def postprocess_predictions(
         examples: rows with ``id`` and ``context``.
         features: rows with ``example_id`` and ``offset_mapping`` (see `prepare_features`), in
             the order of the logits.
-        start_logits, end_logits (`np.ndarray`): ``(features, max_seq_length)``.
+        start_logits, end_logits (`np.ndarray`): ``(features, longest feature)``; a feature's
+            logits past its own tokens (padding, -100 where batches were concatenated) are never read.
 
     Returns:
         `dict[str, str]`: example id to answer text, for every example.

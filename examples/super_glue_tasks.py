@@ -11,8 +11,9 @@ Formats follow the T5 library's SuperGLUE/GLUE preprocessors (``t5/data/preproce
 ``glue``): ``"<task> key1: v1 key2: v2"`` joined with single spaces, keys in the task's order
 (alphabetical unless T5 gives one), nothing lowercased or collapsed; the target is the label
 name. MultiRC's paragraphs carry HTML: after joining, ``<br>`` becomes a space and ``<b>``,
-``</b>`` are removed. Inputs and targets get EOS and are truncated at the end with EOS kept, then
-padded to a fixed length, as T5's ``trim_and_pad`` did for FTPipe.
+``</b>`` are removed. Inputs and targets get EOS and are truncated at the end with EOS kept; they
+are left for the collator to pad per batch, or (``pad_to_max_length``) padded to the lengths, as
+T5's ``trim_and_pad`` did for FTPipe.
 
 RTE comes in two column layouts: SuperGLUE's (premise, hypothesis; task ``rte``) and GLUE's
 (sentence1, sentence2; task ``glue_rte``, the one FTPipe trained on). ``get_task("rte",
@@ -45,9 +46,9 @@ class Task:
     label_names: tuple[str, ...]
     """Targets in label-id order: label ``i`` is trained to generate ``label_names[i]``."""
     max_source_length: int
-    """Default input length in tokens (EOS included); inputs are padded or truncated to it."""
+    """Default input length in tokens (EOS included): longer inputs are truncated to it."""
     max_target_length: int
-    """Default target length in tokens (EOS included)."""
+    """Default target length in tokens (EOS included): longer targets are truncated to it."""
     metric_config: str
     """Config of the ``t5_super_glue`` metric module that scores this task."""
     dataset_name: str
@@ -168,9 +169,12 @@ def get_task(name: str, column_names: Iterable[str] | None = None) -> Task:
     return task
 
 
-def _fix_length(ids: Sequence[int], length: int, eos_id: int, pad_id: int) -> list[int]:
-    # T5's append_eos_after_trim + pad: the last kept token is always EOS.
-    ids = [*ids[: length - 1], eos_id]
+def _truncate(ids: Sequence[int], length: int, eos_id: int) -> list[int]:
+    # T5's append_eos_after_trim: the last kept token is always EOS.
+    return [*ids[: length - 1], eos_id]
+
+
+def _pad(ids: list[int], length: int, pad_id: int) -> list[int]:
     return ids + [pad_id] * (length - len(ids))
 
 
@@ -180,8 +184,9 @@ def tokenize_batch(
     batch: Mapping[str, list],
     max_source_length: int | None = None,
     max_target_length: int | None = None,
+    pad_to_max_length: bool = False,
 ) -> dict[str, list[list[int]]]:
-    """Fixed-length model inputs for a batch of examples, for ``datasets.map(..., batched=True)``.
+    """Model inputs for a batch of examples, for ``datasets.map(..., batched=True)``.
 
     Args:
         tokenizer (`PreTrainedTokenizerBase`):
@@ -191,14 +196,21 @@ def tokenize_batch(
         batch (`Mapping[str, list]`):
             Column name -> values, as ``datasets.map`` passes them.
         max_source_length (`int`, *optional*, defaults to ``task.max_source_length``):
-            Length of ``input_ids`` and ``attention_mask``, EOS included.
+            The most ``input_ids`` tokens, EOS included: longer inputs are truncated, EOS kept.
         max_target_length (`int`, *optional*, defaults to ``task.max_target_length``):
-            Length of ``labels``, EOS included.
+            The most ``labels`` tokens, EOS included.
+        pad_to_max_length (`bool`, defaults to `False`):
+            Pad every row to those lengths (FTPipe's fixed shapes, for `default_data_collator`).
+            Otherwise rows keep their own lengths and a collator pads each batch to its longest
+            (`DataCollatorForSeq2Seq`, labels with -100).
 
     Returns:
-        `dict`: ``input_ids`` (pad-filled), ``attention_mask`` (1 on tokens, 0 on padding) and
-        ``labels`` (target ids then -100; all -100 for rows with label -1, i.e. test splits).
-        T5 builds its decoder inputs by shifting ``labels`` right.
+        `dict`: ``input_ids``, ``attention_mask`` (1 on tokens, 0 on padding) and ``labels``
+        (target ids, then -100 as padding). A row with label -1 (test splits) has no target: its
+        labels are all -100, as long as the longest target (``max_target_length`` when padding;
+        else the task's longest label name, at most that), so that a pipeline traced on such a
+        batch can still generate every label. T5 builds its decoder inputs by shifting ``labels``
+        right.
     """
     source_length = task.max_source_length if max_source_length is None else max_source_length
     target_length = task.max_target_length if max_target_length is None else max_target_length
@@ -214,14 +226,25 @@ def tokenize_batch(
     num_rows = len(batch["label"])
     examples = [{column: batch[column][i] for column in task.columns} for i in range(num_rows)]
     sources = tokenizer([task.format_input(e) for e in examples], add_special_tokens=False).input_ids
-    input_ids = [_fix_length(ids, source_length, eos_id, pad_id) for ids in sources]
-    num_tokens = [min(len(ids) + 1, source_length) for ids in sources]  # + 1: the EOS
-    attention_mask = [[1] * n + [0] * (source_length - n) for n in num_tokens]
+    input_ids = [_truncate(ids, source_length, eos_id) for ids in sources]
+    attention_mask = [[1] * len(ids) for ids in input_ids]
     labels = []
     for example in examples:
         if example["label"] == -1:
-            labels.append([-100] * target_length)
+            labels.append(
+                [-100] * (target_length if pad_to_max_length else _longest_target(tokenizer, task, target_length))
+            )
             continue
         ids = tokenizer(task.format_target(example), add_special_tokens=False).input_ids
-        labels.append(_fix_length(ids, target_length, eos_id, -100))
+        labels.append(_truncate(ids, target_length, eos_id))
+    if pad_to_max_length:
+        input_ids = [_pad(ids, source_length, pad_id) for ids in input_ids]
+        attention_mask = [_pad(mask, source_length, 0) for mask in attention_mask]
+        labels = [_pad(ids, target_length, -100) for ids in labels]
     return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+
+
+def _longest_target(tokenizer, task: Task, target_length: int) -> int:
+    """Tokens of the task's longest label name, EOS included, at most ``target_length``."""
+    names = tokenizer(list(task.label_names), add_special_tokens=False).input_ids
+    return min(target_length, max(len(ids) for ids in names) + 1)

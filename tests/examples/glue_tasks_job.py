@@ -20,7 +20,7 @@ from example_modules import DATA, load_example
 # case -> the flags that make it; "rte_glue" is RTE in GLUE's columns (sentence1, sentence2).
 CASES: dict[str, list[str]] = {
     "boolq": ["--task_name", "boolq"],
-    "cb": ["--task_name", "cb"],
+    "cb": ["--task_name", "cb", "--train_sampling_strategy", "group_by_length"],  # batches of similar lengths
     "copa": ["--task_name", "copa"],
     # docs/examples.md's multirc command, then fewer evaluation samples (main's --output_dir comes last, and wins)
     "multirc": [*cpu_launch_arguments("docs/examples.md", "run_glue_pipe.py"), "--max_eval_samples", "12"],

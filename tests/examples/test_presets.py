@@ -68,6 +68,7 @@ def test_t5_presets_are_ftpipes_settings(task, schedule):
     model_args, data_args, args = parse(f"t5-3b_{task}_{schedule}")
     assert (model_args.model_name_or_path, model_args.adafactor_scale_parameter) == ("t5-3b", True)
     assert (data_args.task_name, data_args.max_source_length, data_args.max_target_length) == (task, source, target)
+    assert data_args.pad_to_max_length  # FTPipe padded every sample: samples/s that compare with the paper's
     assert data_args.dataset_name == ("nyu-mll/glue" if task == "rte" else "aps/super_glue")  # FTPipe's GLUE RTE
     assert (args.learning_rate, args.weight_decay, args.warmup_steps) == (1e-3, 0.0, warmup)
     assert args.lr_scheduler_type == "constant_with_warmup"
@@ -81,6 +82,7 @@ def test_bert_large_squad_presets_are_the_classic_recipe(schedule, pipeline):
     model_args, data_args, args = parse(f"bert-large_squad_{schedule}")
     assert model_args.model_name_or_path == "google-bert/bert-large-uncased-whole-word-masking"
     assert (data_args.dataset_name, data_args.max_seq_length, data_args.doc_stride) == ("rajpurkar/squad", 384, 128)
+    assert data_args.pad_to_max_length
     assert (args.learning_rate, args.adam_epsilon, args.weight_decay, args.warmup_steps) == (3e-5, 1e-8, 0.0, 0)
     assert (args.lr_scheduler_type, args.num_train_epochs, args.per_device_train_batch_size) == ("linear", 2, 24)
     check_pipeline(args, schedule, *pipeline)

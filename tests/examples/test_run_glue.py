@@ -10,7 +10,7 @@ from types import ModuleType
 import pytest
 import torch
 from datasets import load_dataset
-from transformers import Adafactor, AutoModelForSeq2SeqLM, AutoTokenizer
+from transformers import Adafactor, AutoModelForSeq2SeqLM, AutoTokenizer, DataCollatorForSeq2Seq
 
 from hf_ftpipe import PipeTrainingArguments
 from hf_ftpipe.metrics import load_metric
@@ -65,14 +65,19 @@ def test_scores_are_those_of_the_saved_model_generating_on_one_process(run, glue
     rows = load_dataset("json", data_files=str(DATA / "glue_rte_validation.jsonl"), split="train").select(range(8))
     task = glue.get_task("rte", rows.column_names)
     assert task.name == "glue_rte"
-    batch = glue.tokenize_batch(tokenizer, task, rows[:], max_source_length=32, max_target_length=4)
+    # the evaluation batch as the script collates it: padded to its longest input
+    features = glue.tokenize_batch(tokenizer, task, rows[:], max_source_length=32, max_target_length=4)
+    batch = DataCollatorForSeq2Seq(tokenizer)([{name: features[name][i] for name in features} for i in range(8)])
+    # the pipeline is planned for the data's longest label, a label name and EOS (at most 4), and
+    # generates up to that + 1 tokens
+    label_length = min(4, max(len(tokenizer(name).input_ids) for name in task.label_names))
     with torch.no_grad():
         generated = model.generate(
-            input_ids=torch.tensor(batch["input_ids"]),
-            attention_mask=torch.tensor(batch["attention_mask"]),
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
             do_sample=False,
             num_beams=1,
-            max_length=5,  # the traced label length + 1, as the pipeline generates
+            max_length=label_length + 1,
         )
     labels = glue.generated_labels(tokenizer, task, generated.numpy())
     assert set(labels) & set(task.label_names), f"nothing learnt in 40 steps: {labels}"

@@ -126,7 +126,8 @@ def test_windows_overlap_by_the_stride_and_mark_the_answer_or_cls(qa, tokenizer)
     question_ids = tokenizer("Where does Anna live?")["input_ids"][:-1]  # [CLS] question, leading spaces gone
     for index in range(windows):
         ids = features["input_ids"][index]
-        assert len(ids) == 24 and ids[: len(question_ids)] == question_ids
+        assert len(ids) == 24 or index == windows - 1  # unpadded: only the last window may be shorter
+        assert len(ids) <= 24 and ids[: len(question_ids)] == question_ids
         offsets = features["offset_mapping"][index]
         # offsets are kept exactly for the tokens between the first [SEP] and the last one
         separators = [i for i, token in enumerate(ids) if token == tokenizer.sep_token_id]
@@ -143,6 +144,18 @@ def test_windows_overlap_by_the_stride_and_mark_the_answer_or_cls(qa, tokenizer)
     start, end = positions[-1]
     offsets = features["offset_mapping"][-1]
     assert context[offsets[start][0] : offsets[end][1]] == "Rome"
+    # --pad_to_max_length: the same features, each padded to 24 tokens (blank offsets on the padding)
+    padded = qa.prepare_features(
+        batch, tokenizer, max_seq_length=24, doc_stride=8, keep_offsets=True, pad_to_max_length=True
+    )
+    assert len(features["input_ids"][-1]) < 24
+    for name in ("input_ids", "offset_mapping", "start_positions", "end_positions"):
+        for mine, theirs in zip(features[name], padded[name], strict=True):
+            if isinstance(mine, list):
+                assert len(theirs) == 24 and theirs[: len(mine)] == mine
+                assert set(theirs[len(mine) :]) <= {tokenizer.pad_token_id, None}
+            else:
+                assert mine == theirs
 
 
 def test_an_answer_cut_by_the_window_edge_points_at_cls(qa, tokenizer):

@@ -153,14 +153,19 @@ def _columns(rows: list[dict]) -> dict[str, list]:
     return {key: [row[key] for row in rows] for key in rows[0]}
 
 
+RTE_ROWS = [
+    {"premise": "anna sold the car", "hypothesis": "anna sold", "idx": 0, "label": 1},
+    {"premise": "anna sold the car " * 20, "hypothesis": "anna", "idx": 1, "label": 0},
+    {"premise": "anna", "hypothesis": "anna", "idx": 2, "label": -1},  # a test row: no target
+]
+
+
 def test_tokenize_batch_pads_truncates_and_keeps_eos(tasks, tok):
     task = tasks.get_task("rte")
-    rows = [
-        {"premise": "anna sold the car", "hypothesis": "anna sold", "idx": 0, "label": 1},
-        {"premise": "anna sold the car " * 20, "hypothesis": "anna", "idx": 1, "label": 0},
-        {"premise": "anna", "hypothesis": "anna", "idx": 2, "label": -1},  # a test row: no target
-    ]
-    out = tasks.tokenize_batch(tok, task, _columns(rows), max_source_length=24, max_target_length=5)
+    rows = RTE_ROWS
+    out = tasks.tokenize_batch(
+        tok, task, _columns(rows), max_source_length=24, max_target_length=5, pad_to_max_length=True
+    )
     assert set(out) == {"input_ids", "attention_mask", "labels"}
     short, long, _ = out["input_ids"]
     assert all(len(ids) == 24 for ids in out["input_ids"]) and all(len(m) == 24 for m in out["attention_mask"])
@@ -175,7 +180,37 @@ def test_tokenize_batch_pads_truncates_and_keeps_eos(tasks, tok):
     assert out["labels"][2] == [-100] * 5
     truncated = tasks.tokenize_batch(tok, task, _columns(rows[:1]), max_target_length=2)["labels"][0]
     assert truncated == [*target[:1], tok.eos_token_id]
-    assert len(tasks.tokenize_batch(tok, task, _columns(rows[:1]))["input_ids"][0]) == 320  # task default
+    padded = tasks.tokenize_batch(tok, task, _columns(rows[:1]), pad_to_max_length=True)
+    assert len(padded["input_ids"][0]) == 320  # task default
+
+
+def test_tokenize_batch_leaves_padding_to_the_collator_by_default(tasks, tok):
+    """Rows keep their own lengths (truncated, EOS kept); DataCollatorForSeq2Seq pads each batch to its
+    longest input with the pad token and its longest label with -100: what padding to the lengths gives,
+    cut at the batch's longest."""
+    from transformers import DataCollatorForSeq2Seq
+
+    task = tasks.get_task("rte")
+    out = tasks.tokenize_batch(tok, task, _columns(RTE_ROWS), max_source_length=24, max_target_length=5)
+    short, long, test_row = out["input_ids"]
+    assert short == tok(task.format_input(RTE_ROWS[0])).input_ids
+    assert len(long) == 24 and long[-1] == tok.eos_token_id
+    assert test_row == tok(task.format_input(RTE_ROWS[2])).input_ids
+    assert out["attention_mask"] == [[1] * len(ids) for ids in out["input_ids"]]
+    assert out["labels"][0] == tok("not_entailment").input_ids and out["labels"][1] == tok("entailment").input_ids
+    # no target: ignored labels as long as the task's longest label name, so a traced batch can generate it
+    longest = max(len(tok(name).input_ids) for name in task.label_names)
+    assert out["labels"][2] == [-100] * longest
+
+    rows = [{name: out[name][i] for name in out} for i in range(3)]
+    batch = DataCollatorForSeq2Seq(tok)(rows)
+    padded = tasks.tokenize_batch(
+        tok, task, _columns(RTE_ROWS), max_source_length=24, max_target_length=5, pad_to_max_length=True
+    )
+    labels_length = max(len(labels) for labels in out["labels"])
+    assert batch["input_ids"].tolist() == padded["input_ids"]  # the long row fills the 24
+    assert batch["attention_mask"].tolist() == padded["attention_mask"]
+    assert batch["labels"].tolist() == [labels[:labels_length] for labels in padded["labels"]]
 
 
 def test_tokenize_batch_checks_columns(tasks, tok):

@@ -102,7 +102,7 @@ def _check_planned(graph: CostGraph, microbatch: Mapping[str, Any], num_microbat
             raise PipelineError(
                 f"{name!r} has length {size} (dimension {dim}), but the pipeline was planned for at most {planned}: "
                 f"a longer sequence may not fit the memory the plan was made for. Set "
-                f"PipeTrainingArguments(max_seq_length={size}) or more (the longest sequence of the run), "
+                f"PipeTrainingArguments(plan_max_length={size}) or more (the longest sequence of the run), "
                 f"or truncate the data to at most {planned} tokens"
             )
 

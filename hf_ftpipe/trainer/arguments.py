@@ -137,7 +137,7 @@ class PipeTrainingArguments(TrainingArguments):
             "(generate's `max_length`); at most the traced label length + 1, which is the default."
         },
     )
-    max_seq_length: int | None = field(
+    plan_max_length: int | None = field(
         default=None,
         metadata={
             "help": "The longest sequence (every input's second dimension: input_ids, labels...) the pipeline is "
@@ -311,8 +311,8 @@ def _unsupported_trainer_features(args: PipeTrainingArguments) -> list[str]:
         )
     if args.auto_find_batch_size:
         problems.append(
-            "`auto_find_batch_size=True` retries with smaller batches, but the pipeline is traced for one "
-            "micro-batch shape; set `per_device_train_batch_size` (a multiple of `num_microbatches`) yourself"
+            "`auto_find_batch_size=True` retries with smaller batches, but the pipeline's plan (its stages and "
+            "their memory) is made once, for one batch size; set `per_device_train_batch_size` yourself"
         )
     return problems
 

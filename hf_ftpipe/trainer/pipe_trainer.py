@@ -198,10 +198,10 @@ class PipeTrainer(PipeEvaluation, PipeCheckpointing, PipeDataLoading, PipeReport
         datasets += list(evaluation.values()) if isinstance(evaluation, dict) else [evaluation]
         usable = [self._remove_unused_columns(d, "planning") for d in datasets if isinstance(d, Dataset)]
         longest = None
-        if usable and self.args.max_seq_length is None and columns:
+        if usable and self.args.plan_max_length is None and columns:
             with self.data_randomness.forked():  # a random collator must not draw from the run's generators
                 longest = longest_rows(usable, self.data_collator, columns)
-        return planned_microbatch(batch, rows, longest, self.args.max_seq_length)
+        return planned_microbatch(batch, rows, longest, self.args.plan_max_length)
 
     @staticmethod
     def _planned_batch(traced: Any) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 
 The pipeline takes batches of any length (`hf_ftpipe.graph.dynamic_shapes`), but its plan (the
 stage cut, the memory each GPU needs) is made for one shape. A plan that fits the longest sequence
-fits every shorter one, so the plan is made for the longest: ``max_seq_length`` when given, else
+fits every shorter one, so the plan is made for the longest: ``plan_max_length`` when given, else
 the longest rows of the training and evaluation datasets, collated as the data loader would
 collate them (the collator pads to its own rule, e.g. ``pad_to_multiple_of=8``), else the first
 batch's shape. The rows of a planned micro-batch are ``per_device_train_batch_size`` over
@@ -28,7 +28,7 @@ def planned_microbatch(
     sample: Mapping[str, Any],
     rows: int,
     longest: Mapping[str, Any] | None,
-    max_seq_length: int | None,
+    plan_max_length: int | None,
 ) -> dict[str, tuple[int, ...]]:
     """The planned shape of each tensor input of ``sample`` (a batch the model is traced on).
 
@@ -37,7 +37,7 @@ def planned_microbatch(
             sequence (a label count...).
         rows: the rows of the largest micro-batch.
         longest: the dataset's longest rows collated (`longest_rows`), or ``None`` if unknown.
-        max_seq_length: the user's bound on every sequence dimension, overriding the data's.
+        plan_max_length: the user's bound on every sequence dimension, overriding the data's.
     """
     planned: dict[str, tuple[int, ...]] = {}
     for name, value in sample.items():
@@ -46,8 +46,8 @@ def planned_microbatch(
         shape = [rows, *value.shape[1:]]
         if value.dim() > 1:
             other = longest.get(name) if longest is not None else None
-            if max_seq_length is not None:
-                shape[1] = max_seq_length
+            if plan_max_length is not None:
+                shape[1] = plan_max_length
             elif isinstance(other, torch.Tensor) and other.dim() == value.dim():
                 shape[1] = max(int(value.shape[1]), int(other.shape[1]))
         planned[name] = tuple(int(size) for size in shape)

@@ -153,7 +153,7 @@ def test_batches_larger_than_planned_or_of_shapes_the_model_ties_are_refused_on_
     assert pipeline_results[0]["refusals"] == pipeline_results[1]["refusals"], "every rank says the same"
     errors = pipeline_results[0]["refusals"]
     assert errors["too long"].startswith("'input_ids' has length 9 (dimension 1), but the pipeline was planned for")
-    assert "at most 8" in errors["too long"] and "PipeTrainingArguments(max_seq_length=9)" in errors["too long"]
+    assert "at most 8" in errors["too long"] and "PipeTrainingArguments(plan_max_length=9)" in errors["too long"]
     assert errors["too many rows"].startswith("'input_ids' gives a micro-batch of 4 rows, but the pipeline was")
     assert "planned for at most 3 (2 micro-batches of a mini-batch of 6)" in errors["too many rows"]
     assert "per_device_train_batch_size" in errors["too many rows"]

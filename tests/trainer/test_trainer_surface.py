@@ -158,3 +158,28 @@ def test_half_precision_full_eval_is_refused_with_the_autocast_alternative(tmp_p
 def test_trainer_features_the_pipeline_would_lose_are_refused(tmp_path: Path, overrides: dict, message: str) -> None:
     with pytest.raises(ValueError, match=rf"PipeTrainer cannot honour these arguments:\n  - .*{message}"):
         PipeTrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", **overrides)
+
+
+SCRIPT_ARGUMENTS = {
+    # the ModelArguments / DataTrainingArguments fields of transformers' examples/pytorch scripts (run_glue,
+    # run_clm, run_mlm, run_qa, run_summarization, run_translation), parsed beside the training arguments
+    "model_name_or_path", "config_name", "tokenizer_name", "cache_dir", "use_fast_tokenizer", "model_revision",
+    "token", "trust_remote_code", "torch_dtype", "low_cpu_mem_usage", "task_name", "dataset_name",
+    "dataset_config_name", "max_seq_length", "overwrite_cache", "pad_to_max_length", "max_train_samples",
+    "max_eval_samples", "max_predict_samples", "train_file", "validation_file", "test_file", "doc_stride",
+    "n_best_size", "max_answer_length", "version_2_with_negative", "null_score_diff_threshold", "block_size",
+    "mlm_probability", "line_by_line", "preprocessing_num_workers", "validation_split_percentage", "streaming",
+    "max_source_length", "max_target_length", "val_max_target_length", "num_beams", "ignore_pad_token_for_loss",
+    "source_prefix", "text_column", "summary_column", "source_lang", "target_lang", "forced_bos_token",
+}  # fmt: skip
+
+
+def test_no_pipeline_argument_clashes_with_an_example_script_argument() -> None:
+    """HfArgumentParser refuses two fields of one name: a clash would break the one-line swap."""
+    from dataclasses import fields
+
+    from transformers import TrainingArguments
+
+    ours = {f.name for f in fields(PipeTrainingArguments)} - {f.name for f in fields(TrainingArguments)}
+    assert ours, "PipeTrainingArguments adds fields of its own"
+    assert not ours & SCRIPT_ARGUMENTS, sorted(ours & SCRIPT_ARGUMENTS)

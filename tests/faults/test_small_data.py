@@ -1,5 +1,6 @@
-"""A training set smaller than one mini-batch: a clear error before anything is built, naming the
-sample count and a batch size that works (the pipeline trains on whole mini-batches only)."""
+"""A training set smaller than one mini-batch under a streaming schedule (async, 2bw: whole
+mini-batches only): a clear error before anything is built, naming the sample count and a batch
+size that works. gpipe and 1f1b train it, as `Trainer` does (tests/trainer)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ def train_on(rows: int, tmp_path: Path, batch_size: int = 8, num_microbatches: i
         use_cpu=True,
         per_device_train_batch_size=batch_size,
         num_microbatches=num_microbatches,
+        pipeline_schedule="async",
         max_steps=1,
         report_to="none",
     )
@@ -35,6 +37,7 @@ def test_fewer_samples_than_a_mini_batch_names_the_count_and_a_batch_size_that_w
     assert message.startswith(
         "the training set has 6 samples, fewer than one mini-batch of per_device_train_batch_size=8"
     )
+    assert "pipeline_schedule='async' trains on whole mini-batches only" in message
     assert "Use per_device_train_batch_size=4 (a multiple of num_microbatches=4), or more data" in message
 
 

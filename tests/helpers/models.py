@@ -43,7 +43,7 @@ def tiny_model(kind: str, dropout: float = 0.0, seed: int = 0) -> nn.Module:
             eos_token_id=1,
         )
         return transformers.GPT2LMHeadModel(config)
-    if kind in ("bert", "bert-mlm"):
+    if kind in ("bert", "bert-mlm", "bert-qa"):
         config = transformers.BertConfig(
             vocab_size=VOCAB,
             hidden_size=32,
@@ -57,6 +57,8 @@ def tiny_model(kind: str, dropout: float = 0.0, seed: int = 0) -> nn.Module:
         )
         if kind == "bert-mlm":
             return transformers.BertForMaskedLM(config)
+        if kind == "bert-qa":
+            return transformers.BertForQuestionAnswering(config)
         return transformers.BertForSequenceClassification(config)
     if kind == "roberta":
         config = transformers.RobertaConfig(

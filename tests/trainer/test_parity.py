@@ -31,9 +31,15 @@ from distributed import REPO
 from distributed import accelerate_launch as launch
 from models import tiny_model
 from parity_runs import KINDS, STEPS, TOKEN_SLICES, base_kind, compute_metrics, make_data, run
+from trainer_comparison import (
+    assert_metrics_close,
+    assert_outputs_close,
+    assert_steps_close,
+    assert_weights_close,
+    logged_steps,
+)
 
 LOADERS = {"gpt2": AutoModelForCausalLM, "t5": AutoModelForSeq2SeqLM, "bert": AutoModelForSequenceClassification}
-TOLERANCE = {"atol": 1e-5, "rtol": 1e-4}
 
 
 @pytest.fixture(scope="module")
@@ -59,26 +65,6 @@ def trainer_results(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str],
     return results
 
 
-def _steps(history: list[dict]) -> list[dict]:
-    return [entry for entry in history if "loss" in entry]
-
-
-def _close(actual: object, expected: object, what: str) -> None:
-    if isinstance(expected, tuple):
-        assert isinstance(actual, tuple) and len(actual) == len(expected), what
-        for i, (a, e) in enumerate(zip(actual, expected, strict=True)):
-            _close(a, e, f"{what}[{i}]")
-        return
-    torch.testing.assert_close(torch.as_tensor(actual), torch.as_tensor(expected), **TOLERANCE, msg=what)
-
-
-def _metrics_close(actual: dict, expected: dict, what: str) -> None:
-    numbers = {k for k, v in expected.items() if isinstance(v, float) and "runtime" not in k and "per_second" not in k}
-    assert numbers <= set(actual), f"{what}: {sorted(numbers - set(actual))} missing from {actual}"
-    for key in sorted(numbers):
-        assert actual[key] == pytest.approx(expected[key], rel=1e-4, abs=1e-5), f"{what} {key}"
-
-
 @pytest.mark.distributed
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", KINDS)
@@ -89,25 +75,19 @@ def test_pipe_trainer_matches_trainer(
     reference, reference_dir = trainer_results(kind)
     assert pipe["token_slices"] == TOKEN_SLICES.get(kind), "the pipeline did not run the slices asked for"
 
-    steps, expected_steps = _steps(pipe["history"]), _steps(reference["history"])
-    assert len(steps) == len(expected_steps) == STEPS
-    for step, (got, want) in enumerate(zip(steps, expected_steps, strict=True)):
-        for key in ("loss", "grad_norm", "learning_rate"):
-            assert got[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), f"step {step + 1} {key}: {got} vs {want}"
+    assert len(logged_steps(reference["history"])) == STEPS
+    assert_steps_close(pipe["history"], reference["history"])
 
-    _metrics_close(pipe["evaluate"], reference["evaluate"], "evaluate()")
+    assert_metrics_close(pipe["evaluate"], reference["evaluate"], "evaluate()")
     predictions, label_ids, metrics = pipe["predict"]
     want_predictions, want_labels, want_metrics = reference["predict"]
-    _close(predictions, want_predictions, "predict() predictions")
+    assert_outputs_close(predictions, want_predictions, "predict() predictions")
     np.testing.assert_array_equal(label_ids, want_labels)
-    _metrics_close(metrics, want_metrics, "predict() metrics")
+    assert_metrics_close(metrics, want_metrics, "predict() metrics")
 
     loader = LOADERS[base_kind(kind)]
     trained = loader.from_pretrained(pipeline_results / kind).state_dict()
-    expected = loader.from_pretrained(reference_dir).state_dict()
-    assert trained.keys() == expected.keys()
-    for name, value in expected.items():
-        torch.testing.assert_close(trained[name], value, **TOLERANCE, msg=name)
+    assert_weights_close(trained, loader.from_pretrained(reference_dir).state_dict())
 
 
 @pytest.mark.distributed

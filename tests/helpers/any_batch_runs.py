@@ -1,0 +1,168 @@
+"""The runs compared in tests/trainer/test_any_batch.py: batches as Hugging Face scripts make them
+(dynamic padding, a short last batch, fewer samples than a batch, no labels), trained by PipeTrainer
+(any_batch_job.py, 2 ranks) or plain `Trainer` (in the test) with the same model, data and seed.
+
+Rows have different lengths and the collator pads each batch to its own longest row, so no two
+steps need share a shape. Each case trains whole epochs, so the number of steps is the data
+loader's, not a ``max_steps``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from datasets import Dataset
+from transformers import (
+    DataCollatorForLanguageModeling,
+    DataCollatorForSeq2Seq,
+    DataCollatorWithPadding,
+)
+
+from mlm_runs import SPECIALS, tokenizer
+from models import VOCAB, tiny_model
+
+SHORTEST, LONGEST = 3, 12
+"""Token rows are this long, or anything between (before the collator pads a batch)."""
+
+
+@dataclass(frozen=True)
+class Case:
+    """One comparison: a tiny model of ``model``, its data and collator, and how it trains."""
+
+    model: str
+    collator: str
+    """``padding`` (`DataCollatorWithPadding`), ``causal`` (`DataCollatorForLanguageModeling`,
+    ``mlm=False``: labels are the padded inputs, padding -100) or ``seq2seq`` (`DataCollatorForSeq2Seq`)."""
+    train_rows: int
+    batch_size: int
+    epochs: int
+    steps: int
+    """The run's optimizer steps, worked out by hand: ceil(train_rows / batch_size) * epochs."""
+    schedule: str = "gpipe"
+    num_microbatches: int = 2
+    args: dict[str, Any] = field(default_factory=dict)
+
+
+CASES = {
+    # 13 rows in batches of 4: the last batch of each epoch has 1 row, fewer than the micro-batches.
+    "bert": Case("bert", "padding", train_rows=13, batch_size=4, epochs=2, steps=8),
+    # Batches of rows of about one length, in the sampler's random order; 14 rows: a last batch of 2.
+    "gpt2": Case(
+        "gpt2",
+        "causal",
+        train_rows=14,
+        batch_size=4,
+        epochs=1,
+        steps=4,
+        schedule="1f1b",
+        args={"train_sampling_strategy": "group_by_length"},
+    ),
+    # Targets of different lengths too: the collator pads labels with -100 and makes decoder_input_ids.
+    "t5": Case("t5", "seq2seq", train_rows=10, batch_size=4, epochs=1, steps=3),
+    # 5 samples, batch 8: one step per epoch, of micro-batches of 2, 1, 1 and 1 rows. Trained on answer
+    # positions; evaluated on features without them, as run_qa.py's are. SGD: the span head's bias (and
+    # the last LayerNorm's) have no gradient but rounding noise (a shift of all logits leaves the
+    # softmax alone), which Adam would scale up to whole steps of either sign.
+    "bert-qa": Case(
+        "bert-qa",
+        "padding",
+        train_rows=5,
+        batch_size=8,
+        epochs=2,
+        steps=2,
+        num_microbatches=4,
+        args={"optim": "sgd", "learning_rate": 0.1},
+    ),
+}
+
+
+def make_rows(kind: str, rows: int, seed: int, labelled: bool = True) -> Dataset:
+    """``rows`` token rows of random lengths with what ``kind`` trains on: a class (``bert``),
+    nothing beyond the tokens (causal LMs: the collator makes labels), a target of 2 to 5 tokens
+    ending in EOS (``t5``), answer positions (``bert-qa``; without them, unless ``labelled``, the
+    columns run_qa.py's evaluation features carry instead)."""
+    generator = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(SHORTEST, LONGEST + 1, (rows,), generator=generator).tolist()
+    tokens = [torch.randint(len(SPECIALS), VOCAB, (n,), generator=generator) for n in lengths]
+    data: dict[str, list] = {"input_ids": [t.tolist() for t in tokens]}
+    if kind == "bert" and labelled:
+        data["labels"] = [int(t[0] > VOCAB // 2) for t in tokens]
+    elif kind == "t5":
+        data["labels"] = [t[: 1 + i % 4].tolist() + [1] for i, t in enumerate(tokens)]  # EOS = 1
+    elif kind == "bert-qa" and labelled:
+        data["start_positions"] = [int(t.argmax()) for t in tokens]
+        data["end_positions"] = [min(int(t.argmax()) + 1, len(t) - 1) for t in tokens]
+    elif kind == "bert-qa":
+        data["example_id"] = [f"q{i}" for i in range(rows)]
+        data["offset_mapping"] = [[[j, j + 1] for j in range(len(t))] for t in tokens]
+    return Dataset.from_dict(data)
+
+
+def collator(case: Case, model: Any) -> Any:
+    if case.collator == "padding":
+        return DataCollatorWithPadding(tokenizer())
+    if case.collator == "causal":
+        return DataCollatorForLanguageModeling(tokenizer(), mlm=False)
+    return DataCollatorForSeq2Seq(tokenizer(), model=model)
+
+
+def setup(name: str, output_dir: str, pipe: bool) -> dict[str, Any]:
+    """Trainer's keyword arguments for case ``name``; ``pipe`` picks PipeTrainingArguments."""
+    from transformers import TrainingArguments
+
+    from hf_ftpipe import PipeTrainingArguments
+
+    case = CASES[name]
+    common: dict[str, Any] = dict(
+        output_dir=output_dir,
+        use_cpu=True,
+        per_device_train_batch_size=case.batch_size,
+        per_device_eval_batch_size=4,
+        num_train_epochs=case.epochs,
+        learning_rate=3e-3,
+        max_grad_norm=1.0,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        seed=0,
+    )
+    common.update(case.args)
+    if pipe:
+        args = PipeTrainingArguments(num_microbatches=case.num_microbatches, pipeline_schedule=case.schedule, **common)
+    else:
+        args = TrainingArguments(**common)
+    model = tiny_model(case.model)
+    return {
+        "model": model,
+        "args": args,
+        "train_dataset": make_rows(case.model, case.train_rows, seed=1),
+        "eval_dataset": make_rows(case.model, 7, seed=2),  # 4 + 3 rows
+        "data_collator": collator(case, model),
+        "processing_class": tokenizer(),  # group_by_length reads the model's input name from it
+    }
+
+
+def run(name: str, output_dir: str, trainer_class: type) -> dict[str, Any]:
+    """Train, evaluate, predict (on the rows without labels where the case has labels to drop); the
+    results of one run as plain data, with the trained weights."""
+    parts = setup(name, output_dir, pipe=trainer_class.__name__ == "PipeTrainer")
+    trainer = trainer_class(**parts)
+    trainer.train()
+    kind = CASES[name].model
+    result: dict[str, Any] = {"history": trainer.state.log_history, "global_step": trainer.state.global_step}
+    if kind == "bert-qa":
+        # What run_qa.py's QuestionAnsweringTrainer.evaluate does with features without positions.
+        features = make_rows(kind, 7, seed=2, labelled=False)
+        output = trainer.evaluation_loop(
+            trainer.get_eval_dataloader(features), description="Evaluation", metric_key_prefix="eval"
+        )
+        result["evaluate"] = (output.predictions, output.label_ids, output.metrics)
+    else:
+        result["evaluate"] = trainer.evaluate()
+        features = make_rows(kind, 7, seed=2, labelled=False) if kind == "bert" else parts["eval_dataset"]
+    predicted = trainer.predict(features)
+    result["predict"] = (predicted.predictions, predicted.label_ids, predicted.metrics)
+    result["weights"] = {n: v.detach().clone() for n, v in trainer.model.state_dict().items()}
+    return result

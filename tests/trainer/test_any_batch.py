@@ -1,0 +1,69 @@
+"""PipeTrainer (2 CPU processes, under torchrun) takes the batches Hugging Face scripts make and gives
+plain `Trainer`'s numbers on one process.
+
+One launched job runs every case of `any_batch_runs.CASES`: token rows of different lengths padded
+per batch (`DataCollatorWithPadding` for BERT, `DataCollatorForLanguageModeling(mlm=False)` for
+GPT-2 with ``train_sampling_strategy="group_by_length"`` under 1f1b, `DataCollatorForSeq2Seq` for
+T5), a last batch of 1 row (13 samples, batch 4), predictions on rows without labels (BERT), and a
+question-answering BERT trained on 5 samples with batch 8 and evaluated on features without answer
+positions, as run_qa.py's are. This process trains plain `Trainer` on the same case and compares
+the number of steps, every logged loss, gradient norm and learning rate, evaluation, prediction
+and the weights.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import Trainer
+
+from any_batch_runs import CASES, run
+from distributed import REPO, torchrun
+from trainer_comparison import (
+    assert_metrics_close,
+    assert_outputs_close,
+    assert_steps_close,
+    assert_weights_close,
+    logged_steps,
+)
+
+
+@pytest.fixture(scope="module")
+def pipeline_results(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    output = tmp_path_factory.mktemp("pipe")
+    torchrun(str(REPO / "tests" / "trainer" / "any_batch_job.py"), str(output))
+    return output
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+@pytest.mark.parametrize("name", CASES)
+def test_pipe_trainer_matches_trainer_on_any_batch(pipeline_results: Path, tmp_path: Path, name: str) -> None:
+    pipe = torch.load(pipeline_results / f"{name}.pt", weights_only=False)
+    reference = run(name, str(tmp_path), Trainer)
+
+    assert len(logged_steps(reference["history"])) == reference["global_step"] == CASES[name].steps
+    assert pipe["global_step"] == CASES[name].steps
+    assert_steps_close(pipe["history"], reference["history"])
+
+    if name == "bert-qa":  # evaluation_loop's output, as run_qa.py's post-processing reads it
+        start_end, label_ids, metrics = pipe["evaluate"]
+        want_start_end, want_label_ids, want_metrics = reference["evaluate"]
+        assert isinstance(want_start_end, tuple) and len(want_start_end) == 2 and want_label_ids is None
+        assert_outputs_close(start_end, want_start_end, "evaluation start/end logits")
+        assert_outputs_close(label_ids, want_label_ids, "evaluation label_ids")
+        assert_metrics_close(metrics, want_metrics, "evaluation metrics")
+    else:
+        assert_metrics_close(pipe["evaluate"], reference["evaluate"], "evaluate()")
+
+    predictions, label_ids, metrics = pipe["predict"]
+    want_predictions, want_label_ids, want_metrics = reference["predict"]
+    if name in ("bert", "bert-qa"):  # predicted on rows without labels
+        assert want_label_ids is None and "test_loss" not in want_metrics, "the reference had labels"
+    assert_outputs_close(predictions, want_predictions, "predict() predictions")
+    assert_outputs_close(label_ids, want_label_ids, "predict() label_ids")
+    assert_metrics_close(metrics, want_metrics, "predict() metrics")
+
+    assert_weights_close(pipe["weights"], reference["weights"])

@@ -63,22 +63,36 @@ def longest_rows(
     datasets: Iterable[Any], collate: Callable[[list[Any]], Mapping[str, Any]], columns: Sequence[str]
 ) -> Mapping[str, Any] | None:
     """The longest row of each list-valued column in ``columns`` over ``datasets`` (🤗 `datasets.Dataset`
-    objects; others are skipped), collated together: each column's longest length as the collator
-    pads it. ``None`` when no dataset tells its lengths.
+    objects; others are skipped), as the collator pads it: each dataset's longest rows are collated
+    together, and each column keeps the longest of those batches. ``None`` when no dataset tells its
+    lengths (or none collates).
+
+    Datasets are collated apart because their columns may differ: training features carry labels
+    that evaluation features lack (run_qa.py's), and a collator cannot pad rows with and without them
+    into one batch.
     """
-    rows: list[Any] = []
+    longest: dict[str, Any] = {}
     for dataset in datasets:
         if not hasattr(dataset, "with_format") or not hasattr(dataset, "column_names") or len(dataset) == 0:
             continue
         indices = {_longest_index(dataset, column) for column in columns if column in dataset.column_names}
-        rows.extend(dataset[i] for i in sorted(i for i in indices if i is not None))
-    if not rows:
-        return None
-    try:
-        return collate(rows)
-    except Exception as error:  # a collator that needs more than rows of the dataset: plan for the first batch
-        logger.warning("could not collate the dataset's longest rows (%s): planning for the first batch", error)
-        return None
+        rows = [dataset[i] for i in sorted(i for i in indices if i is not None)]
+        if not rows:
+            continue
+        try:
+            batch = collate(rows)
+        except Exception as error:  # a collator that needs more than rows of the dataset
+            logger.warning("could not collate the dataset's longest rows (%s): planning without them", error)
+            continue
+        for name, value in batch.items():
+            if name not in longest or _length(value) > _length(longest[name]):
+                longest[name] = value
+    return longest or None
+
+
+def _length(value: Any) -> int:
+    """A collated column's sequence length (its second dimension); -1 for what has none."""
+    return int(value.shape[1]) if isinstance(value, torch.Tensor) and value.dim() > 1 else -1
 
 
 def _longest_index(dataset: Any, column: str) -> int | None:

@@ -13,6 +13,7 @@ from functools import partial
 from typing import Any
 
 import torch
+from transformers.trainer_pt_utils import BatchRebalanceSampler
 from transformers.trainer_utils import seed_worker
 
 from hf_ftpipe.errors import PipelineError
@@ -43,6 +44,23 @@ class PipeDataLoading:
             loader = getattr(dataloader, "base_dataloader", dataloader)  # the loader accelerate's wraps
             loader.collate_fn = self.data_randomness.collating(loader.collate_fn)
         return dataloader
+
+    def _get_train_sampler(self, train_dataset: Any = None) -> Any:
+        sampler = super()._get_train_sampler(train_dataset)
+        if isinstance(sampler, BatchRebalanceSampler) and sampler.dp_size > 1:
+            # ``train_sampling_strategy="batch_rebalance"`` deals each rank its share of a batch of
+            # ``world_size`` mini-batches; stages need the whole of one, as a single process draws it.
+            sampler = BatchRebalanceSampler(
+                lengths=sampler.lengths,
+                effective_batch_size=sampler.effective_batch_size // sampler.dp_size,
+                dp_size=1,
+                grad_accum=sampler.grad_accum,
+                shuffle=sampler.shuffle,
+                seed=sampler.seed,
+                rank=0,
+                drop_last=sampler.drop_last,
+            )
+        return sampler
 
     def get_batch_samples(self, epoch_iterator: Any, num_batches: int, device: torch.device) -> tuple[list, Any]:
         # The loader's first batch of an epoch also starts its iterator: accelerate broadcasts the

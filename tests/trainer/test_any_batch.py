@@ -4,12 +4,11 @@ plain `Trainer`'s numbers on one process.
 One launched job runs every case of `any_batch_runs.CASES`: token rows of different lengths padded
 per batch (`DataCollatorWithPadding` for BERT, `DataCollatorForLanguageModeling(mlm=False)` for
 GPT-2 with ``train_sampling_strategy="group_by_length"`` under 1f1b, `DataCollatorForSeq2Seq` for
-T5, batches from ``train_sampling_strategy="batch_rebalance"``), a last batch of 1 row (13 samples,
-batch 4), predictions on rows without labels (BERT), and a
-question-answering BERT trained on 5 samples with batch 8 and evaluated on features without answer
-positions, as run_qa.py's are. This process trains plain `Trainer` on the same case and compares
-the number of steps, every logged loss, gradient norm and learning rate, evaluation, prediction
-and the weights.
+T5 with ``train_sampling_strategy="batch_rebalance"``), a last batch of 1 row (13 samples, batch 4),
+predictions on rows without labels (BERT), and a question-answering BERT trained on 5 samples with
+batch 8 and evaluated on longer features without answer positions, as run_qa.py's are. This process
+trains plain `Trainer` on the same case and compares the number of steps, every logged loss,
+gradient norm and learning rate, evaluation, prediction and the weights.
 """
 
 from __future__ import annotations

@@ -33,6 +33,6 @@ def test_the_collators_padding_rule_and_the_first_batch_bound_the_plan() -> None
     longest = longest_rows([rows([3, 9, 4])], padded, COLUMNS)
     assert longest["input_ids"].shape[1] == 16
     first = padded([{"input_ids": [5] * 20}])
-    planned = planned_microbatch(first, rows=2, longest=longest, max_seq_length=None)
+    planned = planned_microbatch(first, rows=2, longest=longest, plan_max_length=None)
     assert planned["input_ids"] == (2, 24)  # the first batch is longer than the datasets' rows
-    assert planned_microbatch(first, rows=2, longest=longest, max_seq_length=40)["input_ids"] == (2, 40)
+    assert planned_microbatch(first, rows=2, longest=longest, plan_max_length=40)["input_ids"] == (2, 40)

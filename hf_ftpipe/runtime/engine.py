@@ -358,7 +358,7 @@ class PipelineEngine(Executor):
         A streaming pipeline is drained first, so evaluation sees the latest weights.
         """
         self.drain()
-        microbatches = self.inputs.split(batch)
+        microbatches = self.inputs.split(batch, training=False)
         self.inputs.store_for_evaluation(self.state, microbatches)
         self.module.train(False)
         program = self.programs.flushing(training=False, microbatches=len(microbatches))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
@@ -22,6 +23,7 @@ def split_batch(
     num_microbatches: int,
     device: torch.device,
     derived: Collection[str] = (),
+    training: bool = True,
 ) -> list[dict[str, Any]]:
     """The rank's own copy of the mini-batch as micro-batches; the inputs in ``derived`` are left
     out (the runtime makes them per micro-batch).
@@ -29,7 +31,10 @@ def split_batch(
     A mini-batch of ``B`` rows gives ``min(B, num_microbatches)`` micro-batches whose sizes differ by
     at most one row (``torch.tensor_split``: 5 rows in 4 give 2, 1, 1, 1), so a short last batch
     trains whole. Sizes that vary (`hf_ftpipe.graph.dynamic_shapes`) may be anything up to the
-    planned ones (the graph's input shapes); the others must equal them.
+    planned ones (the graph's input shapes); the others must equal them. Without ``training`` a
+    micro-batch may be longer than planned, if it holds no more tokens than a planned one: a forward
+    without backward keeps no activations, so it needs less memory than the training micro-batch
+    the plan was made for (`PipeTrainer` evaluates longer rows in fewer-row pieces).
 
     Raises:
         `PipelineError`: an input is missing, a size the model fixes differs, or a micro-batch is larger
@@ -57,7 +62,7 @@ def split_batch(
             microbatches[m][name] = piece
     for microbatch in microbatches:
         formulas.bind(input_shapes(microbatch))
-        _check_planned(graph, microbatch, num_microbatches)
+        _check_planned(graph, microbatch, num_microbatches, training)
     return microbatches
 
 
@@ -80,11 +85,13 @@ def _rows(graph: CostGraph, batch: Mapping[str, Any]) -> int:
     )
 
 
-def _check_planned(graph: CostGraph, microbatch: Mapping[str, Any], num_microbatches: int) -> None:
+def _check_planned(graph: CostGraph, microbatch: Mapping[str, Any], num_microbatches: int, training: bool) -> None:
     """A micro-batch larger than planned would not fit the memory the plan was made for."""
     for name, value in microbatch.items():
         info = graph.inputs.get(name)
         if info is None or info.shape is None or not isinstance(value, torch.Tensor):
+            continue
+        if not training and value.numel() <= math.prod(info.shape):
             continue
         for dim in info.varying:
             size, planned = int(value.shape[dim]), info.shape[dim]

@@ -58,14 +58,19 @@ class StepInputs:
         self.device = device
         self.token_slicing = token_slicing
 
-    def split(self, batch: Mapping[str, Any], streaming: str | None = None) -> list[dict[str, Any]]:
+    def split(
+        self, batch: Mapping[str, Any], streaming: str | None = None, training: bool = True
+    ) -> list[dict[str, Any]]:
         """``batch`` as micro-batches (fewer than ``num_microbatches`` if it has fewer rows).
 
         ``streaming`` names a streaming schedule the batch trains under: those stream whole
         mini-batches only (`hf_ftpipe.schedules.orders.StreamingSchedule`), so a batch with fewer
-        rows than ``num_microbatches`` is refused.
+        rows than ``num_microbatches`` is refused. Evaluation (``training=False``) may be longer
+        than planned (see `split_batch`).
         """
-        microbatches = split_batch(self.graph, self.formulas, batch, self.num_microbatches, self.device, DERIVED_INPUTS)
+        microbatches = split_batch(
+            self.graph, self.formulas, batch, self.num_microbatches, self.device, DERIVED_INPUTS, training=training
+        )
         if streaming is not None and len(microbatches) < self.num_microbatches:
             rows = len(microbatches)
             raise PipelineError(

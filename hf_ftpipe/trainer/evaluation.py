@@ -15,6 +15,7 @@ placeholder labels that every loss ignores (`_placeholder_labels`), and that los
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -145,10 +146,11 @@ class PipeEvaluation:
         return torch.cat([nn.functional.pad(p, (0, width - p.shape[1]), value=pad) for p in pieces])
 
     def _chunks(self, inputs: dict[str, Any], labels_like: int | None = None) -> Any:
-        """``inputs`` in pieces of at most the planned mini-batch (the memory the plan allows).
+        """``inputs`` in pieces of at most the planned mini-batch (the memory the plan allows): of fewer
+        rows where they are longer than planned (`_evaluation_rows`).
 
         ``labels_like``: add placeholder ``labels`` of that length (generation replaces them)."""
-        size = self.args.per_device_train_batch_size
+        size = self._evaluation_rows(inputs)
         rows = find_batch_size(inputs)
         for start in range(0, rows, size):
             chunk = {k: v[start : start + size] if _is_batched(v, rows) else v for k, v in inputs.items()}
@@ -156,6 +158,23 @@ class PipeEvaluation:
                 real = min(size, rows - start)
                 chunk["labels"] = torch.zeros(real, labels_like, dtype=torch.long, device=self.args.device)
             yield chunk
+
+    def _evaluation_rows(self, inputs: dict[str, Any]) -> int:
+        """Rows per piece: the planned mini-batch's, or for rows longer than planned (a test split's
+        longest sentence) as many as keep each micro-batch within the planned micro-batch's tokens.
+        A forward without backward keeps no activations, so that fits in the memory planned for
+        training; `Trainer` evaluates such rows, so PipeTrainer does too."""
+        size = self.args.per_device_train_batch_size
+        ratio, planned_rows = 1.0, None
+        for name, info in self.engine.graph.inputs.items():
+            value = inputs.get(name)
+            if info.shape is None or not isinstance(value, torch.Tensor) or value.dim() < 2 or 1 not in info.varying:
+                continue
+            ratio = min(ratio, info.shape[1] / value.shape[1])
+            planned_rows = info.shape[0]
+        if ratio >= 1 or planned_rows is None:
+            return size
+        return max(1, math.floor(planned_rows * ratio)) * self.engine.num_microbatches
 
     def _placeholder_labels(self, inputs: dict[str, Any]) -> dict[str, Any]:
         """``inputs`` with each traced input it lacks (labels, answer positions) filled with a value every

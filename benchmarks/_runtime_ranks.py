@@ -95,6 +95,18 @@ def first_microbatch(setup: Setup, batch: dict[str, torch.Tensor]) -> dict[str, 
     return {name: value[: setup.microbatch_size] for name, value in batch.items()}
 
 
+def stage_inputs(traced: Any, spec: Any, microbatch: dict[str, torch.Tensor]) -> list[Any]:
+    """A stage module's leading arguments for ``microbatch`` (`build_stage_module`'s order: batch inputs,
+    then the sizes it reads, from the traced graph's shape formulas as the engine finds them); the
+    received values follow."""
+    from hf_ftpipe.runtime.shapes import ShapeBook
+
+    sizes: dict[str, Any] = {}
+    if spec.size_inputs:
+        sizes = ShapeBook(traced.shapes, traced.cost_graph, values=(), sizes=spec.size_inputs).of(microbatch).sizes
+    return [*(microbatch[n] for n in spec.batch_inputs), *(sizes[n] for n in spec.size_inputs)]
+
+
 def split_graph(graph: Any, setup: Setup) -> dict[str, int]:
     """node → stage by module scope, so that it matches `GPT2Stage`.
 
@@ -247,11 +259,11 @@ class HfFtpipeRunner:
         with torch.no_grad():  # earlier stages' weights stay where they were built: on the CPU
             for spec in specs[: self.rank]:
                 module = build_stage_module(traced.graph_module, spec, traced.canonical_names, traced.tensors, cpu)
-                outputs = module(*[microbatch[n] for n in spec.batch_inputs], *[values[n] for n in spec.received])
+                outputs = module(*stage_inputs(traced, spec, microbatch), *[values[n] for n in spec.received])
                 values.update(zip(spec.sent, outputs))
         spec = specs[self.rank]
         module = build_stage_module(traced.graph_module, spec, traced.canonical_names, traced.tensors, self.device)
-        batch_inputs = [microbatch[n].to(self.device) for n in spec.batch_inputs]
+        batch_inputs = [v.to(self.device) if torch.is_tensor(v) else v for v in stage_inputs(traced, spec, microbatch)]
         received = [values[n].to(self.device) for n in spec.received]
 
         def forward_backward() -> None:

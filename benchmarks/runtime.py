@@ -52,6 +52,7 @@ from _runtime_ranks import (  # noqa: E402
     make_batch,
     run_rank,
     split_graph,
+    stage_inputs,
 )
 
 RUNNERS = ("hf_ftpipe/gpipe", "hf_ftpipe/1f1b", "hf_ftpipe/async", "hf_ftpipe/2bw", "torch/gpipe", "torch/1f1b")
@@ -170,7 +171,7 @@ def check_split(setup: Setup) -> dict[str, Any]:
             module = build_stage_module(
                 traced.graph_module, spec, traced.canonical_names, traced.tensors, torch.device("cpu")
             )
-            outputs = module(*[microbatch[n] for n in spec.batch_inputs], *[values[n] for n in spec.received])
+            outputs = module(*stage_inputs(traced, spec, microbatch), *[values[n] for n in spec.received])
             values.update(zip(spec.sent, outputs))
         ours_loss = values[specs[-1].model_outputs["loss"]].item()
     for name, loss in (("torch stages", torch_loss), ("hf_ftpipe stages", ours_loss)):

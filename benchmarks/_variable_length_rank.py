@@ -229,7 +229,7 @@ def main() -> None:
         use_cpu=True,
         per_device_train_batch_size=batch_size,
         num_microbatches=config["num_microbatches"],
-        max_seq_length=max_length,  # one plan for every runner (by default a run plans for its data's longest row)
+        plan_max_length=max_length,  # one plan for every runner (by default a run plans for its data's longest row)
         pipeline_schedule=config["schedule"],
         partitioner=config["partitioner"],
         num_train_epochs=1,

@@ -14,7 +14,7 @@ than the maximum. Runners, side by side in one run, each in fresh rank processes
     python benchmarks/variable_length.py --json     # one JSON object per runner, one per line
     python benchmarks/variable_length.py --repeats 1 --samples 256   # a quick look
 
-Every runner plans for the maximum length (``max_seq_length``), so all share one partition.
+Every runner plans for the maximum length (``plan_max_length``), so all share one partition.
 samples/s: the samples of one epoch over its wall time (data loading, pipeline, optimizer), after
 two untimed warm-up steps of the longest batch; the median over ``--repeats`` launches, run
 round-robin so that a busy spell of the machine hits every runner alike. CPU ms/sample: both
@@ -318,7 +318,7 @@ def main() -> int:
     rows = {runner: summarize(runner, launches) for runner, launches in runs.items()}
     compare(rows)
     for row in rows.values():
-        row.update(mean_length=round(stats["mean"], 1), max_seq_length=args.max_length, repeats=args.repeats)
+        row.update(mean_length=round(stats["mean"], 1), plan_max_length=args.max_length, repeats=args.repeats)
     verdicts = checks(rows)
     if args.json:
         for row in rows.values():

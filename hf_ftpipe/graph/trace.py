@@ -230,6 +230,9 @@ def _export(model: nn.Module, inputs: dict[str, Any], dynamic_shapes: tuple[Any,
     graph_module.meta["output_names"] = _output_names(program)
     graph_module.meta["input_names"] = tuple(inputs)
     graph_module.meta["dynamic"] = dynamic_shapes is not None
+    # The relations between input sizes the model's code needs (dropped with the guards below; the
+    # pipeline checks them per micro-batch): Python expressions over L['name'].size()[dim].
+    graph_module.meta["input_relations"] = tuple(getattr(program, "_guards_code", None) or ())
     return graph_module
 
 

@@ -61,7 +61,7 @@ def split_batch(
         for m, piece in enumerate(tensor.to(device).tensor_split(count)):
             microbatches[m][name] = piece
     for microbatch in microbatches:
-        formulas.bind(input_shapes(microbatch))
+        formulas.bind(dict(input_shapes(microbatch)))
         _check_planned(graph, microbatch, num_microbatches, training)
     return microbatches
 

@@ -56,6 +56,19 @@ def test_batch_and_sequence_vary_and_the_formulas_give_the_shapes_a_measurement_
     if kind in ("bert", "roberta"):  # one label per row was traced: a (rows, 2) layout is refused
         with pytest.raises(PipelineError, match=r"^'labels' has 2 dimensions \(3, 2\), but \w+ was traced with 1"):
             formulas.bind({**planned, "labels": (3, 2)})
+    if kind == "gpt2":  # the loss needs as many labels as tokens: export words it as a relation of their sizes
+        with pytest.raises(PipelineError) as info:
+            formulas.bind({**planned, "labels": (3, 4)})
+        assert str(info.value).startswith("the micro-batch's 'attention_mask' (3, 5), 'labels' (3, 4) break what ")
+        relation = "(attention_mask.shape[0]*attention_mask.shape[1]) == (labels.shape[1]*labels.shape[0])"
+        assert relation in str(info.value)
+    if kind == "bert":  # no longer than its 32 position embeddings
+        longer = {name: (3, 33) if name != "labels" else shape for name, shape in planned.items()}
+        with pytest.raises(PipelineError, match=r"break what BertForSequenceClassification's code needs of them "):
+            formulas.bind(longer)
+    # export's caution about sizes it saw no example of (a T5 label length below 3) is not refused:
+    # a batch of one row of one token (and one label token) is bound, not refused
+    formulas.bind({name: (1, 1, *shape[2:]) if len(shape) > 1 else (1,) for name, shape in planned.items()})
 
 
 class _Pairs(nn.Module):

@@ -85,9 +85,10 @@ class ShapeFormulas:
     """Why a size cannot vary, for the error that refuses a batch with another."""
     relations: tuple[str, ...] = ()
     """What the model's code needs of its input sizes beyond equal symbols (e.g. as many labels as
-    logits: ``L['labels'].size()[0]*L['labels'].size()[1] == ...``, or a sequence no longer than the
-    position embeddings), as torch.export words its guards; `bind` checks them (`_checked`), so a
-    mismatch is refused before any stage runs."""
+    logits: ``L['labels'].size()[0]*L['labels'].size()[1] == ...``, a sequence no longer than the
+    position embeddings, or long enough for the branch the model took when traced), as torch.export
+    words its guards; `bind` checks them (`_checked`), so a mismatch is refused before any stage runs
+    instead of running a graph traced for other sizes."""
 
     @classmethod
     def from_graph(cls, graph_module: fx.GraphModule, model_class: str) -> ShapeFormulas:
@@ -168,8 +169,8 @@ class ShapeFormulas:
                 sizes = ", ".join(f"{name!r} {tuple(shapes[name])}" for name in names)
                 raise PipelineError(
                     f"the micro-batch's {sizes} break what {self.model_class}'s code needs of them (torch.export "
-                    f"found it): {readable}; give inputs of matching shapes (e.g. padded by one collator), no "
-                    "longer than the model takes"
+                    f"found it): {readable}; give inputs whose sizes satisfy it (matching shapes, e.g. padded by "
+                    "one collator, within the model's limits)"
                 )
 
     def shape_of(self, value: str, bound: Mapping[sympy.Symbol, int], traced: Sequence[int]) -> tuple[int, ...]:
@@ -191,15 +192,15 @@ class ShapeFormulas:
 _RELATION_SIZE = re.compile(r"L\['(\w+)'\]\.size\(\)\[(\d+)\]")
 
 
-_UPPER_BOUND = re.compile(r"L\['\w+'\]\.size\(\)\[\d+\] <=? \d+")
+_ZERO_ONE_CAUTION = re.compile(r"\(*(.+?)\)* (>= 2|> 1|!= 1|!= 0)|(2 <=|1 <|1 !=|0 !=) (.+)")
 
 
 def _checked(relation: str) -> bool:
-    """Whether `ShapeFormulas.bind` checks ``relation``: one between two or more sizes, or an upper
-    bound on one. A lower bound or ``!= 1`` on one size is export's caution about the sizes 0 and 1
-    it saw no example of (`hf_ftpipe.graph.trace` grows them to 2), not something the code needs:
-    batches of one row, or of labels that short, run."""
-    return len(set(_RELATION_SIZE.findall(relation))) >= 2 or bool(_UPPER_BOUND.fullmatch(relation.strip()))
+    """Whether `ShapeFormulas.bind` checks ``relation``: all but export's caution about the sizes 0
+    and 1 it saw no example of (``x >= 2``, ``x - 1 != 1``; `hf_ftpipe.graph.trace` grows them to 2):
+    batches of one row, or of labels that short, run. A bound the model's code sets (``x <= 32``
+    past the position embeddings, ``x > 8`` for a branch taken on long inputs) is checked."""
+    return not _ZERO_ONE_CAUTION.fullmatch(relation.strip())
 
 
 class _Sizes:

@@ -110,6 +110,30 @@ def test_a_size_the_models_code_needs_stays_fixed_and_other_sizes_are_refused() 
     )
 
 
+class _LongBranch(nn.Module):
+    """Takes another path for sequences longer than 8: its graph holds only the path it was traced on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(16, 4)
+
+    def forward(self, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        hidden = self.embed(input_ids)
+        return {"loss": hidden.sum() if input_ids.shape[1] > 8 else hidden.mean()}
+
+
+def test_a_batch_the_traced_branch_does_not_serve_is_refused_not_run_on_it() -> None:
+    traced = capture_model(_LongBranch(), {"input_ids": torch.ones(2, 12, dtype=torch.long)})
+    assert traced.shapes.bind({"input_ids": (3, 9)})
+    with pytest.raises(PipelineError) as error:
+        traced.shapes.bind({"input_ids": (3, 4)})
+    assert str(error.value) == (
+        "the micro-batch's 'input_ids' (3, 4) break what _LongBranch's code needs of them (torch.export found it): "
+        "input_ids.shape[1] > 8; give inputs whose sizes satisfy it (matching shapes, e.g. padded by one collator, "
+        "within the model's limits)"
+    )
+
+
 def test_a_model_that_cannot_vary_its_sizes_is_traced_at_fixed_shapes_with_a_warning(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -99,10 +99,8 @@ def capture_model(
         shapes = _formulas(graph_module, inputs, name)
         fixed = fixed_sizes(shapes, inputs) if dynamic else ()
         if fixed and planned is not None and any(planned[n][d] != inputs[n].shape[d] for n, d in fixed if n in planned):
-            inputs = _planned_inputs(inputs, planned, None)  # the plan's graph: at the planned sizes
-            grown = _at_least_two(inputs, keep=fixed)
-            spec = dynamic_shapes_spec(model, inputs) if refused is None else None
-            graph_module = _export(model, grown if refused is None else inputs, spec)
+            inputs = _planned_inputs(inputs, planned, None)  # the plan is made on the graph of the planned sizes
+            graph_module = _export_at(model, inputs, fixed, dynamic=refused is None)
             shapes = _formulas(graph_module, inputs, name)
             fixed = fixed_sizes(shapes, inputs)
         canonical = _canonical_names(model, graph_module)
@@ -151,6 +149,15 @@ def _export_any_shape(model: nn.Module, inputs: dict[str, Any]) -> tuple[fx.Grap
         return _export(model, _at_least_two(inputs), dynamic_shapes_spec(model, inputs)), None
     except TraceError as error:
         return _export(model, inputs, None), str(error).split("\n")[0]
+
+
+def _export_at(
+    model: nn.Module, inputs: dict[str, Any], fixed: Sequence[tuple[str, int]], dynamic: bool
+) -> fx.GraphModule:
+    """Export again at ``inputs``' sizes, the ``fixed`` ones as they are, the others symbolic if ``dynamic``."""
+    if not dynamic:
+        return _export(model, inputs, None)
+    return _export(model, _at_least_two(inputs, keep=fixed), dynamic_shapes_spec(model, inputs))
 
 
 def _at_least_two(inputs: dict[str, Any], keep: Sequence[tuple[str, int]] = ()) -> dict[str, Any]:

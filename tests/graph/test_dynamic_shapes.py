@@ -13,7 +13,7 @@ from torch import nn
 from hf_ftpipe.errors import PipelineError
 from hf_ftpipe.graph import capture_model
 
-from models import KINDS, tiny_batch, tiny_model
+from models import KINDS, FixedLengthLM, tiny_batch, tiny_model
 
 TRACED_ON = (2, 8)
 PLANNED = (3, 5)
@@ -33,6 +33,7 @@ def test_batch_and_sequence_vary_and_the_formulas_give_the_shapes_a_measurement_
         assert graph.inputs[name].varying == (0, 1), name
         assert graph.inputs[name].shape == PLANNED, f"{name}: the graph is measured at the planned shape"
     assert graph.inputs["labels"].varying == tuple(range(len(planned["labels"])))
+    assert traced.per_shape is None, "every batch and sequence size varies: no graph per shape"
 
     bound = formulas.bind(planned)
     checked = 0
@@ -144,8 +145,8 @@ def test_a_model_that_cannot_vary_its_sizes_is_traced_at_fixed_shapes_with_a_war
     assert warning.startswith("_OneRow cannot take batches of varying shapes (cannot trace _OneRow: ")
     assert "ValueError: _OneRow takes one row" in warning
     assert warning.endswith(
-        "it was traced with fixed shapes {'input_ids': (1, 8)}, which every batch must have: pad to that length "
-        "(padding='max_length') and keep batches whole (dataloader_drop_last=True)"
+        "it was traced with fixed shapes {'input_ids': (1, 8)}, and a batch of other shapes runs on a graph "
+        "traced at its shape (hf_ftpipe.runtime.per_shape)"
     )
     assert traced.cost_graph.inputs["input_ids"].varying == ()
     assert traced.cost_graph.inputs["input_ids"].shape == (1, 8)
@@ -154,3 +155,26 @@ def test_a_model_that_cannot_vary_its_sizes_is_traced_at_fixed_shapes_with_a_war
     )
     with pytest.raises(PipelineError, match=fixed):
         traced.shapes.bind({"input_ids": (1, 7)})
+    # what the runtime needs to trace it again at another shape: every size is fixed, for the reason export gave
+    capture = traced.per_shape
+    assert capture.fixed == (("input_ids", 0), ("input_ids", 1)) and not capture.dynamic
+    assert capture.reason.startswith("cannot trace _OneRow: ") and "_OneRow takes one row" in capture.reason
+    assert capture.capture({"input_ids": (1, 5)}).cost_graph.inputs["input_ids"].shape == (1, 5)
+
+
+def test_a_model_whose_export_fixes_the_length_is_planned_at_the_planned_length() -> None:
+    """Traced on a batch of 9 tokens, planned for 16: the graph the plan is made on is exported at 16
+    (the export fixes the length), its rows still vary, and it records what fixed the length."""
+    sample = tiny_batch("gpt2", 2, seq=9)
+    planned = {name: (3, 16) for name in sample}
+    traced = capture_model(FixedLengthLM(), sample, planned=planned)
+    inputs = traced.cost_graph.inputs
+    assert {name: (info.shape, info.varying) for name, info in inputs.items()} == {
+        "input_ids": ((3, 16), (0,)),
+        "attention_mask": ((3, 16), (0,)),
+        "labels": ((3, 16), (0, 1)),  # the loss flattens it: export lets its length vary
+    }
+    assert traced.per_shape.fixed == (("input_ids", 1), ("attention_mask", 1)) and traced.per_shape.dynamic
+    assert traced.per_shape.reason == (
+        "torch.export found that its code fixes 'input_ids' dimension 1 (at 16), 'attention_mask' dimension 1 (at 16)"
+    )

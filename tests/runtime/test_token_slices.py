@@ -9,7 +9,13 @@ import pytest
 import torch
 
 from hf_ftpipe.errors import PipelineError, TraceError
-from hf_ftpipe.graph.token_slices import capture_token_slices, check_sliceable, cut_slices, sequence_inputs
+from hf_ftpipe.graph.token_slices import (
+    capture_token_slices,
+    check_sliceable,
+    cut_slices,
+    fit_slices,
+    sequence_inputs,
+)
 from hf_ftpipe.runtime import PipelineEngine
 
 from distributed import run_ranks, values_or_raise
@@ -90,7 +96,28 @@ def pipeline_run(rank: int, world_size: int) -> dict:
             optimizer.step()
         evaluated = engine.eval_step(data[1], ("loss",))["loss"]  # whole sequences
         results[(kind, schedule)] = losses, engine.state_dict(), evaluated, slicings, sliced.dynamic
+    results["auto"] = auto_slicings(rank)
     return results
+
+
+AUTO_LENGTHS = (64, 50, 35, 17, 3)
+"""Sequence lengths ``token_slices="auto"`` is asked to cut, the first the planned one."""
+
+
+def auto_slicings(rank: int) -> dict[int, tuple[int, ...]]:
+    """PipeTrainer's ``token_slices="auto"`` on this rank: a Llama planned for 64 tokens on the ``cpu``
+    profile (long enough for the DP to cut it), then each of `AUTO_LENGTHS` as a batch would be cut."""
+    from hf_ftpipe import PipeTrainingArguments
+    from hf_ftpipe.runtime import Watchdog
+    from hf_ftpipe.trainer.token_slicing import capture_for_pipeline
+
+    args = PipeTrainingArguments(
+        output_dir="unused", use_cpu=True, report_to="none", per_device_train_batch_size=2, num_microbatches=1,
+        token_slices="auto", gpu_profile="cpu",
+    )  # fmt: skip
+    batch = tiny_batch("llama", 2, seq=AUTO_LENGTHS[0])
+    sliced = capture_for_pipeline(args, tiny_model("llama"), batch, Watchdog(rank, 2, 60.0, run_id="auto-slices"))
+    return {length: tuple(sliced.slices_for(length)) for length in AUTO_LENGTHS} | {0: sliced.slice_lengths}
 
 
 def varying_reference(kind: str) -> tuple[list[float], dict, list[float]]:
@@ -118,8 +145,13 @@ def varying_reference(kind: str) -> tuple[list[float], dict, list[float]]:
     return losses, model.state_dict(), expected_eval
 
 
-def test_sliced_pipeline_trains_on_any_length_like_one_process() -> None:
-    per_rank = values_or_raise(run_ranks(pipeline_run, 2))
+@pytest.fixture(scope="module")
+def pipeline_results() -> list[dict]:
+    return values_or_raise(run_ranks(pipeline_run, 2))
+
+
+def test_sliced_pipeline_trains_on_any_length_like_one_process(pipeline_results: list[dict]) -> None:
+    per_rank = pipeline_results
     for kind, schedule, _ in PIPELINES:
         reference_losses, reference_state, expected_eval = varying_reference(kind)
         for rank_results in per_rank:
@@ -134,6 +166,16 @@ def test_sliced_pipeline_trains_on_any_length_like_one_process() -> None:
         assert {n for n, p in tiny_model(kind).named_parameters()} <= covered | {"lm_head.weight"}
 
 
+def test_auto_slices_every_length_alike_on_every_rank(pipeline_results: list[dict]) -> None:
+    """``token_slices="auto"`` re-plans each length on each rank from rank 0's latency model, with no
+    message per length: every rank cuts every length alike."""
+    first, second = (rank_results["auto"] for rank_results in pipeline_results)
+    assert first == second
+    assert first[0] == first[AUTO_LENGTHS[0]] and len(first[0]) > 1, "the planned length must be cut"
+    for length in AUTO_LENGTHS:
+        assert sum(first[length]) == length and min(first[length]) >= 1, length
+
+
 def test_slice_inputs_shift_labels_across_slices_and_keep_global_positions() -> None:
     batch = tiny_batch("gpt2", 2)
     pieces = cut_slices(sequence_inputs(batch), SLICES)
@@ -146,6 +188,21 @@ def test_slice_inputs_shift_labels_across_slices_and_keep_global_positions() -> 
     assert all(int(p["num_items_in_batch"]) == labelled for p in pieces)
     with pytest.raises(TraceError, match=r"\[3, 4\] \(sum 7\).*sequence length 8"):
         cut_slices(sequence_inputs(batch), [3, 4])
+
+
+@pytest.mark.parametrize(
+    ("seq_len", "slices"),
+    [(8, (3, 1, 4)), (7, (3, 1, 3)), (5, (3, 1, 1)), (4, (3, 1)), (3, (3,)), (2, (2,)), (1, (1,))],
+)
+def test_given_slices_keep_their_leading_slices_and_cut_the_last_for_a_shorter_sequence(
+    seq_len: int, slices: tuple[int, ...]
+) -> None:
+    assert fit_slices(SLICES, seq_len) == slices
+
+
+def test_a_sequence_longer_than_the_given_slices_is_refused_with_both_lengths() -> None:
+    with pytest.raises(TraceError, match=r"sequences of 9 tokens, longer than the 8 that `token_slices=\[3, 1, 4\]`"):
+        fit_slices(SLICES, 9)
 
 
 def test_models_slicing_cannot_train_exactly_are_refused_with_the_fix() -> None:

@@ -93,9 +93,7 @@ def _microbatch_size(args: PipeTrainingArguments) -> int:
     return max(1, args.per_device_train_batch_size // args.num_microbatches)
 
 
-def _share_latency(
-    args: PipeTrainingArguments, model: nn.Module, graph: CostGraph, watchdog: Watchdog
-) -> LatencyFn:
+def _share_latency(args: PipeTrainingArguments, model: nn.Module, graph: CostGraph, watchdog: Watchdog) -> LatencyFn:
     """Rank 0 builds the latency model from the cost model; every rank receives it (or rank 0's error),
     so that every rank plans each length from the same numbers."""
     payload: list[bytes | str | None] = [None]

@@ -83,6 +83,11 @@ class TokenSlicing:
             self._variants[length] = self._variant(sliced, traced, length, specs, node_stage, modules, device)
         self.begin_step(sliced.seq_len)
 
+    @property
+    def dynamic(self) -> bool:
+        """Whether one graph runs every slice length (else one fixed-shape graph per length)."""
+        return self._dynamic is not None
+
     # -- per step -----------------------------------------------------------------------------
 
     def begin_step(self, seq_len: int) -> int:

@@ -20,6 +20,7 @@ _HOMES = {
     "load_model_for_planning": "hf_ftpipe.graph.sources",
     "sample_inputs_for": "hf_ftpipe.graph.sources",
     "shipped_models": "hf_ftpipe.graph.sources",
+    "ShapeCapture": "hf_ftpipe.graph.shape_capture",
     "TracedModel": "hf_ftpipe.graph.trace",
     "capture_model": "hf_ftpipe.graph.trace",
     "trace_model": "hf_ftpipe.graph.trace",

@@ -17,7 +17,9 @@ cached per micro-batch shape (`hf_ftpipe.runtime.shapes`).
 
 from __future__ import annotations
 
+import functools
 import inspect
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -81,6 +83,12 @@ class ShapeFormulas:
     """Each size node (`is_size_node`): the number it computes."""
     fixed_because: str = "torch.export found that the model's code needs that size"
     """Why a size cannot vary, for the error that refuses a batch with another."""
+    relations: tuple[str, ...] = ()
+    """What the model's code needs of its input sizes beyond equal symbols (e.g. as many labels as
+    logits: ``L['labels'].size()[0]*L['labels'].size()[1] == ...``, a sequence no longer than the
+    position embeddings, or long enough for the branch the model took when traced), as torch.export
+    words its guards; `bind` checks them (`_checked`), so a mismatch is refused before any stage runs
+    instead of running a graph traced for other sizes."""
 
     @classmethod
     def from_graph(cls, graph_module: fx.GraphModule, model_class: str) -> ShapeFormulas:
@@ -93,7 +101,8 @@ class ShapeFormulas:
                 sizes[node.name] = _formula(value)
             elif node.op in ("call_function", "call_module") and isinstance(value, torch.Tensor):
                 values[node.name] = tuple(_formula(size) for size in value.shape)
-        return cls(model_class, inputs, values, sizes)
+        relations = tuple(r for r in graph_module.meta.get("input_relations", ()) if _checked(r))
+        return cls(model_class, inputs, values, sizes, relations=relations)
 
     @classmethod
     def fixed(cls, inputs: Mapping[str, Sequence[int]], model_class: str) -> ShapeFormulas:
@@ -143,7 +152,26 @@ class ShapeFormulas:
                         "them together); give inputs of matching shapes, e.g. padded by one collator"
                     )
                 where.setdefault(symbol, (name, dim))
+        self._check_relations(shapes)
         return bound
+
+    def _check_relations(self, shapes: Mapping[str, Sequence[int]]) -> None:
+        """Refuse ``shapes`` that break a relation of `relations` among the inputs they give."""
+        given = {name: _Sizes(tuple(shape)) for name, shape in shapes.items()}
+        for relation in self.relations:
+            try:
+                holds = eval(_compiled(relation), {"__builtins__": {}}, {"L": given})  # noqa: S307  (export's own guard text)
+            except (KeyError, IndexError, ZeroDivisionError, NameError, TypeError):
+                continue  # an input this micro-batch lacks, or not a plain size relation
+            if holds is False:
+                readable = _RELATION_SIZE.sub(r"\1.shape[\2]", relation)
+                names = dict.fromkeys(name for name, _ in _RELATION_SIZE.findall(relation))
+                sizes = ", ".join(f"{name!r} {tuple(shapes[name])}" for name in names)
+                raise PipelineError(
+                    f"the micro-batch's {sizes} break what {self.model_class}'s code needs of them (torch.export "
+                    f"found it): {readable}; give inputs whose sizes satisfy it (matching shapes, e.g. padded by "
+                    "one collator, within the model's limits)"
+                )
 
     def shape_of(self, value: str, bound: Mapping[sympy.Symbol, int], traced: Sequence[int]) -> tuple[int, ...]:
         """The shape of node ``value`` under ``bound``; ``traced`` where the graph has no formula
@@ -159,6 +187,35 @@ class ShapeFormulas:
     def _describe(self, name: str) -> str:
         shape = ", ".join(str(size) for size in self.inputs[name])
         return f"traced as ({shape}), a symbol where the size may vary"
+
+
+_RELATION_SIZE = re.compile(r"L\['(\w+)'\]\.size\(\)\[(\d+)\]")
+
+
+_ZERO_ONE_CAUTION = re.compile(r"\(*(.+?)\)* (>= 2|> 1|!= 1|!= 0)|(2 <=|1 <|1 !=|0 !=) (.+)")
+
+
+def _checked(relation: str) -> bool:
+    """Whether `ShapeFormulas.bind` checks ``relation``: all but export's caution about the sizes 0
+    and 1 it saw no example of (``x >= 2``, ``x - 1 != 1``; `hf_ftpipe.graph.trace` grows them to 2):
+    batches of one row, or of labels that short, run. A bound the model's code sets (``x <= 32``
+    past the position embeddings, ``x > 8`` for a branch taken on long inputs) is checked."""
+    return not _ZERO_ONE_CAUTION.fullmatch(relation.strip())
+
+
+class _Sizes:
+    """An input as a relation reads it: ``.size()`` gives its shape."""
+
+    def __init__(self, shape: tuple[int, ...]) -> None:
+        self._shape = shape
+
+    def size(self) -> tuple[int, ...]:
+        return self._shape
+
+
+@functools.cache
+def _compiled(relation: str) -> Any:
+    return compile(relation, "<input relation>", "eval")
 
 
 def _formula(size: Any) -> Formula:

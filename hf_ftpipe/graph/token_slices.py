@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from hf_ftpipe.errors import TraceError
+from hf_ftpipe.graph.padding import IGNORE_INDEX
 from hf_ftpipe.graph.trace import TracedModel, capture_model
 
 __all__ = [
@@ -41,7 +42,6 @@ __all__ = [
     "sequence_inputs",
 ]
 
-IGNORE_INDEX = -100
 DERIVED_INPUTS = frozenset({"position_ids", "shift_labels", "num_items_in_batch"})
 """Inputs the pipeline derives from a batch of ``input_ids`` (and ``attention_mask``, ``labels``)."""
 

@@ -27,6 +27,7 @@ from hf_ftpipe.graph.dynamic_shapes import ShapeFormulas, dynamic_shapes_spec
 from hf_ftpipe.graph.measure import measure_graph
 from hf_ftpipe.graph.modes import make_mode_aware
 from hf_ftpipe.graph.mutations import fuse_mutations
+from hf_ftpipe.graph.shape_capture import ShapeCapture, fixed_sizes
 
 __all__ = ["TracedModel", "trace_model", "capture_model"]
 
@@ -50,6 +51,9 @@ class TracedModel:
     """Canonical name → the model's real parameter or buffer, which the stages bind to."""
     shapes: ShapeFormulas = field(default=None)  # type: ignore[assignment]
     """Which input sizes vary, and every value's shape as a formula in them (fixed shapes: none vary)."""
+    per_shape: ShapeCapture | None = None
+    """Where the export fixed a batch or sequence size: how to capture the model at other sizes,
+    for batches of other shapes (`hf_ftpipe.runtime.per_shape`); ``None`` where every one varies."""
 
 
 def trace_model(
@@ -83,67 +87,103 @@ def capture_model(
 
     With ``dynamic`` (the default) the batch and sequence sizes of the inputs stay variable where the
     model allows; a model that cannot be exported so is exported with ``sample_inputs``' fixed
-    shapes, with a warning that names the reason (its batches must then all have those shapes).
-    The graph is measured at ``planned`` (default: the sample's shapes).
+    shapes, with a warning that names the reason. Where the export fixes a batch or sequence size,
+    the result records how to capture the model again at other sizes (`TracedModel.per_shape`), and
+    the graph is exported at the ``planned`` sizes, the one the plan is made on. The graph is measured
+    at ``planned`` (default: the sample's shapes).
     """
     inputs = _export_inputs(model, sample_inputs)
+    name = type(model).__name__
     with _weights_on_meta(model), _without_cache(model):
-        graph_module = _export_any_shape(model, inputs) if dynamic else _export(model, inputs, None)
+        graph_module, refused = _export_any_shape(model, inputs) if dynamic else (_export(model, inputs, None), None)
+        shapes = _formulas(graph_module, inputs, name)
+        fixed = fixed_sizes(shapes, inputs) if dynamic else ()
+        if fixed and planned is not None and any(planned[n][d] != inputs[n].shape[d] for n, d in fixed if n in planned):
+            inputs = _planned_inputs(inputs, planned, None)  # the plan is made on the graph of the planned sizes
+            graph_module = _export_at(model, inputs, fixed, dynamic=refused is None)
+            shapes = _formulas(graph_module, inputs, name)
+            fixed = fixed_sizes(shapes, inputs)
         canonical = _canonical_names(model, graph_module)
         state_names = set(model.state_dict())
     make_mode_aware(graph_module)
     fuse_mutations(graph_module)  # its nodes keep the shapes of those they replace
-    name = type(model).__name__
-    shapes = (
-        ShapeFormulas.from_graph(graph_module, name)
-        if graph_module.meta["dynamic"]
-        else ShapeFormulas.fixed({n: tuple(v.shape) for n, v in inputs.items() if isinstance(v, torch.Tensor)}, name)
-    )
+    shapes = _formulas(graph_module, inputs, name)  # of the fused nodes too
+    per_shape = None
+    if fixed:
+        reason = refused or "torch.export found that its code fixes " + ", ".join(
+            f"{n!r} dimension {d} (at {shapes.inputs[n][d]})" for n, d in fixed
+        )
+        per_shape = ShapeCapture(model, inputs, dynamic=refused is None, fixed=fixed, reason=reason)
+    if refused is not None:
+        logger.warning(
+            "%s cannot take batches of varying shapes (%s); it was traced with fixed shapes %s, and a batch of "
+            "other shapes runs on a graph traced at its shape (hf_ftpipe.runtime.per_shape)",
+            name,
+            refused,
+            {n: tuple(v.shape) for n, v in inputs.items() if isinstance(v, torch.Tensor)},
+        )
     measured = _planned_inputs(inputs, planned, shapes)
     cost_graph = measure_graph(model, graph_module, measured, canonical, state_names, shapes)
     real = dict(model.named_parameters(remove_duplicate=False)) | dict(model.named_buffers(remove_duplicate=False))
     tensors = {name: real[name] for name in set(canonical.values()) if name in real}
     return TracedModel(
-        graph_module=graph_module, cost_graph=cost_graph, canonical_names=canonical, tensors=tensors, shapes=shapes
+        graph_module=graph_module,
+        cost_graph=cost_graph,
+        canonical_names=canonical,
+        tensors=tensors,
+        shapes=shapes,
+        per_shape=per_shape,
     )
 
 
-def _export_any_shape(model: nn.Module, inputs: dict[str, Any]) -> fx.GraphModule:
-    """Export with variable batch and sequence sizes; fixed shapes (and a warning) where that fails."""
+def _formulas(graph_module: fx.GraphModule, inputs: dict[str, Any], name: str) -> ShapeFormulas:
+    if graph_module.meta["dynamic"]:
+        return ShapeFormulas.from_graph(graph_module, name)
+    return ShapeFormulas.fixed({n: tuple(v.shape) for n, v in inputs.items() if isinstance(v, torch.Tensor)}, name)
+
+
+def _export_any_shape(model: nn.Module, inputs: dict[str, Any]) -> tuple[fx.GraphModule, str | None]:
+    """Export with variable batch and sequence sizes; fixed shapes where that fails, with the
+    first line of the reason (``None`` when the sizes vary)."""
     try:
-        return _export(model, _at_least_two(inputs), dynamic_shapes_spec(model, inputs))
+        return _export(model, _at_least_two(inputs), dynamic_shapes_spec(model, inputs)), None
     except TraceError as error:
-        graph_module = _export(model, inputs, None)
-        logger.warning(
-            "%s cannot take batches of varying shapes (%s); it was traced with fixed shapes %s, which every "
-            "batch must have: pad to that length (padding='max_length') and keep batches whole "
-            "(dataloader_drop_last=True)",
-            type(model).__name__,
-            str(error).split("\n")[0],
-            {name: tuple(value.shape) for name, value in inputs.items() if isinstance(value, torch.Tensor)},
-        )
-        return graph_module
+        return _export(model, inputs, None), str(error).split("\n")[0]
 
 
-def _at_least_two(inputs: dict[str, Any]) -> dict[str, Any]:
-    """``inputs`` with every batch or sequence size of 1 made 2: export fixes a size it sees as 0 or 1."""
+def _export_at(
+    model: nn.Module, inputs: dict[str, Any], fixed: Sequence[tuple[str, int]], dynamic: bool
+) -> fx.GraphModule:
+    """Export again at ``inputs``' sizes, the ``fixed`` ones as they are, the others symbolic if ``dynamic``."""
+    if not dynamic:
+        return _export(model, inputs, None)
+    return _export(model, _at_least_two(inputs, keep=fixed), dynamic_shapes_spec(model, inputs))
+
+
+def _at_least_two(inputs: dict[str, Any], keep: Sequence[tuple[str, int]] = ()) -> dict[str, Any]:
+    """``inputs`` with every batch or sequence size of 1 made 2: export fixes a size it sees as 0 or 1.
+    Sizes in ``keep`` (input, dimension) stay as they are."""
     grown = {}
     for name, value in inputs.items():
         if isinstance(value, torch.Tensor):
-            shape = [max(size, 2) if dim < 2 else size for dim, size in enumerate(value.shape)]
+            shape = [
+                max(size, 2) if dim < 2 and (name, dim) not in keep else size for dim, size in enumerate(value.shape)
+            ]
             value = torch.empty(shape, dtype=value.dtype, device="meta")
         grown[name] = value
     return grown
 
 
 def _planned_inputs(
-    inputs: dict[str, Any], planned: Mapping[str, Sequence[int]] | None, shapes: ShapeFormulas
+    inputs: dict[str, Any], planned: Mapping[str, Sequence[int]] | None, shapes: ShapeFormulas | None
 ) -> dict[str, Any]:
-    """The meta inputs the graph is measured on: ``inputs`` at the ``planned`` shapes."""
+    """The meta inputs the graph is measured on: ``inputs`` at the ``planned`` shapes (checked
+    against ``shapes`` when given)."""
     if planned is None:
         return inputs
     try:
-        shapes.bind(planned)
+        if shapes is not None:
+            shapes.bind(planned)
     except PipelineError as error:
         raise PipelineError(f"the planned shapes {dict(planned)} do not fit the traced model: {error}") from None
     return {
@@ -230,6 +270,9 @@ def _export(model: nn.Module, inputs: dict[str, Any], dynamic_shapes: tuple[Any,
     graph_module.meta["output_names"] = _output_names(program)
     graph_module.meta["input_names"] = tuple(inputs)
     graph_module.meta["dynamic"] = dynamic_shapes is not None
+    # The relations between input sizes the model's code needs (dropped with the guards below; the
+    # pipeline checks them per micro-batch): Python expressions over L['name'].size()[dim].
+    graph_module.meta["input_relations"] = tuple(getattr(program, "_guards_code", None) or ())
     return graph_module
 
 

@@ -34,6 +34,7 @@ from hf_ftpipe.runtime.executor import Executor
 from hf_ftpipe.runtime.messages import dataflow, plan_transfers
 from hf_ftpipe.runtime.microbatches import check_loss_weights, mean_loss
 from hf_ftpipe.runtime.model_outputs import ModelOutputs
+from hf_ftpipe.runtime.per_shape import PerShapeOptions, PerShapeStages
 from hf_ftpipe.runtime.prediction import check_predictable
 from hf_ftpipe.runtime.programs import RankPrograms
 from hf_ftpipe.runtime.rank_stages import build_rank_stages, rank_parameters, rank_state_dict
@@ -96,6 +97,8 @@ class PipelineEngine(Executor):
             computes exactly what one process under autocast computes.
         watchdog (`Watchdog`, *optional*): bounds every wait of this rank (``timeout_s`` is then
             the watchdog's); PipeTrainer passes the one that also bounds its own collectives.
+        per_shape (`PerShapeOptions`, *optional*): for a model whose export fixes a size batches vary,
+            how batches of other shapes are bucketed onto graphs traced per shape (`hf_ftpipe.runtime.per_shape`).
     """
 
     def __init__(
@@ -113,6 +116,7 @@ class PipelineEngine(Executor):
         weights_path: str | os.PathLike | None = None,
         autocast_dtype: torch.dtype | None = None,
         watchdog: Watchdog | None = None,
+        per_shape: PerShapeOptions | None = None,
     ) -> None:
         if not dist.is_initialized():
             raise PipelineError(
@@ -216,14 +220,25 @@ class PipelineEngine(Executor):
             if self.streaming
             else None
         )
+        values = [*self.transfers, *(v for spec in self.specs for v in spec.model_outputs.values())]
+        # Token slices: one graph of a symbolic length serves every slice, or every batch has the one
+        # length a fixed-shape capture was made for (`hf_ftpipe.graph.token_slices`): never per shape.
+        self.per_shape = (
+            None
+            if sliced is not None
+            else PerShapeStages.of(
+                traced, self.specs, placement.node_stage, self.modules, self.device, values, num_microbatches, per_shape
+            )
+        )
         self.inputs = StepInputs(
             self.graph,
             traced.shapes,
-            values=[*self.transfers, *(v for spec in self.specs for v in spec.model_outputs.values())],
+            values=values,
             sizes=[size for s in self.local_stages for size in self.specs[s].size_inputs],
             num_microbatches=num_microbatches,
             device=self.device,
             token_slicing=self.token_slicing,
+            per_shape=self.per_shape,
         )
         self.formulas, self.shape_book = self.inputs.formulas, self.inputs.shape_book
         self.model_outputs = ModelOutputs(
@@ -367,7 +382,7 @@ class PipelineEngine(Executor):
         program = self.programs.flushing(training=False, microbatches=len(microbatches))
         losses = [loss for _, loss in self._run(program, training=False)]
         self._flush()
-        outputs = self.model_outputs.gather(output_names, self.state, losses, len(microbatches))
+        outputs = self.inputs.unpad(self.model_outputs.gather(output_names, self.state, losses, len(microbatches)))
         self._reset_state()
         return outputs
 

@@ -108,11 +108,15 @@ class Executor:
         return self.token_slicing.unit(op.microbatch_index, op.slice_index)
 
     def _stage(self, action: Action) -> tuple[StageSpec, fx.GraphModule]:
-        """The stage's data flow and module for ``action``: a token slice's run at its own length."""
+        """The stage's data flow and module for ``action``: a token slice's run at its own length, or
+        the stage traced at the micro-batch's shape (`hf_ftpipe.runtime.per_shape`)."""
         s = action.stage_index
-        if action.slice_index is None or self.token_slicing is None:
-            return self.specs[s], self.modules[s]
-        return self.token_slicing.spec(s, action.slice_index), self.token_slicing.module(s, action.slice_index)
+        if action.slice_index is not None and self.token_slicing is not None:
+            return self.token_slicing.spec(s, action.slice_index), self.token_slicing.module(s, action.slice_index)
+        stages = self.state.shapes[action.microbatch_index].stages
+        if stages is not None:
+            return stages.specs[s], stages.modules[s]
+        return self.specs[s], self.modules[s]
 
     def _point_slice(self, action: Action) -> None:
         if action.slice_index is not None and self.token_slicing is not None:

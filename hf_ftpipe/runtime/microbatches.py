@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -13,7 +13,11 @@ from hf_ftpipe.graph.cost_graph import CostGraph
 from hf_ftpipe.graph.dynamic_shapes import ShapeFormulas
 from hf_ftpipe.runtime.shapes import input_shapes
 
-__all__ = ["check_loss_weights", "mean_loss", "microbatch_rows", "split_batch"]
+__all__ = ["check_loss_weights", "check_planned", "mean_loss", "microbatch_rows", "split_batch"]
+
+Fit = Callable[[list[dict[str, Any]], bool], list[dict[str, Any]] | None]
+"""Micro-batches (and whether they train) → each padded to the shape of the graph that runs it, checked;
+``None`` when the planned graph takes them as they are (`hf_ftpipe.runtime.per_shape`)."""
 
 
 def split_batch(
@@ -24,6 +28,7 @@ def split_batch(
     device: torch.device,
     derived: Collection[str] = (),
     training: bool = True,
+    fit: Fit | None = None,
 ) -> list[dict[str, Any]]:
     """The rank's own copy of the mini-batch as micro-batches; the inputs in ``derived`` are left
     out (the runtime makes them per micro-batch).
@@ -34,7 +39,8 @@ def split_batch(
     planned ones (the graph's input shapes); the others must equal them. Without ``training`` a
     micro-batch may be longer than planned, if it holds no more tokens than a planned one: a forward
     without backward keeps no activations, so it needs less memory than the training micro-batch
-    the plan was made for (`PipeTrainer` evaluates longer rows in fewer-row pieces).
+    the plan was made for (`PipeTrainer` evaluates longer rows in fewer-row pieces). ``fit`` runs
+    micro-batches of sizes the model's export fixed on graphs traced at their shape.
 
     Raises:
         `PipelineError`: an input is missing, a size the model fixes differs, or a micro-batch is larger
@@ -60,9 +66,12 @@ def split_batch(
             )
         for m, piece in enumerate(tensor.to(device).tensor_split(count)):
             microbatches[m][name] = piece
+    fitted = fit(microbatches, training) if fit is not None else None
+    if fitted is not None:
+        return fitted
     for microbatch in microbatches:
-        formulas.bind(input_shapes(microbatch))
-        _check_planned(graph, microbatch, num_microbatches, training)
+        formulas.bind(dict(input_shapes(microbatch)))
+        check_planned(graph, microbatch, num_microbatches, training)
     return microbatches
 
 
@@ -85,15 +94,22 @@ def _rows(graph: CostGraph, batch: Mapping[str, Any]) -> int:
     )
 
 
-def _check_planned(graph: CostGraph, microbatch: Mapping[str, Any], num_microbatches: int, training: bool) -> None:
-    """A micro-batch larger than planned would not fit the memory the plan was made for."""
+def check_planned(
+    graph: CostGraph,
+    microbatch: Mapping[str, Any],
+    num_microbatches: int,
+    training: bool,
+    per_shape: Collection[tuple[str, int]] = (),
+) -> None:
+    """A micro-batch larger than planned would not fit the memory the plan was made for: checked in
+    the sizes that vary, and in ``per_shape`` (input, dimension), which graphs traced per shape vary."""
     for name, value in microbatch.items():
         info = graph.inputs.get(name)
         if info is None or info.shape is None or not isinstance(value, torch.Tensor):
             continue
         if not training and value.numel() <= math.prod(info.shape):
             continue
-        for dim in info.varying:
+        for dim in sorted({*info.varying, *(d for n, d in per_shape if n == name)}):
             size, planned = int(value.shape[dim]), info.shape[dim]
             if size <= planned:
                 continue

@@ -11,12 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from hf_ftpipe.graph.cost_graph import CostGraph
 from hf_ftpipe.graph.dynamic_shapes import ShapeFormulas
+
+if TYPE_CHECKING:
+    from hf_ftpipe.runtime.stage_variants import StageVariant
 
 __all__ = ["MicrobatchShapes", "ShapeBook", "input_shapes"]
 
@@ -27,6 +30,9 @@ class MicrobatchShapes:
 
     values: dict[str, tuple[int, ...]]
     sizes: dict[str, Any]
+    stages: StageVariant | None = None
+    """The stages that run a micro-batch of this shape where the planned graph cannot (a model whose
+    export fixes a size: `hf_ftpipe.runtime.per_shape`); ``None``: the planned stages."""
 
 
 def input_shapes(microbatch: Mapping[str, Any]) -> tuple[tuple[str, tuple[int, ...]], ...]:

@@ -16,7 +16,8 @@ from hf_ftpipe.graph.cost_graph import CostGraph
 from hf_ftpipe.graph.dynamic_shapes import ShapeFormulas
 from hf_ftpipe.graph.token_slices import DERIVED_INPUTS, sequence_inputs
 from hf_ftpipe.runtime.microbatches import split_batch
-from hf_ftpipe.runtime.shapes import ShapeBook
+from hf_ftpipe.runtime.per_shape import PerShapeStages
+from hf_ftpipe.runtime.shapes import MicrobatchShapes, ShapeBook
 from hf_ftpipe.runtime.state import MicrobatchState
 from hf_ftpipe.runtime.token_slicing import TokenSlicing
 
@@ -36,6 +37,8 @@ class StepInputs:
         num_microbatches (`int`): micro-batches per mini-batch.
         device (`torch.device`): where the stages run.
         token_slicing (`TokenSlicing`, *optional*): trains each micro-batch as token slices.
+        per_shape (`PerShapeStages`, *optional*): runs micro-batches of sizes the model's export fixed
+            on graphs traced at their shape.
     """
 
     def __init__(
@@ -47,6 +50,7 @@ class StepInputs:
         num_microbatches: int,
         device: torch.device,
         token_slicing: TokenSlicing | None = None,
+        per_shape: PerShapeStages | None = None,
     ) -> None:
         self.graph = graph
         self.formulas = formulas or ShapeFormulas.fixed(
@@ -57,6 +61,7 @@ class StepInputs:
         self.num_microbatches = num_microbatches
         self.device = device
         self.token_slicing = token_slicing
+        self.per_shape = per_shape
 
     def split(
         self, batch: Mapping[str, Any], streaming: str | None = None, training: bool = True
@@ -68,8 +73,9 @@ class StepInputs:
         rows than ``num_microbatches`` is refused. Evaluation (``training=False``) may be longer
         than planned (see `split_batch`).
         """
+        fit = self.per_shape.fit if self.per_shape is not None else None
         microbatches = split_batch(
-            self.graph, self.formulas, batch, self.num_microbatches, self.device, DERIVED_INPUTS, training=training
+            self.graph, self.formulas, batch, self.num_microbatches, self.device, DERIVED_INPUTS, training, fit
         )
         if streaming is not None and len(microbatches) < self.num_microbatches:
             rows = len(microbatches)
@@ -90,11 +96,13 @@ class StepInputs:
         A slice's loss is its share of its sequence's mean (`hf_ftpipe.graph.token_slices`), so every
         slice of micro-batch m takes m's weight and the slices' weighted losses add up to m's.
         """
+        if self.per_shape is not None:
+            self.per_shape.train(True)
         for offset, microbatch in enumerate(microbatches):
             m = first + offset
             if self.token_slicing is None:
                 state.data[m], state.loss_weight[m] = microbatch, weights[offset]
-                state.shapes[m] = self.shape_book.of(microbatch)
+                state.shapes[m] = self._shapes_of(microbatch)
                 continue
             for i, piece in enumerate(self.token_slicing.split(m, microbatch)):
                 unit = self.token_slicing.unit(m, i)
@@ -112,6 +120,16 @@ class StepInputs:
     def store_for_evaluation(self, state: MicrobatchState, microbatches: Sequence[dict[str, Any]]) -> None:
         """Store an evaluation's micro-batches, numbered from 0. A sliced model evaluates whole
         sequences: no backward, so no bubble to fill."""
+        if self.per_shape is not None:
+            self.per_shape.train(False)
         for m, microbatch in enumerate(microbatches):
             state.data[m] = microbatch if self.token_slicing is None else sequence_inputs(microbatch)
-            state.shapes[m] = self.shape_book.of(state.data[m])
+            state.shapes[m] = self._shapes_of(state.data[m])
+
+    def unpad(self, outputs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """An evaluation's outputs at the batch's own lengths (`PerShapeStages.unpad`)."""
+        return dict(outputs) if self.per_shape is None else self.per_shape.unpad(outputs)
+
+    def _shapes_of(self, microbatch: Mapping[str, Any]) -> MicrobatchShapes:
+        found = self.per_shape.shapes_of(microbatch) if self.per_shape is not None else None
+        return found if found is not None else self.shape_book.of(microbatch)

@@ -5,8 +5,9 @@ every slice on the whole graph's own stages, rebuilt on the same weights with ea
 ``scaled_dot_product_attention`` call made `PrefixAttention`, pointed at the sequence and offset
 the executor is running; a slice's shapes and sizes come from the graph's shape formulas like a
 micro-batch's (`hf_ftpipe.runtime.shapes`). A model captured with fixed shapes has one graph per
-slice length instead; each is matched op for op to the whole-sequence graph the partition names, so
-it gets the same stages, and the values a stage hands on are named as in the whole graph.
+slice length instead, each matched op for op to the whole-sequence graph the partition names
+(`hf_ftpipe.runtime.stage_variants`), so it gets the same stages on the same weights, its values
+named as in the whole graph.
 
 Each training step cuts its sequences by ``SlicedModel.slices_for`` of the step's length
 (`begin_step`): the number of slices k may differ from step to step. Units: the executor keys what
@@ -18,33 +19,20 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import fx
 
 from hf_ftpipe.errors import PipelineError
-from hf_ftpipe.graph.alignment import match_ops, op_rows
-from hf_ftpipe.graph.cost_graph import CostGraph
 from hf_ftpipe.graph.modes import ModeAwareOp
 from hf_ftpipe.graph.token_slices import DERIVED_INPUTS, SlicedModel, cut_slices, sequence_inputs
 from hf_ftpipe.runtime.prefix_attention import PrefixAttention, SequenceKV, SliceCursor
 from hf_ftpipe.runtime.shapes import MicrobatchShapes, ShapeBook
-from hf_ftpipe.runtime.stage import StageSpec, build_stage_module, plan_stages
+from hf_ftpipe.runtime.stage import StageSpec, build_stage_module
+from hf_ftpipe.runtime.stage_variants import StageVariant, build_variant
 
-__all__ = ["TokenSlicing", "match_nodes"]
-
-
-@dataclass
-class _Variant:
-    """The stages at one slice length, their values named as in the whole graph."""
-
-    graph: CostGraph
-    specs: list[StageSpec]
-    to_slice: dict[str, str]
-    """Whole-graph value → the same value in this graph."""
-    modules: dict[int, fx.GraphModule]
+__all__ = ["TokenSlicing"]
 
 
 class TokenSlicing:
@@ -74,9 +62,9 @@ class TokenSlicing:
         self.cursors = {s: SliceCursor() for s in modules}
         self._sequences: dict[tuple[int, int], SequenceKV] = {}
         self._key_padding: dict[int, torch.Tensor] = {}
-        self._dynamic: _Variant | None = None
+        self._dynamic: StageVariant | None = None
         """The whole graph's stages with prefix attention: every slice length, if the graph is dynamic."""
-        self._variants: dict[int, _Variant] = {}
+        self._variants: dict[int, StageVariant] = {}
         if sliced.dynamic:
             self._dynamic = self._whole_variant(sliced, specs, modules, device)
         for length, traced in sliced.by_length.items():
@@ -115,7 +103,7 @@ class TokenSlicing:
     def unit(self, m: int, slice_index: int | None) -> int:
         return m * self.num_slices + (slice_index or 0)
 
-    def _variant_of(self, slice_index: int) -> _Variant:
+    def _variant_of(self, slice_index: int) -> StageVariant:
         return self._dynamic or self._variants[self.slice_lengths[slice_index]]
 
     def spec(self, stage: int, slice_index: int) -> StageSpec:
@@ -127,7 +115,7 @@ class TokenSlicing:
     def shape(self, value: str, slice_index: int) -> tuple[int, ...]:
         """A fixed-shape capture's shape of ``value`` at slice ``slice_index`` (`shapes` in general)."""
         variant = self._variant_of(slice_index)
-        return tuple(variant.graph.node(variant.to_slice[value])["output_shapes"][0])
+        return tuple(variant.graph.node(variant.to_variant[value])["output_shapes"][0])
 
     def shapes(self, slice_index: int, piece: Mapping[str, Any], book: ShapeBook) -> MicrobatchShapes:
         """The shapes slice ``slice_index`` (inputs ``piece``) sends and the sizes its stages read:
@@ -171,7 +159,7 @@ class TokenSlicing:
         specs: Sequence[StageSpec],
         modules: Mapping[int, fx.GraphModule],
         device: torch.device,
-    ) -> _Variant:
+    ) -> StageVariant:
         """The whole graph's own stages, rebuilt on the same weights with prefix attention."""
         whole = sliced.full
         built = {}
@@ -181,7 +169,7 @@ class TokenSlicing:
             _use_prefix_attention(module, self.cursors[stage])
             built[stage] = module.to(device)
         names = {name: name for name in whole.cost_graph.graph.nodes}
-        return _Variant(graph=whole.cost_graph, specs=list(specs), to_slice=names, modules=built)
+        return StageVariant(traced=whole, specs=list(specs), to_variant=names, modules=built)
 
     def _variant(
         self,
@@ -192,75 +180,21 @@ class TokenSlicing:
         node_stage: Mapping[str, int],
         modules: Mapping[int, fx.GraphModule],
         device: torch.device,
-    ) -> _Variant:
-        whole, graph = sliced.full.cost_graph, traced.cost_graph
-        to_whole = match_nodes(whole, graph)
-        slice_stage: dict[str, int] = {}
-        for name in graph.topological_order():
-            if name in to_whole:
-                slice_stage[name] = node_stage[to_whole[name]]
-            else:  # an op the whole graph has not (a copy its shape needs): with what it reads
-                producers = [slice_stage[p] for p in graph.graph.predecessors(name) if p in slice_stage]
-                slice_stage[name] = max(producers, default=0)
-        slice_specs = plan_stages(graph, slice_stage)
-        renamed = [_renamed(spec, to_whole, length) for spec in slice_specs]
-        for mine, theirs in zip(renamed, specs, strict=True):
-            _check_same_boundary(mine, theirs, length)
-        built = {}
-        for stage, whole_module in modules.items():
-            # the whole stage's weights: loaded there (`weights_path`) and trained there
-            tensors = {**traced.tensors, **dict(whole_module.named_parameters()), **dict(whole_module.named_buffers())}
-            spec = slice_specs[stage]
-            module = build_stage_module(traced.graph_module, spec, traced.canonical_names, tensors, device)
-            _use_prefix_attention(module, self.cursors[stage])
-            built[stage] = module.to(device)
-        to_slice = {whole_name: name for name, whole_name in to_whole.items()}
-        return _Variant(graph=graph, specs=renamed, to_slice=to_slice, modules=built)
-
-
-def match_nodes(whole: CostGraph, part: CostGraph) -> dict[str, str]:
-    """Node of ``part`` → the node of ``whole`` that is the same op of the same module, in order.
-
-    Two exports of one model at different lengths run the same ops but for a few shape-dependent
-    copies (``contiguous`` of a one-token slice is a no-op the exporter drops), which shift the
-    exporter's name counters (`graph.alignment`).
-    """
-    return match_ops(op_rows(part), op_rows(whole))
-
-
-def _renamed(spec: StageSpec, to_whole: Mapping[str, str], length: int) -> StageSpec:
-    def name(value: str) -> str:
-        if value not in to_whole:
-            raise PipelineError(
-                f"stage {spec.stage_index} hands on {value!r} at slice length {length}, an op the whole-sequence "
-                "graph has not; choose other token slice lengths (at least 2 tokens each)"
-            )
-        return to_whole[value]
-
-    return StageSpec(
-        stage_index=spec.stage_index,
-        nodes=[to_whole.get(n, n) for n in spec.nodes],
-        batch_inputs=list(spec.batch_inputs),
-        received=[name(v) for v in spec.received],
-        sent=[name(v) for v in spec.sent],
-        consumers={name(v): list(c) for v, c in spec.consumers.items()},
-        model_outputs={k: name(v) for k, v in spec.model_outputs.items()},
-    )
-
-
-def _check_same_boundary(mine: StageSpec, whole: StageSpec, length: int) -> None:
-    same = (
-        set(mine.received) == set(whole.received)
-        and set(mine.sent) == set(whole.sent)
-        and {v: sorted(c) for v, c in mine.consumers.items()} == {v: sorted(c) for v, c in whole.consumers.items()}
-        and set(mine.batch_inputs) <= set(whole.batch_inputs) | DERIVED_INPUTS
-    )
-    if not same:
-        raise PipelineError(
-            f"stage {whole.stage_index} at slice length {length} reads {sorted(mine.received)} and sends "
-            f"{sorted(mine.sent)}, but the whole sequence's reads {sorted(whole.received)} and sends "
-            f"{sorted(whole.sent)}; choose other token slice lengths, or report the model class to hf_ftpipe"
+    ) -> StageVariant:
+        variant = build_variant(
+            sliced.full.cost_graph,
+            traced,
+            specs,
+            node_stage,
+            modules,
+            device,
+            where=f"at slice length {length}",
+            fix="choose other token slice lengths (at least 2 tokens each), or report the model class to hf_ftpipe",
+            extra_inputs=DERIVED_INPUTS,
         )
+        for stage, module in variant.modules.items():
+            _use_prefix_attention(module, self.cursors[stage])
+        return variant
 
 
 def _use_prefix_attention(module: fx.GraphModule, cursor: SliceCursor) -> None:

@@ -23,6 +23,7 @@ from torch import nn
 from transformers.trainer_pt_utils import find_batch_size, nested_truncate
 
 from hf_ftpipe.errors import PipelineError
+from hf_ftpipe.graph.padding import IGNORE_INDEX
 from hf_ftpipe.runtime.microbatches import microbatch_rows
 from hf_ftpipe.trainer.generation import greedy_decode
 from hf_ftpipe.trainer.loss_weighting import label_counts
@@ -195,7 +196,7 @@ class PipeEvaluation:
             if dtype.is_floating_point:
                 filled[name] = torch.zeros(shape, dtype=dtype, device=self.args.device)
             else:
-                ignored = -100 if name == "labels" or len(shape) > 1 else 2**30  # positions: clamped, then ignored
+                ignored = IGNORE_INDEX if name == "labels" or len(shape) > 1 else 2**30  # positions: clamped, ignored
                 filled[name] = torch.full(shape, ignored, dtype=dtype, device=self.args.device)
         return filled
 
@@ -214,7 +215,7 @@ class PipeEvaluation:
             if isinstance(value, torch.Tensor) and value.shape[:1] == (real,):
                 filler = value[-1:].expand(size - real, *value.shape[1:]).clone()
                 if name == "labels":
-                    filler.fill_(-100)
+                    filler.fill_(IGNORE_INDEX)
                 value = torch.cat([value, filler])
             padded[name] = value
         return padded

@@ -19,9 +19,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["label_counts", "model_loss_shifts_labels"]
+from hf_ftpipe.graph.padding import IGNORE_INDEX
 
-IGNORE_INDEX = -100
+__all__ = ["label_counts", "model_loss_shifts_labels"]
 
 
 def model_loss_shifts_labels(model: nn.Module) -> bool:

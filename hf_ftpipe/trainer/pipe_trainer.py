@@ -44,6 +44,7 @@ from hf_ftpipe.trainer.evaluation import PipeEvaluation
 from hf_ftpipe.trainer.float16 import Float16Training
 from hf_ftpipe.trainer.launch import check_one_writer
 from hf_ftpipe.trainer.loss_weighting import label_counts, model_loss_shifts_labels
+from hf_ftpipe.trainer.per_shape import per_shape_options
 from hf_ftpipe.trainer.plan_sharing import share_partition
 from hf_ftpipe.trainer.planned_shapes import longest_rows, microbatch_rows_planned, planned_microbatch
 from hf_ftpipe.trainer.preflight import agree_before_training
@@ -179,6 +180,7 @@ class PipeTrainer(PipeEvaluation, PipeCheckpointing, PipeDataLoading, PipeReport
             weights_path=self._built_from,
             autocast_dtype=torch.bfloat16 if self.args.bf16 else torch.float16 if self.args.fp16 else None,
             watchdog=self.watchdog,
+            per_shape=per_shape_options(self.data_collator, self.processing_class, self.model),
         )
         if self.args.release_unused_weights:
             freed = release_foreign_weights(self.model, self.engine.parameters())

@@ -1,9 +1,12 @@
-"""Full-size models from the paper, built from their shipped public configs on the meta device, trace."""
+"""Full-size models from the paper, built from their shipped public configs on the meta device, trace.
+
+The shapes are the shipped plans' (T5-3B BoolQ, GPT2-XL WikiText-2, BERT-large SQuAD): the traces are
+the session's planning graphs, shared with tests/hub and tests/cli, so each model is traced once.
+"""
 
 import pytest
 
-from hf_ftpipe.graph import trace_model
-from hf_ftpipe.graph.sources import load_model_for_planning, sample_inputs_for
+from planning_graphs import planning_graph
 
 
 @pytest.mark.parametrize(
@@ -15,8 +18,7 @@ from hf_ftpipe.graph.sources import load_model_for_planning, sample_inputs_for
     ],
 )
 def test_full_size_model_traces_on_meta(name: str, shape: tuple, params_b: float) -> None:
-    model = load_model_for_planning(name)
-    graph = trace_model(model, sample_inputs_for(model, *shape))
+    graph = planning_graph(name, *shape)
     trainable = sum(p.numel for p in graph.params.values() if p.requires_grad and not p.is_buffer)
     assert trainable / 1e9 == pytest.approx(params_b, rel=0.02), name
     assert graph.num_nodes > 500

@@ -134,3 +134,31 @@ def tiny_batch(
         return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
     labels = torch.randint(0, 2, (batch_size,), generator=generator)
     return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+
+
+class FixedLengthLM(nn.Module):
+    """A causal toy LM whose code reads the sequence length as a Python ``int`` (its causal mask is
+    built at that size), so ``torch.export`` keeps the length fixed and lets only the rows vary: the
+    per-shape fallback's model (`hf_ftpipe.runtime.per_shape`). Right padding with a 0 mask and
+    ``-100`` labels changes none of its losses, as for a Hugging Face causal LM."""
+
+    def __init__(self, vocab: int = VOCAB, hidden: int = 16, seed: int = 0) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.embed = nn.Embedding(vocab, hidden)
+        self.mix = nn.ModuleList([nn.Linear(hidden, hidden) for _ in range(2)])
+        self.head = nn.Linear(hidden, vocab)
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor
+    ) -> dict[str, torch.Tensor]:
+        length = int(input_ids.shape[1])  # export fixes the length here
+        causal = torch.ones(length, length, device=input_ids.device).tril()
+        hidden = self.embed(input_ids)
+        weights = causal * attention_mask[:, None, :].to(hidden.dtype)  # (rows, length, length)
+        for layer in self.mix:
+            mixed = (weights @ hidden) / weights.sum(-1, keepdim=True).clamp(min=1)
+            hidden = hidden + torch.tanh(layer(mixed))
+        logits = self.head(hidden)
+        loss = nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100)
+        return {"loss": loss, "logits": logits}

@@ -4,9 +4,14 @@ micro-batches, loss by loss and weight by weight; evaluation returns the model's
 the plan cannot take (longer or larger than planned, shapes the model's code ties together) is
 refused on every rank with a message that says what to change.
 
+A model whose export fixes the sequence length runs each length on a graph traced at its bucket
+(`hf_ftpipe.runtime.per_shape`) and trains as one process too.
+
 One launch trains every model in turn (process start-up is most of a launch's time)."""
 
 from __future__ import annotations
+
+import logging
 
 import pytest
 import torch
@@ -14,9 +19,10 @@ import torch
 from hf_ftpipe.errors import PipelineError
 from hf_ftpipe.graph import TracedModel, capture_model
 from hf_ftpipe.runtime import PipelineEngine
+from hf_ftpipe.runtime.per_shape import PerShapeOptions
 
 from distributed import run_ranks, values_or_raise
-from models import tiny_batch, tiny_model
+from models import FixedLengthLM, tiny_batch, tiny_model
 from placements import contiguous_placement
 
 NUM_MICROBATCHES = 2
@@ -67,7 +73,47 @@ def pipeline_run(rank: int, world_size: int) -> dict[str, tuple[list[float], dic
             optimizer.step()
         evaluated = engine.eval_step(data[1], output_names=("loss", "logits"))
         results[kind] = (losses, engine.state_dict(), evaluated, engine.shape_book.cached)
+    results["per_shape"] = per_shape_run()
     return results
+
+
+PER_SHAPE_STEPS = [(6, 16), (5, 7), (4, 3), (6, 10), (3, 5)]
+"""(rows, length) per step of `FixedLengthLM`, whose export fixes the length. With buckets of 4 and at
+most 3 graphs: 16 is the planned graph's; 7 runs on a graph traced at 8 (the 2nd), 3 at 4 (the 3rd);
+10 would need 12, but 3 graphs are the most, so it is padded to 16; 5 runs on the graph of 8 again."""
+PER_SHAPE_OPTIONS = PerShapeOptions(multiple_of=4, max_shapes=3)
+
+
+def per_shape_steps() -> list[dict[str, torch.Tensor]]:
+    return [tiny_batch("gpt2", rows, seed=10 + step, seq=seq) for step, (rows, seq) in enumerate(PER_SHAPE_STEPS)]
+
+
+def per_shape_run() -> tuple[list[float], dict, dict, list[str]]:
+    """gpipe on 2 ranks; the per-shape warnings this rank logged."""
+    warnings: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: warnings.append(record.getMessage())  # type: ignore[method-assign]
+    log = logging.getLogger("hf_ftpipe.runtime.per_shape")
+    log.addHandler(handler)
+    try:
+        data = per_shape_steps()
+        traced = capture_model(FixedLengthLM(), {name: value[:3] for name, value in data[0].items()})
+        engine = PipelineEngine(
+            traced,
+            contiguous_placement(traced.cost_graph, [0, 1]),
+            num_microbatches=NUM_MICROBATCHES,
+            per_shape=PER_SHAPE_OPTIONS,
+        )
+        optimizer = torch.optim.SGD(engine.parameters(), lr=LR)
+        losses = []
+        for batch in data:
+            optimizer.zero_grad()
+            losses.append(engine.train_step(batch, loss_weights=row_weights(len(batch["input_ids"]))).item())
+            optimizer.step()
+        evaluated = engine.eval_step(data[1], output_names=("loss", "logits"))
+    finally:
+        log.removeHandler(handler)
+    return losses, engine.state_dict(), evaluated, warnings
 
 
 def refusals(traced: TracedModel, engine: PipelineEngine) -> dict[str, str]:
@@ -96,27 +142,28 @@ def refusals(traced: TracedModel, engine: PipelineEngine) -> dict[str, str]:
 
 
 def reference_run(kind: str) -> tuple[list[float], dict, torch.Tensor]:
-    """One process, the same micro-batches, gradients accumulated with the same weights."""
-    model = tiny_model(kind)
+    """One process, the same micro-batches (unpadded), gradients accumulated with the same weights."""
+    model = FixedLengthLM() if kind == "per_shape" else tiny_model(kind)
+    data = per_shape_steps() if kind == "per_shape" else steps(kind)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     losses = []
-    for batch in steps(kind):
+    for batch in data:
         optimizer.zero_grad()
         rows = len(batch["input_ids"])
         split = {name: value.tensor_split(min(rows, NUM_MICROBATCHES)) for name, value in batch.items()}
         total = 0.0
         for m, weight in enumerate(row_weights(rows)):
             microbatch = {name: pieces[m] for name, pieces in split.items()}
-            loss = model(**microbatch).loss
+            loss = model(**microbatch)["loss"]
             (loss * weight).backward()
             total += loss.item() * weight
         optimizer.step()
         losses.append(total)
     model.eval()
-    evaluated = steps(kind)[1]
+    evaluated = data[1]
     with torch.no_grad():  # the same micro-batches: logits equal to the float rounding
         logits = torch.cat(
-            [model(**{k: v[rows] for k, v in evaluated.items()}).logits for rows in (slice(3), slice(3, 5))]
+            [model(**{k: v[rows] for k, v in evaluated.items()})["logits"] for rows in (slice(3), slice(3, 5))]
         )
     return losses, model.state_dict(), logits
 
@@ -167,3 +214,37 @@ def test_batches_larger_than_planned_or_of_shapes_the_model_ties_are_refused_on_
         "needs the two equal (torch.export found its code uses them together); give inputs of matching shapes, "
         "e.g. padded by one collator"
     )
+
+
+@pytest.mark.distributed
+def test_a_model_whose_export_fixes_the_length_trains_each_length_on_its_own_graph(
+    pipeline_results: list[dict],
+) -> None:
+    """Lengths 16, 7, 3, 10 and 5 on graphs of 16, 8 and 4 tokens (padded with a 0 mask and -100
+    labels): every loss and weight equal to one process on the unpadded micro-batches; evaluation's
+    logits cut back to the batch's 7 tokens. Each rank warns once per traced shape, with the count,
+    and once when the bound is reached."""
+    reference_losses, reference_state, reference_logits = reference_run("per_shape")
+    for rank, results in enumerate(pipeline_results):
+        losses, state, evaluated, warnings = results["per_shape"]
+        assert losses == pytest.approx(reference_losses, abs=1e-5), f"rank {rank} losses"
+        for name, value in state.items():
+            torch.testing.assert_close(value, reference_state[name], atol=1e-5, rtol=0, msg=f"rank {rank}: {name}")
+        assert evaluated["logits"].shape == (5, 7, reference_logits.shape[-1])
+        torch.testing.assert_close(evaluated["logits"], reference_logits, atol=1e-5, rtol=1e-4)
+        assert len(warnings) == 3, warnings
+        because = (
+            "since torch.export found that its code fixes 'input_ids' dimension 1 (at 16), 'attention_mask' "
+            "dimension 1 (at 16)"
+        )
+        for warning, (count, shape) in zip(warnings, [(2, (3, 8)), (3, (2, 4))], strict=False):
+            assert warning.startswith(
+                f"FixedLengthLM: traced a graph for micro-batches of shape {{'attention_mask': {shape}, "
+                f"'input_ids': {shape}, 'labels': {shape}}}, {count} shapes traced so far (at most 3, lengths "
+                "padded to multiples of 4), " + because
+            ), warning
+        assert warnings[2].startswith(
+            "FixedLengthLM: 3 shapes traced, the most kept (PerShapeOptions.max_shapes); micro-batches of a new "
+            "shape are padded to the nearest traced one from now on (sizes (12, 12) of [('input_ids', 1), "
+            "('attention_mask', 1)] to (16, 16))"
+        ), warnings[2]

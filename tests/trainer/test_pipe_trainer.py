@@ -22,18 +22,27 @@ from distributed import accelerate_launch as launch
 from doc_blocks import page_command
 from models import tiny_model
 
+JOB = str(REPO / "tests" / "trainer" / "pipe_job.py")
 
-def test_checkpoint_loads_with_plain_transformers_and_holds_the_pipeline_weights(tmp_path: Path) -> None:
-    launch(str(REPO / "tests" / "trainer" / "pipe_job.py"), str(tmp_path))
 
-    result = json.loads((tmp_path / "result.json").read_text())
+@pytest.fixture(scope="module")
+def gpipe_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The job with its defaults (gpipe, weights from the model's initialisation), launched once for
+    the tests that read it."""
+    folder = tmp_path_factory.mktemp("gpipe")
+    launch(JOB, str(folder))
+    return folder
+
+
+def test_checkpoint_loads_with_plain_transformers_and_holds_the_pipeline_weights(gpipe_run: Path) -> None:
+    result = json.loads((gpipe_run / "result.json").read_text())
     assert len(result["losses"]) == 6 and all(math.isfinite(loss) for loss in result["losses"])
     assert math.isfinite(result["metrics"]["eval_loss"])
 
-    model = AutoModelForCausalLM.from_pretrained(tmp_path)
+    model = AutoModelForCausalLM.from_pretrained(gpipe_run)
     saved = model.state_dict()
-    stage_weights = {**torch.load(tmp_path / "rank0.pt"), **torch.load(tmp_path / "rank1.pt")}
-    assert set(torch.load(tmp_path / "rank0.pt")) != set(torch.load(tmp_path / "rank1.pt"))  # really split
+    stage_weights = {**torch.load(gpipe_run / "rank0.pt"), **torch.load(gpipe_run / "rank1.pt")}
+    assert set(torch.load(gpipe_run / "rank0.pt")) != set(torch.load(gpipe_run / "rank1.pt"))  # really split
     for name, value in stage_weights.items():
         torch.testing.assert_close(saved[name], value, atol=0, rtol=0, msg=name)
     trained = {name for name, p in model.named_parameters()}
@@ -41,7 +50,7 @@ def test_checkpoint_loads_with_plain_transformers_and_holds_the_pipeline_weights
 
 
 def test_async_job_trains_and_saves_the_drained_weights_with_tied_copies_reconciled(tmp_path: Path) -> None:
-    launch(str(REPO / "tests" / "trainer" / "pipe_job.py"), str(tmp_path), "", "async")
+    launch(JOB, str(tmp_path), "", "async")
 
     result = json.loads((tmp_path / "result.json").read_text())
     assert len(result["losses"]) == 6 and all(math.isfinite(loss) for loss in result["losses"])
@@ -55,16 +64,15 @@ def test_async_job_trains_and_saves_the_drained_weights_with_tied_copies_reconci
     assert not torch.equal(rank0[tied], tiny_model("gpt2").state_dict()[tied])
 
 
-def test_model_built_without_weights_loads_each_stage_from_the_checkpoint(tmp_path: Path) -> None:
+def test_model_built_without_weights_loads_each_stage_from_the_checkpoint(tmp_path: Path, gpipe_run: Path) -> None:
     initial = tmp_path / "initial"
     tiny_model("gpt2").save_pretrained(initial)
-    launch(str(REPO / "tests" / "trainer" / "pipe_job.py"), str(tmp_path / "full"))
-    launch(str(REPO / "tests" / "trainer" / "pipe_job.py"), str(tmp_path / "empty"), str(initial))
+    launch(JOB, str(tmp_path / "empty"), str(initial))
 
-    full = json.loads((tmp_path / "full" / "result.json").read_text())
+    full = json.loads((gpipe_run / "result.json").read_text())
     empty = json.loads((tmp_path / "empty" / "result.json").read_text())
     assert empty["losses"] == full["losses"]
-    expected = AutoModelForCausalLM.from_pretrained(tmp_path / "full").state_dict()
+    expected = AutoModelForCausalLM.from_pretrained(gpipe_run).state_dict()
     for name, value in AutoModelForCausalLM.from_pretrained(tmp_path / "empty").state_dict().items():
         torch.testing.assert_close(value, expected[name], atol=0, rtol=0, msg=name)
 

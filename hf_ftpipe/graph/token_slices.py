@@ -18,6 +18,7 @@ captures (per-length timing and memory prediction read a graph measured at each 
 
 from __future__ import annotations
 
+import functools
 import inspect
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -66,8 +67,7 @@ class SlicedModel:
 
     def __post_init__(self) -> None:
         if self.slices_for is None:
-            given = tuple(self.slice_lengths)
-            self.slices_for = lambda seq_len: fit_slices(given, seq_len)
+            self.slices_for = functools.partial(fit_slices, tuple(self.slice_lengths))
 
     @property
     def seq_len(self) -> int:

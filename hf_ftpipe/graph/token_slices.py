@@ -23,7 +23,7 @@ import inspect
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -256,6 +256,9 @@ def capture_token_slices(
             f"token slices {list(slice_lengths)} (sum {sum(slice_lengths)}) must be positive lengths that add up "
             f"to the planned sequence length {planned_len}"
         )
+    # One graph of a symbolic length serves every slice, or every batch has the one length a fixed-shape
+    # capture was made for: never a graph per batch shape (`hf_ftpipe.runtime.per_shape`).
+    full = replace(full, per_shape=None)
     sliced = SlicedModel(full=full, by_length={}, slice_lengths=tuple(slice_lengths))
     if sliced.dynamic:
         return sliced

@@ -221,14 +221,8 @@ class PipelineEngine(Executor):
             else None
         )
         values = [*self.transfers, *(v for spec in self.specs for v in spec.model_outputs.values())]
-        # Token slices: one graph of a symbolic length serves every slice, or every batch has the one
-        # length a fixed-shape capture was made for (`hf_ftpipe.graph.token_slices`): never per shape.
-        self.per_shape = (
-            None
-            if sliced is not None
-            else PerShapeStages.of(
-                traced, self.specs, placement.node_stage, self.modules, self.device, values, num_microbatches, per_shape
-            )
+        self.per_shape = PerShapeStages.of(  # a sliced model's capture is never run per shape (token_slices.py)
+            traced, self.specs, placement.node_stage, self.modules, self.device, values, num_microbatches, per_shape
         )
         self.inputs = StepInputs(
             self.graph,

@@ -60,8 +60,9 @@ def make_setup(args: argparse.Namespace) -> Setup:
     )
 
 
-def capture(setup: Setup, slices: tuple[int, ...] | None) -> tuple[Any, Any]:
-    """The model and what the engine takes: a `TracedModel` unsliced, else a `SlicedModel`."""
+def capture(setup: Setup, slices: tuple[int, ...] | None, dynamic: bool = True) -> tuple[Any, Any]:
+    """The model and what the engine takes: a `TracedModel` unsliced, else a `SlicedModel` (with
+    ``dynamic=False`` a fixed-shape graph per slice length, which the memory prediction reads)."""
     from hf_ftpipe.graph import capture_model
     from hf_ftpipe.graph.token_slices import capture_token_slices
 
@@ -69,7 +70,7 @@ def capture(setup: Setup, slices: tuple[int, ...] | None) -> tuple[Any, Any]:
     batch = make_batch(setup, 0)
     if slices is None:
         return model, capture_model(model, batch)
-    return model, capture_token_slices(model, batch, list(slices))
+    return model, capture_token_slices(model, batch, list(slices), dynamic=dynamic)
 
 
 # -- rank processes -------------------------------------------------------------------------
@@ -271,7 +272,7 @@ def with_engine_cost(latency: Any, setup: Setup, step: int, timeout_s: float) ->
 def predicted_memory_mb(setup: Setup, slices: tuple[int, ...] | None) -> list[float]:
     from hf_ftpipe.costmodel import TokenSlices, estimate_memory
 
-    _, traced = capture(setup, slices)
+    _, traced = capture(setup, slices, dynamic=False)
     whole = traced if slices is None else traced.full
     token_slices = None
     if slices is not None:

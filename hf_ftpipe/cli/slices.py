@@ -190,7 +190,8 @@ def _measured_latency(args: argparse.Namespace, key: Any, profile: Any) -> Any:
     sample = {"input_ids": ids, "labels": ids.clone()}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # dropout: timing is not training
-        sliced = capture_token_slices(model, sample, [*lengths, remainder] if remainder else lengths)
+        # a fixed-shape capture per length: each stage is timed at the length it was built for
+        sliced = capture_token_slices(model, sample, [*lengths, remainder] if remainder else lengths, dynamic=False)
     request = PlanRequest(profile=profile, num_stages=args.gpus, num_microbatches=1, microbatch_size=args.batch_size)
     plan = run_partitioner("uniform", sliced.full.cost_graph, request)
     contexts = [args.seq_len * q // 4 for q in range(4)]

@@ -21,6 +21,10 @@ Lengths are multiples of ``step`` tokens (TeraPipe: 8) to keep the table ``O((L/
 
 Later slices attend over more context, so with a large context cost the slices shrink toward the
 end of the sequence; with a large fixed cost per slice there are fewer of them. Pure Python.
+
+A run whose batches vary in length re-plans for each length it meets (`SlicingByLength`): the same
+latency model, cached per length, and deterministic, so every rank that holds the same model
+cuts a batch alike without a message.
 """
 
 from __future__ import annotations
@@ -30,7 +34,19 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["LatencyFn", "Microbatch", "Slicing", "plan_slicing", "step_time_s", "uniform_slices"]
+__all__ = [
+    "LatencyFn",
+    "Microbatch",
+    "Slicing",
+    "SlicingByLength",
+    "plan_slicing",
+    "slicing_step",
+    "step_time_s",
+    "uniform_slices",
+]
+
+MAX_STEPS = 128
+"""The most token steps a re-plan cuts a sequence into: its table grows with their square."""
 
 LatencyFn = Callable[[int, int, int], float]
 """``t(slice_len, context_len, batch_size)``: one stage's time for one slice, seconds
@@ -130,6 +146,69 @@ def plan_slicing(
     _, sizes, bound = best
     microbatches = tuple((b, tuple(k * step for k in tables[b].path(bound))) for b in sorted(sizes, reverse=True))
     return Slicing(microbatches, step_time_s(latency, microbatches, num_stages))
+
+
+def slicing_step(seq_len: int) -> int:
+    """The token step slice lengths are multiples of (but the last, cut to what is left): TeraPipe's
+    8 tokens; finer for a short sequence, so the DP has at least 8 steps to place cuts between;
+    coarser for a long one, so it has at most `MAX_STEPS`."""
+    step = 8
+    while step > 1 and seq_len // step < 8:
+        step //= 2
+    return max(step, math.ceil(seq_len / MAX_STEPS))
+
+
+class SlicingByLength:
+    """TeraPipe's slicing of a micro-batch of ``microbatch_size`` sequences, for any sequence length:
+    planned by `plan_slicing` the first time a length comes, then kept.
+
+    A length that is not a whole number of steps (`slicing_step`) is planned rounded up to one, and
+    its last slice cut to what is left (less than a step off the DP's own optimum).
+
+    Args:
+        latency (`LatencyFn`): one stage's time for a slice (e.g. the cost model's `RooflineSliceTime`).
+        num_stages (`int`): the pipeline's stages (TeraPipe's equal ones).
+        microbatch_size (`int`, defaults to 1): sequences per micro-batch: every micro-batch is cut
+            alike, so the DP plans one unit of this many sequences.
+    """
+
+    def __init__(self, latency: LatencyFn, num_stages: int, microbatch_size: int = 1) -> None:
+        self.latency, self.num_stages, self.microbatch_size = latency, num_stages, microbatch_size
+        self._plans: dict[int, Slicing] = {}
+        self._times: dict[tuple[int, int], float] = {}
+        """(slice, context) → latency: lengths of one step share most of the DP's table."""
+
+    def _unit_time(self, slice_len: int, context_len: int, _: int = 1) -> float:
+        key = (slice_len, context_len)
+        if key not in self._times:
+            self._times[key] = self.latency(slice_len, context_len, self.microbatch_size)
+        return self._times[key]
+
+    def plan(self, seq_len: int) -> Slicing:
+        if seq_len not in self._plans:
+            step = slicing_step(seq_len)
+            padded = math.ceil(seq_len / step) * step
+            slicing = plan_slicing(
+                self._unit_time,
+                padded,
+                self.num_stages,
+                batch_size=1,
+                step=step,
+            )
+            if padded != seq_len:
+                (size, slices), *_ = slicing.microbatches
+                cut = (size, (*slices[:-1], slices[-1] - (padded - seq_len)))
+                slicing = Slicing((cut,), step_time_s(self._unit_time, [cut], self.num_stages))
+            self._plans[seq_len] = slicing
+        return self._plans[seq_len]
+
+    def __call__(self, seq_len: int) -> tuple[int, ...]:
+        return self.plan(seq_len).slices
+
+    @property
+    def planned_lengths(self) -> list[int]:
+        """The sequence lengths planned so far."""
+        return sorted(self._plans)
 
 
 class _Table:

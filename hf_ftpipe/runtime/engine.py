@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import sys
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -156,9 +157,10 @@ class PipelineEngine(Executor):
         self.traits = self.schedule.traits
         self.streaming = not self.traits.flushes
         # Units a stage holds at most between forward and backward (the schedules' rule). A sequence's
-        # slices go backward last-first, so a slice's forward proves nothing of older units' backwards.
+        # slices go backward last-first, so a slice's forward proves nothing of older units' backwards,
+        # whatever number of slices a step has: no limit.
         self._limits = [
-            num_microbatches * num_slices if num_slices else in_flight(schedule, s, self.stage_rank, num_microbatches)
+            sys.maxsize if num_slices else in_flight(schedule, s, self.stage_rank, num_microbatches)
             for s in range(len(self.stage_rank))
         ]
         self.gradient_accumulation_steps = gradient_accumulation_steps
@@ -219,7 +221,7 @@ class PipelineEngine(Executor):
             else None
         )
         values = [*self.transfers, *(v for spec in self.specs for v in spec.model_outputs.values())]
-        self.per_shape = PerShapeStages.of(  # token slices are traced at fixed shapes: never per shape
+        self.per_shape = PerShapeStages.of(  # a sliced model's capture is never run per shape (token_slices.py)
             traced, self.specs, placement.node_stage, self.modules, self.device, values, num_microbatches, per_shape
         )
         self.inputs = StepInputs(
@@ -331,7 +333,8 @@ class PipelineEngine(Executor):
             program = self.programs.streaming(self.schedule.next_step())
         else:
             first = 0
-            program = self.programs.flushing(training=True, microbatches=len(microbatches))
+            num_slices = self.inputs.begin_slices(microbatches)  # token slices: per the step's length
+            program = self.programs.flushing(training=True, microbatches=len(microbatches), num_slices=num_slices)
         units = self.inputs.store(self.state, microbatches, first, weights)
         self.module.train(True)
         losses = self._run(program, training=True)

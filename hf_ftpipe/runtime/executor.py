@@ -243,10 +243,7 @@ class Executor:
     def _post(self, comm: Comm) -> None:
         transfer = self.transfers[comm.value]
         tag = self._tag(transfer, self._unit(comm), comm.backward)
-        if comm.slice_index is not None and self.token_slicing is not None:
-            shape = self.token_slicing.shape(comm.value, comm.slice_index)
-        else:  # this micro-batch's own shape (`hf_ftpipe.runtime.shapes`)
-            shape = self.state.shapes[self._unit(comm)].values[comm.value]
+        shape = self.state.shapes[self._unit(comm)].values[comm.value]  # the unit's own (`runtime.shapes`)
         self.state.posted[comm] = self.messenger.post_recv(shape, transfer.dtype, self.device, comm.peer, tag)
 
     def _take(self, comm: Comm, what: str) -> torch.Tensor:

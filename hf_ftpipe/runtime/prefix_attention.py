@@ -105,7 +105,7 @@ class _PrefixAttentionFunction(torch.autograd.Function):
         layer: str,
         offset: int,
         options: dict[str, Any],
-        stride: tuple[int, ...] | None,
+        layout: tuple[int, ...] | None,
     ) -> torch.Tensor:
         sequence.write(layer, offset, key, value)
         end = offset + key.shape[-2]
@@ -124,8 +124,8 @@ class _PrefixAttentionFunction(torch.autograd.Function):
         else:
             output = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, **options)
             ctx.save_for_backward(query)
-        if stride is not None and output.stride() != stride:  # the layout the graph's views expect
-            output = torch.empty_strided(output.shape, stride, dtype=output.dtype, device=output.device).copy_(output)
+        if layout is not None and _memory_order(output) != layout:  # the layout the graph's views expect
+            output = torch.empty_permuted(output.shape, layout, dtype=output.dtype, device=output.device).copy_(output)
         return output
 
     @staticmethod
@@ -200,18 +200,25 @@ def _recomputed_grads(
     return torch.autograd.grad(output, (query, keys, values), grad_output)
 
 
+def _memory_order(tensor: torch.Tensor) -> tuple[int, ...]:
+    """The dimensions of ``tensor`` from outermost to innermost in memory (ties in dimension order)."""
+    strides = tensor.stride()
+    return tuple(sorted(range(tensor.dim()), key=lambda dim: -strides[dim]))
+
+
 class PrefixAttention(nn.Module):
     """Stands for one traced ``scaled_dot_product_attention`` call in a sliced stage.
 
     Takes the call's arguments; the traced mask and ``is_causal`` are replaced by the slice's own
     (see the module docstring). Dropout follows ``self.training`` as the traced call did. The output
-    has ``stride``, the traced call's: the exporter dropped the copies that layout made needless,
-    so the graph's views after attention rely on it.
+    is laid out in memory as the traced call's was (``layout``: its dimensions outermost first):
+    the exporter dropped the copies that layout made needless, so the graph's views after attention
+    rely on it, at every slice length.
     """
 
-    def __init__(self, layer: str, cursor: SliceCursor, stride: tuple[int, ...] | None = None) -> None:
+    def __init__(self, layer: str, cursor: SliceCursor, layout: tuple[int, ...] | None = None) -> None:
         super().__init__()
-        self.layer, self.cursor, self.stride = layer, cursor, stride
+        self.layer, self.cursor, self.layout = layer, cursor, layout
 
     def forward(
         self,
@@ -230,7 +237,7 @@ class PrefixAttention(nn.Module):
             raise RuntimeError("a sliced stage ran outside a token slice (no sequence pointed at)")
         options = {"dropout_p": dropout_p if self.training else 0.0, "scale": scale, "enable_gqa": enable_gqa}
         return _PrefixAttentionFunction.apply(
-            query, key, value, sequence, self.layer, self.cursor.offset, options, self.stride
+            query, key, value, sequence, self.layer, self.cursor.offset, options, self.layout
         )
 
     def extra_repr(self) -> str:

@@ -1,7 +1,9 @@
 """One rank's programs: a schedule's orders lowered to its actions with their SENDs and RECVs.
 
 A flushing step (``gpipe``, ``1f1b``) and an evaluation run the same order every time, so each is
-lowered once and kept; a short batch runs the full program less its missing micro-batches. A
+lowered once and kept; a short batch runs the full program less its missing micro-batches, and a
+step with another number of token slices per sequence the program of that number, lowered once
+per number. A
 streaming step (``async``, ``2bw``) is lowered as it comes, with what the steps before it left
 (`hf_ftpipe.schedules.lowering.Lowering` carries it).
 """
@@ -12,7 +14,7 @@ from collections.abc import Sequence
 
 from hf_ftpipe.schedules.actions import Action
 from hf_ftpipe.schedules.lowering import Dataflow, Lowering, Op
-from hf_ftpipe.schedules.orders import Schedule, ScheduleGPipe
+from hf_ftpipe.schedules.orders import Schedule, ScheduleGPipe, make_schedule
 
 __all__ = ["RankPrograms"]
 
@@ -32,22 +34,25 @@ class RankPrograms:
         self.rank = rank
         self._streaming = Lowering(dataflow, schedule.stage_rank)
         """Lowers a streaming schedule's steps, carrying what a step leaves to the next."""
-        self._flushing: dict[bool, list[Op]] = {}
+        self._flushing: dict[tuple[bool, int | None], list[Op]] = {}
 
     def reset(self) -> None:
         """Forget what streaming steps carried over (the pipeline is empty)."""
         self._streaming.reset()
 
-    def flushing(self, training: bool, microbatches: int) -> list[Op]:
+    def flushing(self, training: bool, microbatches: int, num_slices: int | None = None) -> list[Op]:
         """The program of one mini-batch of ``microbatches`` micro-batches that flushes (forwards only
-        for evaluation).
+        for evaluation), each cut into ``num_slices`` token slices in training (default: the
+        schedule's own number).
 
         The full program is lowered by a `Lowering` of its own: an evaluation must not touch what a
         streaming schedule's steps carry over. A short batch's program is the full one less the
         missing micro-batches' actions and messages, on every rank alike: what remains runs in the
-        same relative order, so it cannot deadlock.
+        same relative order, so it cannot deadlock. Another number of slices is the same schedule
+        made for it: every rank derives it from the step's sequence length, so every rank lowers
+        the same order.
         """
-        program = self._full(training)
+        program = self._full(training, num_slices if training else None)
         if microbatches >= self.schedule.num_microbatches:
             return program
         return [op for op in program if op.microbatch_index < microbatches]
@@ -56,14 +61,20 @@ class RankPrograms:
         """This rank's part of a streaming step (or the drain), lowered with what earlier steps left."""
         return self._streaming.lower(order).get(self.rank, [])
 
-    def _full(self, training: bool) -> list[Op]:
-        if training not in self._flushing:
-            if training:
+    def _full(self, training: bool, num_slices: int | None) -> list[Op]:
+        key = (training, num_slices)
+        if key not in self._flushing:
+            if training and num_slices not in (None, self.schedule.num_slices):
+                schedule = self.schedule
+                order = make_schedule(
+                    schedule.name, schedule.stage_rank, schedule.num_microbatches, schedule.edges, num_slices=num_slices
+                ).global_order()
+            elif training:
                 order = self.schedule.global_order()
             else:  # GPipe's forwards: each stage streams its micro-batches on to the next
                 stage_rank, edges = self.schedule.stage_rank, self.schedule.edges
                 gpipe = ScheduleGPipe(stage_rank, self.schedule.num_microbatches, edges)
                 order = [a for a in gpipe.global_order() if a.computation == "F"]
             program = Lowering(self.dataflow, self.schedule.stage_rank).lower(order).get(self.rank, [])
-            self._flushing[training] = program
-        return self._flushing[training]
+            self._flushing[key] = program
+        return self._flushing[key]

@@ -44,11 +44,17 @@ def time_slice(
     """Median seconds of ``stage_index``'s forward + backward on a ``slice_len``-token slice after
     ``context_len`` tokens of context (one untimed run first).
 
-    ``slice_len`` must be one of ``slicing.slice_lengths`` (a stage is built per length). Received
+    ``slice_len`` must be one of ``slicing.slice_lengths`` (a stage is built per length: a capture
+    with ``dynamic=False``). Received
     values are random of the slice's shapes; every output that goes on gets a gradient of ones.
     The backward adds into the stage's parameters' ``.grad``, which are the model's: time a copy
     of the model, or zero its gradients before training.
     """
+    if slicing.dynamic:
+        raise ValueError(
+            "slice timing builds a stage per slice length: capture the model with "
+            "`capture_token_slices(..., dynamic=False)`"
+        )
     if slice_len not in slicing.slice_lengths:
         raise ValueError(
             f"no stage is built for slices of {slice_len} tokens; capture the model with it among "

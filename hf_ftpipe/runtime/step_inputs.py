@@ -107,7 +107,15 @@ class StepInputs:
             for i, piece in enumerate(self.token_slicing.split(m, microbatch)):
                 unit = self.token_slicing.unit(m, i)
                 state.data[unit], state.loss_weight[unit] = piece, weights[offset]
+                state.shapes[unit] = self.token_slicing.shapes(i, piece, self.shape_book)
         return len(microbatches) * (1 if self.token_slicing is None else self.token_slicing.num_slices)
+
+    def begin_slices(self, microbatches: Sequence[Mapping[str, Any]]) -> int | None:
+        """Token slicing: cut this step's sequences by their length (`TokenSlicing.begin_step`);
+        returns how many slices each has (``None`` without token slicing)."""
+        if self.token_slicing is None:
+            return None
+        return self.token_slicing.begin_step(int(torch.as_tensor(microbatches[0]["input_ids"]).shape[1]))
 
     def store_for_evaluation(self, state: MicrobatchState, microbatches: Sequence[dict[str, Any]]) -> None:
         """Store an evaluation's micro-batches, numbered from 0. A sliced model evaluates whole
@@ -116,7 +124,7 @@ class StepInputs:
             self.per_shape.train(False)
         for m, microbatch in enumerate(microbatches):
             state.data[m] = microbatch if self.token_slicing is None else sequence_inputs(microbatch)
-            state.shapes[m] = self._shapes_of(microbatch)
+            state.shapes[m] = self._shapes_of(state.data[m])
 
     def unpad(self, outputs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """An evaluation's outputs at the batch's own lengths (`PerShapeStages.unpad`)."""

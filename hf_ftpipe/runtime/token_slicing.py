@@ -1,13 +1,18 @@
-"""One rank's stages at every token-slice length, and each sequence's keys and values per stage.
+"""One rank's stages for token slices, each step's slicing, and each sequence's keys and values per stage.
 
-A sliced model has one graph per slice length (`hf_ftpipe.graph.token_slices`). Each is matched op
-for op to the whole-sequence graph the partition names, so it gets the same stages, built on the
-same weights, its values named as in the whole graph (`hf_ftpipe.runtime.stage_variants`): the
-schedule's lowering, the messages and the executor's bookkeeping are those of the whole graph,
-only the shapes are the slice's. Each stage's ``scaled_dot_product_attention`` calls
-become `PrefixAttention`, pointed at the sequence and offset the executor is running.
+A sliced model captured with a symbolic sequence length (`hf_ftpipe.graph.token_slices`) runs
+every slice on the whole graph's own stages, rebuilt on the same weights with each
+``scaled_dot_product_attention`` call made `PrefixAttention`, pointed at the sequence and offset
+the executor is running; a slice's shapes and sizes come from the graph's shape formulas like a
+micro-batch's (`hf_ftpipe.runtime.shapes`). A model captured with fixed shapes has one graph per
+slice length instead, each matched op for op to the whole-sequence graph the partition names
+(`hf_ftpipe.runtime.stage_variants`), so it gets the same stages on the same weights, its values
+named as in the whole graph.
 
-Units: the executor keys what it keeps per (micro-batch, slice) by ``m * num_slices + slice``.
+Each training step cuts its sequences by ``SlicedModel.slices_for`` of the step's length
+(`begin_step`): the number of slices k may differ from step to step. Units: the executor keys what
+it keeps per (micro-batch, slice) by ``m * k + slice`` with the step's k; a flushing step ends
+with every unit finished, so no key outlives its step.
 """
 
 from __future__ import annotations
@@ -19,10 +24,12 @@ from typing import Any
 import torch
 from torch import fx
 
+from hf_ftpipe.errors import PipelineError
 from hf_ftpipe.graph.modes import ModeAwareOp
 from hf_ftpipe.graph.token_slices import DERIVED_INPUTS, SlicedModel, cut_slices, sequence_inputs
 from hf_ftpipe.runtime.prefix_attention import PrefixAttention, SequenceKV, SliceCursor
-from hf_ftpipe.runtime.stage import StageSpec
+from hf_ftpipe.runtime.shapes import MicrobatchShapes, ShapeBook
+from hf_ftpipe.runtime.stage import StageSpec, build_stage_module
 from hf_ftpipe.runtime.stage_variants import StageVariant, build_variant
 
 __all__ = ["TokenSlicing"]
@@ -48,30 +55,74 @@ class TokenSlicing:
         modules: Mapping[int, fx.GraphModule],
         device: torch.device,
     ) -> None:
-        self.slice_lengths = tuple(sliced.slice_lengths)
-        self.offsets = tuple(itertools.accumulate((0, *self.slice_lengths[:-1])))
-        self.num_slices = len(self.slice_lengths)
+        self.slices_for = sliced.slices_for
+        self.slice_lengths: tuple[int, ...] = ()
+        self.offsets: tuple[int, ...] = ()
+        self.num_slices = 0
         self.cursors = {s: SliceCursor() for s in modules}
         self._sequences: dict[tuple[int, int], SequenceKV] = {}
         self._key_padding: dict[int, torch.Tensor] = {}
+        self._dynamic: StageVariant | None = None
+        """The whole graph's stages with prefix attention: every slice length, if the graph is dynamic."""
         self._variants: dict[int, StageVariant] = {}
+        if sliced.dynamic:
+            self._dynamic = self._whole_variant(sliced, specs, modules, device)
         for length, traced in sliced.by_length.items():
             self._variants[length] = self._variant(sliced, traced, length, specs, node_stage, modules, device)
+        self.begin_step(sliced.seq_len)
+
+    @property
+    def dynamic(self) -> bool:
+        """Whether one graph runs every slice length (else one fixed-shape graph per length)."""
+        return self._dynamic is not None
+
+    # -- per step -----------------------------------------------------------------------------
+
+    def begin_step(self, seq_len: int) -> int:
+        """Cut this step's sequences of ``seq_len`` tokens by ``slices_for``; returns how many slices.
+
+        Raises:
+            `PipelineError`: the slicing's lengths do not add up to ``seq_len``, or a fixed-shape
+                capture has no graph for one of them.
+        """
+        lengths = tuple(int(length) for length in self.slices_for(seq_len))
+        if sum(lengths) != seq_len or not lengths or min(lengths) < 1:
+            raise PipelineError(f"token slices {list(lengths)} for sequences of {seq_len} tokens do not add up to them")
+        if self._dynamic is None and not set(lengths) <= set(self._variants):
+            raise PipelineError(
+                f"the model was captured with fixed shapes for token slices {sorted(self._variants)}, so sequences "
+                f"of {seq_len} tokens cannot be cut into {list(lengths)}; pad every batch to one length"
+            )
+        self.slice_lengths = lengths
+        self.offsets = tuple(itertools.accumulate((0, *lengths[:-1])))
+        self.num_slices = len(lengths)
+        return self.num_slices
 
     # -- per slice ----------------------------------------------------------------------------
 
     def unit(self, m: int, slice_index: int | None) -> int:
         return m * self.num_slices + (slice_index or 0)
 
+    def _variant_of(self, slice_index: int) -> StageVariant:
+        return self._dynamic or self._variants[self.slice_lengths[slice_index]]
+
     def spec(self, stage: int, slice_index: int) -> StageSpec:
-        return self._variants[self.slice_lengths[slice_index]].specs[stage]
+        return self._variant_of(slice_index).specs[stage]
 
     def module(self, stage: int, slice_index: int) -> fx.GraphModule:
-        return self._variants[self.slice_lengths[slice_index]].modules[stage]
+        return self._variant_of(slice_index).modules[stage]
 
     def shape(self, value: str, slice_index: int) -> tuple[int, ...]:
-        variant = self._variants[self.slice_lengths[slice_index]]
+        """A fixed-shape capture's shape of ``value`` at slice ``slice_index`` (`shapes` in general)."""
+        variant = self._variant_of(slice_index)
         return tuple(variant.graph.node(variant.to_variant[value])["output_shapes"][0])
+
+    def shapes(self, slice_index: int, piece: Mapping[str, Any], book: ShapeBook) -> MicrobatchShapes:
+        """The shapes slice ``slice_index`` (inputs ``piece``) sends and the sizes its stages read:
+        the whole graph's formulas at the slice's shape, or a fixed-shape capture's own shapes."""
+        if self._dynamic is not None:
+            return book.of(piece)
+        return MicrobatchShapes(values={v: self.shape(v, slice_index) for v in book.values}, sizes={})
 
     def split(self, m: int, microbatch: Mapping[str, Any]) -> list[dict[str, Any]]:
         """Micro-batch ``m``'s inputs per slice; remembers its padding mask for the keys."""
@@ -101,6 +152,24 @@ class TokenSlicing:
         self._key_padding.clear()
 
     # -- building -----------------------------------------------------------------------------
+
+    def _whole_variant(
+        self,
+        sliced: SlicedModel,
+        specs: Sequence[StageSpec],
+        modules: Mapping[int, fx.GraphModule],
+        device: torch.device,
+    ) -> StageVariant:
+        """The whole graph's own stages, rebuilt on the same weights with prefix attention."""
+        whole = sliced.full
+        built = {}
+        for stage, whole_module in modules.items():
+            tensors = {**whole.tensors, **dict(whole_module.named_parameters()), **dict(whole_module.named_buffers())}
+            module = build_stage_module(whole.graph_module, specs[stage], whole.canonical_names, tensors, device)
+            _use_prefix_attention(module, self.cursors[stage])
+            built[stage] = module.to(device)
+        names = {name: name for name in whole.cost_graph.graph.nodes}
+        return StageVariant(traced=whole, specs=list(specs), to_variant=names, modules=built)
 
     def _variant(
         self,
@@ -138,5 +207,12 @@ def _use_prefix_attention(module: fx.GraphModule, cursor: SliceCursor) -> None:
             *path, leaf = node.target.split(".")
             parent = module.get_submodule(".".join(path)) if path else module
             traced = node.meta.get("val")
-            stride = tuple(traced.stride()) if isinstance(traced, torch.Tensor) else None
-            setattr(parent, leaf, PrefixAttention(node.name, cursor, stride))
+            layout = _traced_memory_order(traced) if isinstance(traced, torch.Tensor) else None
+            setattr(parent, leaf, PrefixAttention(node.name, cursor, layout))
+
+
+def _traced_memory_order(traced: torch.Tensor) -> tuple[int, ...]:
+    """The dimensions of ``traced`` from outermost to innermost in memory (its strides may be
+    symbolic: ordered by their values at the export's sample sizes, all at least 2)."""
+    strides = [s.node.hint if isinstance(s, torch.SymInt) else int(s) for s in traced.stride()]
+    return tuple(sorted(range(len(strides)), key=lambda dim: -strides[dim]))

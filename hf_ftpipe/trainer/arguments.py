@@ -150,9 +150,10 @@ class PipeTrainingArguments(TrainingArguments):
         metadata={
             "help": f"Causal LMs, schedules {', '.join(map(repr, SLICING_SCHEDULES))}: cut each sequence into "
             "token slices that flow through the "
-            "pipeline like micro-batches (TeraPipe). Slice lengths adding up to the sequence length, e.g. "
-            "'512,512,1024' (a list in Python), or 'auto': chosen by TeraPipe's dynamic program from the cost "
-            "model. Default: whole sequences."
+            "pipeline like micro-batches (TeraPipe). Slice lengths for the planned (longest) sequence length, "
+            "e.g. '512,512,1024' (a list in Python): a shorter batch keeps the leading slices that fit and cuts "
+            "the last to what is left; or 'auto': chosen by TeraPipe's dynamic program from the cost model, "
+            "re-planned for each length. Default: whole sequences."
         },
     )
     pipeline_timeout_s: float = field(

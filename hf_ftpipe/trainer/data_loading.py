@@ -89,10 +89,10 @@ class PipeDataLoading:
         return batch
 
     def _streams_whole_batches(self) -> bool:
-        """Streaming schedules, and token slicing (fixed shapes), train whole mini-batches only."""
+        """Streaming schedules train whole mini-batches only."""
         from hf_ftpipe.schedules.registry import SCHEDULES
 
-        return not SCHEDULES[self.args.pipeline_schedule].flushes or self.args.token_slices is not None
+        return not SCHEDULES[self.args.pipeline_schedule].flushes
 
     def _check_enough_training_data(self) -> None:
         """A streaming schedule trains on whole mini-batches only: a training set smaller than one
@@ -111,8 +111,7 @@ class PipeDataLoading:
             fits = f"per_device_train_batch_size={max(samples, 1)} with num_microbatches={max(samples, 1)}"
         raise PipelineError(
             f"the training set has {samples} samples, fewer than one mini-batch of per_device_train_batch_size="
-            f"{batch}; pipeline_schedule={self.args.pipeline_schedule!r}"
-            f"{' with token_slices' if self.args.token_slices is not None else ''} trains on whole mini-batches "
+            f"{batch}; pipeline_schedule={self.args.pipeline_schedule!r} trains on whole mini-batches "
             f"only (an incomplete last batch is dropped). Use {fits}, or more data"
         )
 

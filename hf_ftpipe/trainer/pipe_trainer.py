@@ -156,7 +156,7 @@ class PipeTrainer(PipeEvaluation, PipeCheckpointing, PipeDataLoading, PipeReport
         rows = microbatch_rows_planned(self.args.per_device_train_batch_size, self.args.num_microbatches)
         # Any batch serves to trace (only its shapes matter); the plan is for the largest micro-batch.
         microbatch = {n: value[:rows] if isinstance(value, torch.Tensor) else value for n, value in inputs.items()}
-        planned = self._planned_shapes(inputs, rows) if self.args.token_slices is None else None
+        planned = self._planned_shapes(inputs, rows)
         if any(p.is_meta for p in self.model.parameters()) and hasattr(self.model, "tie_weights"):
             # accelerate.init_empty_weights registers a new tensor per name, untying shared weights.
             self.model.tie_weights()

@@ -1,20 +1,26 @@
-"""PipeTrainer's ``token_slices``: which slice lengths, and the capture the pipeline trains on.
+"""PipeTrainer's ``token_slices``: the slicing of every sequence length, and the capture the pipeline trains on.
 
 With ``token_slices`` set, every rank captures the model with `capture_token_slices` on the
-micro-batch it would otherwise capture whole; the engine then runs each micro-batch as slices
-(TeraPipe) and the partition is planned on the sliced model's whole-sequence graph.
+micro-batch it would otherwise capture whole, measured at the planned (longest) micro-batch: one
+graph with a symbolic sequence length serves the whole sequence and every slice. The engine then
+cuts each step's sequences by the step's length (TeraPipe) and the partition is planned on the
+sliced model's whole-sequence graph.
 
-``"auto"``: rank 0 chooses the lengths with TeraPipe's dynamic program (`plan_slicing`) over the
-cost model's latency, as ``hf-ftpipe slices`` does, for one micro-batch on as many equal stages as
-processes, logs them (info, through transformers' logging: `hf_ftpipe.trainer.run_log`) and sends
-them to every rank, so the ranks cannot disagree.
+- A list of lengths is for the planned length (they may add up to more; less is an error naming
+  both): a shorter batch keeps the leading slices that fit and cuts the last to what is left
+  (`hf_ftpipe.graph.token_slices.fit_slices`).
+- ``"auto"``: TeraPipe's dynamic program (`SlicingByLength`) over the cost model's latency, as
+  ``hf-ftpipe slices`` uses it, for one micro-batch on as many equal stages as processes, re-planned
+  for each new length and kept. Rank 0 builds the latency model and sends it to every rank once;
+  each rank then plans every length from it alike, without a message per length. Rank 0 logs the
+  slicing of the planned length (info, through transformers' logging: `hf_ftpipe.trainer.run_log`).
 """
 
 from __future__ import annotations
 
-import json
-import math
-from collections.abc import Mapping
+import pickle
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch.distributed as dist
@@ -24,9 +30,9 @@ from hf_ftpipe.costmodel import GPUProfile, get_profile
 from hf_ftpipe.costmodel.latency import cost_model_slice_time
 from hf_ftpipe.errors import PipelineError
 from hf_ftpipe.graph.cost_graph import CostGraph
-from hf_ftpipe.graph.token_slices import SlicedModel, capture_token_slices, sequence_inputs
+from hf_ftpipe.graph.token_slices import SlicedModel, capture_token_slices, fit_slices, sequence_inputs
 from hf_ftpipe.graph.trace import TracedModel, capture_model
-from hf_ftpipe.partitioners.slicing import Slicing, plan_slicing
+from hf_ftpipe.partitioners.slicing import LatencyFn, Slicing, SlicingByLength, slicing_step
 from hf_ftpipe.runtime.watchdog import Watchdog
 from hf_ftpipe.trainer.arguments import PipeTrainingArguments
 from hf_ftpipe.trainer.run_log import get_logger
@@ -43,95 +49,86 @@ def capture_for_pipeline(
     watchdog: Watchdog,
     planned: Mapping[str, tuple[int, ...]] | None = None,
 ) -> TracedModel | SlicedModel:
-    """The model captured on ``microbatch``: whole (measured at the ``planned`` shapes: any batch
-    shape up to them runs), or sliced as ``args.token_slices`` says (fixed shapes: every batch
-    must have ``microbatch``'s sequence length).
+    """The model captured on ``microbatch``, measured at the ``planned`` shapes (any batch shape up
+    to them runs): whole, or for the token slices ``args.token_slices`` says.
 
     Raises:
-        `ValueError`: the slice lengths do not add up to the batches' sequence length.
+        `ValueError`: the slice lengths add up to less than the planned sequence length.
         `TraceError`: the model cannot be sliced (`hf_ftpipe.graph.token_slices.check_sliceable`).
     """
     if args.token_slices is None:
         return capture_model(model, microbatch, planned=planned)
-    seq_len = int(sequence_inputs(microbatch)["input_ids"].shape[1])  # refuses a batch without labels
+    sample_len = int(sequence_inputs(microbatch)["input_ids"].shape[1])  # refuses a batch without labels
+    seq_len = int(planned["input_ids"][1]) if planned is not None and "input_ids" in planned else sample_len
     if args.token_slices != "auto":
         lengths = list(args.token_slices)
-        if sum(lengths) != seq_len:
+        if sum(lengths) < seq_len:
             raise ValueError(
-                f"`token_slices={lengths}` add up to {sum(lengths)} tokens, but the batches hold sequences of "
-                f"{seq_len}; pass lengths that add up to {seq_len} (pad every batch to one length), or "
-                "token_slices='auto'"
+                f"`token_slices={lengths}` add up to {sum(lengths)} tokens, but the pipeline is planned for "
+                f"sequences of {seq_len} (the longest of the run, or `plan_max_length`); pass lengths that add up "
+                f"to at least {seq_len} (shorter batches keep the leading slices that fit), or token_slices='auto'"
             )
-        return capture_token_slices(model, microbatch, lengths)
-    whole = capture_token_slices(model, microbatch, [seq_len])
-    lengths = _share_auto_lengths(args, model, whole.full.cost_graph, watchdog)
-    return capture_token_slices(model, microbatch, lengths, full=whole.full)
-
-
-def slicing_step(seq_len: int) -> int:
-    """Slice lengths are multiples of this: TeraPipe's 8 tokens, finer for a short sequence so the
-    DP still has at least 8 steps to place cuts between (always a divisor of ``seq_len``)."""
-    step = math.gcd(seq_len, 8)
-    while step > 1 and seq_len // step < 8:
-        step //= 2
-    return step
+        return capture_token_slices(model, microbatch, list(fit_slices(lengths, seq_len)), planned=planned)
+    whole = capture_token_slices(model, microbatch, [seq_len], planned=planned)
+    slicer = SlicingByLength(
+        _share_latency(args, model, whole.full.cost_graph, watchdog), dist.get_world_size(), _microbatch_size(args)
+    )
+    if whole.by_length:  # fixed shapes (the model cannot vary its length): the one length's slices
+        lengths = list(slicer(seq_len))
+        return capture_token_slices(model, microbatch, lengths, full=whole.full, planned=planned)
+    _log_choice(slicer.plan(seq_len), args)
+    return replace(whole, slice_lengths=slicer(seq_len), slices_for=slicer)
 
 
 def choose_token_slices(
     graph: CostGraph, profile: GPUProfile, *, num_stages: int, hidden_size: int, microbatch_size: int
 ) -> Slicing:
-    """TeraPipe's slicing of one micro-batch of ``microbatch_size`` sequences, the graph's length.
-
-    Every micro-batch is cut alike, so the DP plans a batch of one unit: the latency of a slice is
-    that of ``microbatch_size`` sequences (it does not split the micro-batch further).
-    """
+    """TeraPipe's slicing of one micro-batch of ``microbatch_size`` sequences of the graph's planned length."""
     seq_len = int(graph.inputs["input_ids"].shape[1])
     latency = cost_model_slice_time(graph, profile, num_stages=num_stages, hidden_size=hidden_size)
-    return plan_slicing(
-        lambda slice_len, context_len, _: latency(slice_len, context_len, microbatch_size),
-        seq_len,
-        num_stages,
-        batch_size=1,
-        step=slicing_step(seq_len),
-    )
+    return SlicingByLength(latency, num_stages, microbatch_size).plan(seq_len)
 
 
-def _share_auto_lengths(
-    args: PipeTrainingArguments, model: nn.Module, graph: CostGraph, watchdog: Watchdog
-) -> list[int]:
-    """Rank 0 chooses the lengths and logs them; every rank receives them (or rank 0's error)."""
-    payload: list[str | None] = [None]
+def _microbatch_size(args: PipeTrainingArguments) -> int:
+    return max(1, args.per_device_train_batch_size // args.num_microbatches)
+
+
+def _share_latency(args: PipeTrainingArguments, model: nn.Module, graph: CostGraph, watchdog: Watchdog) -> LatencyFn:
+    """Rank 0 builds the latency model from the cost model; every rank receives it (or rank 0's error),
+    so that every rank plans each length from the same numbers."""
+    payload: list[bytes | str | None] = [None]
     if dist.get_rank() == 0:
         try:
             num_stages = dist.get_world_size()
-            microbatch_size = args.per_device_train_batch_size // args.num_microbatches
-            slicing = choose_token_slices(
+            latency = cost_model_slice_time(
                 graph,
                 get_profile(args.gpu_profile, count=num_stages),
                 num_stages=num_stages,
                 hidden_size=int(model.config.hidden_size),
-                microbatch_size=microbatch_size,
             )
-            payload[0] = json.dumps(list(slicing.slices))
-            logger.info(
-                "token_slices='auto': %s (TeraPipe DP, micro-batches of %d on %d stages, %.3g ms per micro-batch "
-                "predicted)",
-                list(slicing.slices),
-                microbatch_size,
-                num_stages,
-                slicing.step_time_s * 1e3,
-            )
-        except Exception as error:  # the other ranks must not wait for lengths that never come
-            payload[0] = json.dumps({"error": f"{type(error).__name__}: {error}"})
+            payload[0] = pickle.dumps(latency)
+        except Exception as error:  # the other ranks must not wait for a latency model that never comes
+            payload[0] = f"{type(error).__name__}: {error}"
             _broadcast(payload, watchdog)
             raise
     _broadcast(payload, watchdog)
-    data = json.loads(payload[0] or "{}")
-    if isinstance(data, dict):
-        raise PipelineError(f"[rank {dist.get_rank()}] rank 0 could not choose the token slices: {data.get('error')}")
-    return [int(length) for length in data]
+    if isinstance(payload[0], str) or payload[0] is None:
+        raise PipelineError(f"[rank {dist.get_rank()}] rank 0 could not model the token slices' latency: {payload[0]}")
+    return pickle.loads(payload[0])
 
 
-def _broadcast(payload: list[str | None], watchdog: Watchdog) -> None:
-    with watchdog.waiting("sharing the token slices from rank 0", collective=True):
-        dist.broadcast_object_list(payload, src=0)
+def _log_choice(slicing: Slicing, args: PipeTrainingArguments) -> None:
+    if dist.get_rank() == 0:
+        logger.info(
+            "token_slices='auto': %s (TeraPipe DP, micro-batches of %d on %d stages, %.3g ms per micro-batch "
+            "predicted; re-planned for each shorter length)",
+            list(slicing.slices),
+            _microbatch_size(args),
+            dist.get_world_size(),
+            slicing.step_time_s * 1e3,
+        )
+
+
+def _broadcast(payload: Sequence[Any], watchdog: Watchdog) -> None:
+    with watchdog.waiting("sharing the token slices' latency model from rank 0", collective=True):
+        dist.broadcast_object_list(payload, src=0)  # type: ignore[arg-type]

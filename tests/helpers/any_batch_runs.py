@@ -18,6 +18,7 @@ from transformers import (
     DataCollatorForLanguageModeling,
     DataCollatorForSeq2Seq,
     DataCollatorWithPadding,
+    TrainerCallback,
 )
 
 from mlm_runs import SPECIALS, tokenizer
@@ -43,6 +44,8 @@ class Case:
     schedule: str = "gpipe"
     num_microbatches: int = 2
     args: dict[str, Any] = field(default_factory=dict)
+    pipe_args: dict[str, Any] = field(default_factory=dict)
+    """PipeTrainingArguments only (plain `Trainer` has no such thing)."""
 
 
 CASES = {
@@ -59,6 +62,18 @@ CASES = {
         steps=4,
         schedule="1f1b",
         args={"train_sampling_strategy": "group_by_length", "optim": "sgd", "learning_rate": 0.1},
+    ),
+    # The same, each sequence cut into token slices planned for the longest row (12) under gpipe: a batch of
+    # L tokens keeps the slices that fit and cuts the last (9 as 5, 3, 1); batches of rows of about one length.
+    "gpt2-sliced": Case(
+        "gpt2",
+        "causal",
+        train_rows=14,
+        batch_size=4,
+        epochs=1,
+        steps=4,
+        args={"train_sampling_strategy": "group_by_length", "optim": "sgd", "learning_rate": 0.1},
+        pipe_args={"token_slices": [5, 3, 4]},
     ),
     # Targets of different lengths too: the collator pads labels with -100 and makes decoder_input_ids;
     # batches drawn by transformers 5.24's cost-balancing sampler, which deals ranks their share.
@@ -148,7 +163,9 @@ def setup(name: str, output_dir: str, pipe: bool) -> dict[str, Any]:
     )
     common.update(case.args)
     if pipe:
-        args = PipeTrainingArguments(num_microbatches=case.num_microbatches, pipeline_schedule=case.schedule, **common)
+        args = PipeTrainingArguments(
+            num_microbatches=case.num_microbatches, pipeline_schedule=case.schedule, **case.pipe_args, **common
+        )
     else:
         args = TrainingArguments(**common)
     model = tiny_model(case.model)
@@ -167,6 +184,8 @@ def run(name: str, output_dir: str, trainer_class: type) -> dict[str, Any]:
     results of one run as plain data, with the trained weights."""
     parts = setup(name, output_dir, pipe=trainer_class.__name__ == "PipeTrainer")
     trainer = trainer_class(**parts)
+    slicings = _StepSlices(trainer)
+    trainer.add_callback(slicings)
     trainer.train()
     kind = CASES[name].model
     result: dict[str, Any] = {"history": trainer.state.log_history, "global_step": trainer.state.global_step}
@@ -186,4 +205,17 @@ def run(name: str, output_dir: str, trainer_class: type) -> dict[str, Any]:
     predicted = trainer.predict(features)
     result["predict"] = (predicted.predictions, predicted.label_ids, predicted.metrics)
     result["weights"] = {n: v.detach().clone() for n, v in trainer.model.state_dict().items()}
+    result["token_slices"] = slicings.seen
     return result
+
+
+class _StepSlices(TrainerCallback):
+    """The token slices the pipeline cut each training step's sequences into (none without slicing)."""
+
+    def __init__(self, trainer: Any) -> None:
+        self.trainer, self.seen = trainer, []
+
+    def on_step_end(self, *args: Any, **kwargs: Any) -> None:
+        slicing = getattr(getattr(self.trainer, "engine", None), "token_slicing", None)
+        if slicing is not None:
+            self.seen.append(list(slicing.slice_lengths))

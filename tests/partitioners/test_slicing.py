@@ -8,7 +8,14 @@ from collections.abc import Iterator
 
 import pytest
 
-from hf_ftpipe.partitioners.slicing import LatencyFn, plan_slicing, step_time_s, uniform_slices
+from hf_ftpipe.partitioners.slicing import (
+    LatencyFn,
+    SlicingByLength,
+    plan_slicing,
+    slicing_step,
+    step_time_s,
+    uniform_slices,
+)
 
 
 def latency(fixed: float, token: float, context: float, token_context: float, squared: float = 0.0) -> LatencyFn:
@@ -127,3 +134,24 @@ def test_bad_arguments_say_what_to_change(kwargs: dict, message: str) -> None:
 def test_a_negative_latency_is_refused() -> None:
     with pytest.raises(ValueError, match="latency must be a number ≥ 0"):
         plan_slicing(lambda s, c, b: -1.0, 16, 2)
+
+
+def test_slicing_by_length_plans_each_length_once_alike_everywhere() -> None:
+    """A run of variable lengths: each length planned by the DP (a length off the step rounded up, its
+    last slice cut), kept, and the same from another instance (another rank) on the same latency."""
+    t = latency(fixed=2.0, token=1.0, context=0.01, token_context=0.01)
+    calls = []
+    counted: LatencyFn = lambda s, c, b: calls.append((s, c, b)) or t(s, c, b)  # noqa: E731
+    planner, other = SlicingByLength(counted, num_stages=4, microbatch_size=2), SlicingByLength(t, 4, 2)
+    at_64 = plan_slicing(lambda s, c, _: t(s, c, 2), 64, 4, step=slicing_step(64))
+    assert planner(64) == at_64.slices and planner.plan(64).step_time_s == pytest.approx(at_64.step_time_s)
+    assert {b for _, _, b in calls} == {2}, "every slice is timed at the micro-batch's sequences"
+    at_69 = plan_slicing(lambda s, c, _: t(s, c, 2), 72, 4, step=slicing_step(69))  # 69 rounded up to 9 steps
+    assert planner(69) == (*at_69.slices[:-1], at_69.slices[-1] - 3)
+    for seq_len in (64, 69, 37, 5, 1):
+        slices = planner(seq_len)
+        assert sum(slices) == seq_len and min(slices) >= 1, seq_len
+        assert slices == other(seq_len), f"{seq_len}: planned differently from the same latency"
+    timed = len(calls)
+    assert planner(69) == other(69) and len(calls) == timed, "a length is planned once"
+    assert planner.planned_lengths == [1, 5, 37, 64, 69]

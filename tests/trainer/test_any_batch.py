@@ -3,7 +3,8 @@ plain `Trainer`'s numbers on one process.
 
 One launched job runs every case of `any_batch_runs.CASES`: token rows of different lengths padded
 per batch (`DataCollatorWithPadding` for BERT, `DataCollatorForLanguageModeling(mlm=False)` for
-GPT-2 with ``train_sampling_strategy="group_by_length"`` under 1f1b, `DataCollatorForSeq2Seq` for
+GPT-2 with ``train_sampling_strategy="group_by_length"`` under 1f1b and, cut into token slices planned for
+the longest row, under gpipe, `DataCollatorForSeq2Seq` for
 T5 with ``train_sampling_strategy="batch_rebalance"``), a last batch of 1 row (13 samples, batch 4),
 predictions on rows without labels (BERT), and a question-answering BERT trained on 5 samples with
 batch 8 and evaluated on longer features without answer positions, as run_qa.py's are. This process
@@ -18,6 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 from transformers import Trainer
+
+from hf_ftpipe.graph.token_slices import fit_slices
 
 from any_batch_runs import CASES, run
 from distributed import REPO, torchrun
@@ -46,6 +49,11 @@ def test_pipe_trainer_matches_trainer_on_any_batch(pipeline_results: Path, tmp_p
 
     assert len(logged_steps(reference["history"])) == reference["global_step"] == CASES[name].steps
     assert pipe["global_step"] == CASES[name].steps
+    given = CASES[name].pipe_args.get("token_slices")
+    if given is not None:  # each step cut by the rule for its length, and the lengths differ
+        steps = pipe["token_slices"]
+        assert len(steps) == CASES[name].steps and all(s == list(fit_slices(given, sum(s))) for s in steps), steps
+        assert len({sum(s) for s in steps}) > 1 and min(len(s) for s in steps) < len(given), steps
     assert_steps_close(pipe["history"], reference["history"])
 
     if name == "bert-qa":  # evaluation_loop's output, as run_qa.py's post-processing reads it

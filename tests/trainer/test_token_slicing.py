@@ -34,8 +34,10 @@ def test_lengths_that_miss_the_sequence_length_are_refused_with_both_numbers(tmp
         capture_for_pipeline(args, tiny_model("gpt2"), microbatch, watchdog=None)
 
 
-@pytest.mark.parametrize(("seq_len", "step"), [(8, 1), (16, 2), (64, 8), (100, 4), (1024, 8), (1023, 1)])
-def test_step_is_terapipes_eight_tokens_finer_for_short_sequences(seq_len: int, step: int) -> None:
+@pytest.mark.parametrize(
+    ("seq_len", "step"), [(5, 1), (8, 1), (16, 2), (64, 8), (100, 8), (1024, 8), (1023, 8), (1500, 12), (4096, 32)]
+)
+def test_step_is_terapipes_eight_tokens_finer_for_short_sequences_coarser_for_long(seq_len: int, step: int) -> None:
     assert slicing_step(seq_len) == step
 
 

@@ -57,7 +57,8 @@ def add_slices_command(commands: Any) -> None:
 
 def _run_slices(args: argparse.Namespace) -> int:
     from hf_ftpipe.costmodel import detect_profile, get_profile
-    from hf_ftpipe.costmodel.latency import LatencyKey, SliceLatency, cost_model_slice_time, weights_dtype
+    from hf_ftpipe.costmodel.latency import LatencyKey, SliceLatency
+    from hf_ftpipe.costmodel.roofline_latency import cost_model_slice_time, weights_dtype
     from hf_ftpipe.errors import PartitionError
     from hf_ftpipe.partitioners.slicing import plan_slicing, step_time_s, uniform_slices
 

@@ -14,7 +14,7 @@ from hf_ftpipe.costmodel.estimate import (
     gpu_cost_s,
     usable_capacity,
 )
-from hf_ftpipe.costmodel.latency import LatencyKey, LatencySample, RooflineSliceTime, SliceLatency
+from hf_ftpipe.costmodel.latency import LatencyKey, LatencySample, SliceLatency
 from hf_ftpipe.costmodel.memory_rules import optimizer_state_bytes
 from hf_ftpipe.costmodel.op_time import (
     NodeCost,
@@ -36,6 +36,7 @@ from hf_ftpipe.costmodel.profiles import (
     list_profiles,
     match_device_name,
 )
+from hf_ftpipe.costmodel.roofline_latency import RooflineSliceTime
 from hf_ftpipe.schedules.rules import gradients_persist, in_flight, weight_versions
 
 __all__ = [

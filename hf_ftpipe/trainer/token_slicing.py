@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch import nn
 
 from hf_ftpipe.costmodel import GPUProfile, get_profile
-from hf_ftpipe.costmodel.latency import cost_model_slice_time
+from hf_ftpipe.costmodel.roofline_latency import cost_model_slice_time
 from hf_ftpipe.errors import PipelineError
 from hf_ftpipe.graph.cost_graph import CostGraph
 from hf_ftpipe.graph.token_slices import SlicedModel, capture_token_slices, fit_slices, sequence_inputs

@@ -11,7 +11,8 @@ import networkx as nx
 import pytest
 
 from hf_ftpipe.costmodel import get_profile, node_costs
-from hf_ftpipe.costmodel.latency import LatencyKey, LatencySample, RooflineSliceTime, SliceLatency
+from hf_ftpipe.costmodel.latency import LatencyKey, LatencySample, SliceLatency
+from hf_ftpipe.costmodel.roofline_latency import RooflineSliceTime
 from hf_ftpipe.errors import LatencyFormatError
 from hf_ftpipe.graph.cost_graph import CostGraph, InputInfo, ParamInfo
 

@@ -29,9 +29,9 @@ from hf_ftpipe.graph.token_slices import SlicedModel
 from hf_ftpipe.runtime.autocast import autocast_dtypes
 from hf_ftpipe.runtime.comm import Messenger
 from hf_ftpipe.runtime.deliveries import Deliveries
-from hf_ftpipe.runtime.executor import Executor
+from hf_ftpipe.runtime.executor import Executor, LossFunction
 from hf_ftpipe.runtime.messages import dataflow, plan_transfers
-from hf_ftpipe.runtime.microbatches import check_loss_weights, mean_loss
+from hf_ftpipe.runtime.microbatches import batch_losses, check_loss_weights, mean_loss
 from hf_ftpipe.runtime.model_outputs import ModelOutputs
 from hf_ftpipe.runtime.prediction import check_predictable
 from hf_ftpipe.runtime.programs import RankPrograms
@@ -74,6 +74,8 @@ class PipelineEngine(Executor):
         schedule (`str`, defaults to ``"gpipe"``): ``gpipe``, ``1f1b``, ``async`` or ``2bw`` (see
             `hf_ftpipe.schedules.orders`).
         gradient_accumulation_steps (`int`, defaults to 1): ``async`` only: backwards per update.
+        batches_per_step (`int`, defaults to 1): ``gpipe``, ``1f1b``: the mini-batches a step may take
+            (gradient accumulation), run as one flush of their micro-batches (see `train_step`).
         recompute (`bool`, defaults to `False`): activation recomputation: a stage keeps only its
             inputs from forward to backward and runs its forward again just before the backward
             (``torch.utils.checkpoint``, random state preserved so dropout repeats), trading about a
@@ -105,6 +107,7 @@ class PipelineEngine(Executor):
         num_microbatches: int,
         schedule: str = "gpipe",
         gradient_accumulation_steps: int = 1,
+        batches_per_step: int = 1,
         recompute: bool = False,
         weight_prediction: bool = False,
         device: torch.device | str = "cpu",
@@ -138,11 +141,14 @@ class PipelineEngine(Executor):
             raise PartitionError(f"the partition has {len(self.specs)} stages but places {len(self.stage_rank)}")
         self.local_stages = [s for s, r in enumerate(self.stage_rank) if r == self.rank]
         edges = sorted({(spec.stage_index, c) for spec in self.specs for cs in spec.consumers.values() for c in cs})
+        if batches_per_step > 1 and not SCHEDULES[schedule].flushes:
+            raise PipelineError(f"the {schedule!r} schedule streams one mini-batch per step; batches_per_step=1 only")
+        self.batches_per_step = batches_per_step
         try:
             self.schedule: Schedule = make_schedule(
                 schedule,
                 self.stage_rank,
-                num_microbatches,
+                num_microbatches * batches_per_step,
                 edges,
                 gradient_accumulation_steps=gradient_accumulation_steps,
                 num_slices=num_slices,
@@ -153,8 +159,9 @@ class PipelineEngine(Executor):
         self.streaming = not self.traits.flushes
         # Units a stage holds at most between forward and backward (the schedules' rule). A sequence's
         # slices go backward last-first, so a slice's forward proves nothing of older units' backwards.
+        units = self.schedule.num_microbatches
         self._limits = [
-            num_microbatches * num_slices if num_slices else in_flight(schedule, s, self.stage_rank, num_microbatches)
+            units * num_slices if num_slices else in_flight(schedule, s, self.stage_rank, units)
             for s in range(len(self.stage_rank))
         ]
         self.gradient_accumulation_steps = gradient_accumulation_steps
@@ -196,6 +203,8 @@ class PipelineEngine(Executor):
             if sliced is None
             else TokenSlicing(sliced, self.specs, placement.node_stage, self.modules, self.device)
         )
+        self.loss_function: LossFunction | None = None
+        """Training's loss from the model's outputs on the loss stage, in place of the traced one."""
         self.optimizer: torch.optim.Optimizer | None = None
         self.max_grad_norm: float | None = None
         self._update_norms: list[torch.Tensor] = []
@@ -289,9 +298,14 @@ class PipelineEngine(Executor):
         self.messenger.all_reduce(norm, dist.group.WORLD, "update gradient norms", op=dist.ReduceOp.MAX)
         return norm
 
-    def train_step(self, batch: Mapping[str, Any], loss_weights: Sequence[float] | None = None) -> torch.Tensor:
+    def train_step(
+        self, batch: Mapping[str, Any] | Sequence[Mapping[str, Any]], loss_weights: Sequence[float] | None = None
+    ) -> torch.Tensor:
         """Forward and backward of one mini-batch; returns, on every rank, the loss of the
         micro-batches whose forward finished during this step.
+
+        A list of up to ``batches_per_step`` mini-batches runs as one flush of all their micro-batches,
+        in order, any shapes: one weight per micro-batch of them all, one loss per mini-batch returned.
 
         ``loss_weights`` (one per micro-batch, default ``1 / num_microbatches`` each) make the step's
         loss ``sum(w[m] * loss[m])``: the weights a micro-batch's mean loss takes in the mean over the
@@ -314,7 +328,8 @@ class PipelineEngine(Executor):
                 f"the {self.schedule.name!r} schedule updates weights inside the pipeline; call "
                 "`attach_optimizer(optimizer)` before the first train_step"
             )
-        microbatches = self.inputs.split(batch, streaming=self.schedule.name if self.streaming else None)
+        pieces = self.inputs.split_batches(batch, self.batches_per_step, self.schedule.name if self.streaming else None)
+        microbatches = [microbatch for piece in pieces for microbatch in piece]
         weights = check_loss_weights(loss_weights, len(microbatches))
         self._update_norms.clear()
         if isinstance(self.schedule, StreamingSchedule):
@@ -332,7 +347,9 @@ class PipelineEngine(Executor):
         else:  # this step's sends may be received in the next step; the previous step's are done
             self._flush(older_than=self.messenger.generation)
             self.messenger.generation += 1
-        return mean_loss(losses, self.state.loss_weight, units, self.device)
+        if isinstance(batch, Mapping):
+            return mean_loss(losses, self.state.loss_weight, units, self.device)
+        return batch_losses(losses, self.state.loss_weight, [len(piece) for piece in pieces], self.device)
 
     def drain(self) -> None:
         """Finish every micro-batch still in flight (``async``, ``2bw``) and apply their updates;

@@ -24,12 +24,8 @@ from transformers import (
     Trainer,
 )
 
-from hf_ftpipe import PipeTrainer, PipeTrainingArguments
-from hf_ftpipe.errors import PipelineError
-
 from distributed import REPO
 from distributed import accelerate_launch as launch
-from models import tiny_model
 from parity_runs import KINDS, STEPS, TOKEN_SLICES, base_kind, compute_metrics, make_data, run
 from trainer_comparison import (
     assert_metrics_close,
@@ -119,17 +115,3 @@ def test_t5_generation_through_the_pipeline_equals_generate(pipeline_results: Pa
 
     reference = compute_metrics(EvalPrediction(predictions=expected.numpy(), label_ids=labels.numpy()))
     assert metrics["test_accuracy"] == pytest.approx(reference["accuracy"])
-
-
-@pytest.mark.parametrize(
-    ("overrides", "name"),
-    [
-        ({"args": {"label_smoothing_factor": 0.1}}, "label_smoothing_factor"),
-        ({"compute_loss_func": len}, "compute_loss_func"),
-    ],
-)
-def test_a_loss_the_pipeline_would_ignore_is_refused(tmp_path: Path, overrides: dict, name: str) -> None:
-    args = PipeTrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", **overrides.get("args", {}))
-    extra = {k: v for k, v in overrides.items() if k != "args"}
-    with pytest.raises(PipelineError, match=f"cannot apply `{name}`"):
-        PipeTrainer(model=tiny_model("gpt2"), args=args, **extra)

@@ -306,7 +306,6 @@ class PipelineEngine(Executor):
 
         A list of up to ``batches_per_step`` mini-batches runs as one flush of all their micro-batches,
         in order, any shapes: one weight per micro-batch of them all, one loss per mini-batch returned.
-
         ``loss_weights`` (one per micro-batch, default ``1 / num_microbatches`` each) make the step's
         loss ``sum(w[m] * loss[m])``: the weights a micro-batch's mean loss takes in the mean over the
         whole mini-batch, e.g. its share of the label tokens (what `Trainer` computes with
@@ -349,7 +348,8 @@ class PipelineEngine(Executor):
             self.messenger.generation += 1
         if isinstance(batch, Mapping):
             return mean_loss(losses, self.state.loss_weight, units, self.device)
-        return batch_losses(losses, self.state.loss_weight, [len(piece) for piece in pieces], self.device)
+        per_batch = [len(piece) * units // len(microbatches) for piece in pieces]  # units: token slices too
+        return batch_losses(losses, self.state.loss_weight, per_batch, self.device)
 
     def drain(self) -> None:
         """Finish every micro-batch still in flight (``async``, ``2bw``) and apply their updates;

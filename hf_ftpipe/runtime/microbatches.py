@@ -147,8 +147,8 @@ def batch_losses(
     losses: list[tuple[int, torch.Tensor]], loss_weight: dict[int, float], counts: Sequence[int], device: torch.device
 ) -> torch.Tensor:
     """One loss per mini-batch of a flush that ran several (gradient accumulation): ``sum(w[m] * loss[m])``
-    over its micro-batches, numbered in order, ``counts[b]`` of them for mini-batch ``b``; losses of
-    weight 0 are left out, as in `mean_loss`."""
+    over its units (micro-batches, or their token slices), numbered in order, ``counts[b]`` of them for
+    mini-batch ``b``; losses of weight 0 are left out, as in `mean_loss`."""
     ends = [sum(counts[: b + 1]) for b in range(len(counts))]
     totals = torch.zeros(len(counts), dtype=torch.float32, device=device)
     for m, loss in losses:

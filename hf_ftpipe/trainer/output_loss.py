@@ -18,7 +18,7 @@ loss counts once, so a loss that sums over tokens and divides by it (as transfor
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -28,7 +28,7 @@ from transformers.utils import ModelOutput
 
 from hf_ftpipe.errors import PipelineError
 
-__all__ = ["ModelOutputsOnly", "computes_loss_from_outputs", "overrides_compute_loss"]
+__all__ = ["ModelOutputsOnly", "check_called", "computes_loss_from_outputs", "method_name", "overrides_compute_loss"]
 
 _ALLOWED_KEYWORDS = ("num_items_in_batch", "return_dict")
 """What `Trainer.compute_loss` adds to the inputs when it calls the model; they change no output."""
@@ -121,7 +121,7 @@ class ModelOutputsOnly(nn.Module):
         return ModelOutput(**outputs)
 
 
-def _changed(kwargs: Mapping[str, Any], inputs: Mapping[str, Any]) -> Sequence[str]:
+def _changed(kwargs: Mapping[str, Any], inputs: Mapping[str, Any]) -> Iterator[str]:
     """The names whose values differ between the call and the batch (``labels`` may be left out)."""
     for name in set(kwargs) | set(inputs):
         if name in _ALLOWED_KEYWORDS and name not in inputs:

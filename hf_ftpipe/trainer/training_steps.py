@@ -22,10 +22,17 @@ import torch
 from torch import nn
 from transformers.trainer_pt_utils import find_batch_size
 
+from hf_ftpipe.errors import PipelineError
 from hf_ftpipe.runtime.microbatches import microbatch_rows
 from hf_ftpipe.trainer.batch_check import check_same_batch
 from hf_ftpipe.trainer.loss_weighting import label_counts, model_loss_shifts_labels
-from hf_ftpipe.trainer.output_loss import ModelOutputsOnly, check_called, computes_loss_from_outputs, method_name
+from hf_ftpipe.trainer.output_loss import (
+    ModelOutputsOnly,
+    check_called,
+    computes_loss_from_outputs,
+    method_name,
+    overrides_compute_loss,
+)
 
 __all__ = ["PipeTrainingSteps"]
 
@@ -132,9 +139,31 @@ class PipeTrainingSteps:
         items = None if count is None else torch.tensor(count, device=self.args.device)
 
         def loss_function(m: int, outputs: dict[str, torch.Tensor], data: Any) -> torch.Tensor:
-            return self._loss_from_outputs(microbatches[m], outputs, items)
+            loss = self._loss_from_outputs(microbatches[m], outputs, items)
+            if items is not None and not getattr(self, "_loss_scaling_checked", False):
+                self._check_loss_scaling(microbatches[m], outputs, items, loss)
+            return loss
 
         self.engine.loss_function = loss_function
+
+    def _check_loss_scaling(
+        self, inputs: dict[str, Any], outputs: dict[str, torch.Tensor], items: torch.Tensor, loss: torch.Tensor
+    ) -> None:
+        """Once per run: the micro-batches' losses add up to `Trainer`'s only if the loss is a sum divided
+        by ``num_items_in_batch``; a mean of its own would count once per micro-batch, silently."""
+        self._loss_scaling_checked = True
+        if self.label_smoother is not None and self.compute_loss_func is None and not overrides_compute_loss(self):
+            return  # LabelSmoother divides by it
+        with torch.no_grad():
+            halved = self._loss_from_outputs(inputs, {k: v.detach() for k, v in outputs.items()}, items * 2)
+        if not torch.allclose(2 * halved.float(), loss.detach().float(), rtol=1e-4, atol=1e-7):
+            raise PipelineError(
+                f"{method_name(self)} returned {loss.item():.6g} with num_items_in_batch={int(items)} but "
+                f"{halved.item():.6g} with twice as many, not half: PipeTrainer computes it once per micro-batch, "
+                "each with the whole accumulated batch's num_items_in_batch, and adds the losses up, which is "
+                "Trainer's loss only for a sum over the items divided by num_items_in_batch (as transformers' "
+                "losses are); divide a sum by num_items_in_batch instead of taking a mean"
+            )
 
     def _loss_from_outputs(
         self,

@@ -106,3 +106,36 @@ def test_a_loss_from_outputs_with_token_slices_is_refused(tmp_path: Path) -> Non
     )
     with pytest.raises(PipelineError, match="each token slice computes its share of the loss inside the traced graph"):
         PipeTrainer(model=tiny_model("gpt2"), args=args)
+
+
+def _token_mean(self: Trainer, model: Any, inputs: dict, return_outputs: bool = False, num_items_in_batch=None):
+    labels = inputs.pop("labels")
+    logits = model(**inputs).logits[:, :-1]
+    return torch.nn.functional.cross_entropy(logits.transpose(1, 2), labels[:, 1:], ignore_index=-100)
+
+
+def _token_sum(self: Trainer, model: Any, inputs: dict, return_outputs: bool = False, num_items_in_batch=None):
+    labels = inputs.pop("labels")
+    logits = model(**inputs).logits[:, :-1]
+    total = torch.nn.functional.cross_entropy(logits.transpose(1, 2), labels[:, 1:], reduction="sum")
+    return total / num_items_in_batch
+
+
+def test_a_loss_that_ignores_num_items_in_batch_is_an_error_naming_it(tmp_path: Path) -> None:
+    """Added up over micro-batches, a mean of its own would count once per micro-batch: refused, with the fix."""
+    args = PipeTrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none")
+    batch = _batch()
+    for compute_loss, fails in ((_token_sum, False), (_token_mean, True)):
+        trainer = type("MeanTrainer", (PipeTrainer,), {"compute_loss": compute_loss})(
+            model=tiny_model("gpt2"), args=args
+        )
+        with torch.no_grad():
+            outputs = {"logits": trainer.model(**batch).logits}
+        items = torch.tensor(int(batch["labels"].ne(-100).sum()))
+        loss = trainer._loss_from_outputs(batch, outputs, items)
+        if not fails:
+            trainer._check_loss_scaling(batch, outputs, items, loss)
+            continue
+        with pytest.raises(PipelineError, match="MeanTrainer.compute_loss returned .* not half") as error:
+            trainer._check_loss_scaling(batch, outputs, items, loss)
+        assert "divide a sum by num_items_in_batch" in str(error.value)

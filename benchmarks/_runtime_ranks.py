@@ -394,12 +394,13 @@ def run_rank(rank: int, setup: Setup, runner: str) -> dict[str, Any]:
         # flight when the CPU profiler stopped, the ranks died of heap corruption (torch 2.13).
         pipe.finish()
     dist.barrier()
-    step_times_s, loss = [], None
+    step_times_s, cpu_times_s, loss = [], [], None
     for step in range(setup.steps):
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         loss = pipe.step(batches[(setup.warmup + step) % 2])
         _synchronize(pipe.device)
         step_times_s.append(time.perf_counter() - start)
+        cpu_times_s.append(time.process_time() - cpu_start)
     dist.barrier()
     losses.append(_value(loss))
     weight_bytes = unique_bytes(pipe.parameters())
@@ -410,6 +411,7 @@ def run_rank(rank: int, setup: Setup, runner: str) -> dict[str, Any]:
     return {
         "rank": rank,
         "step_time_s": statistics.median(step_times_s),
+        "step_cpu_s": statistics.median(cpu_times_s),
         "peak_bytes": peak_bytes,
         "weight_bytes": weight_bytes,
         "stage_time_s": stage_time_s,

@@ -251,6 +251,7 @@ def make_row(
         "samples_per_s": round(setup.num_microbatches * setup.microbatch_size / step_time_s, 3),
         "ratio_vs_torch_gpipe": None,
         "step_time_ms": round(1000 * step_time_s, 1),
+        "step_cpu_ms": [round(1000 * r["step_cpu_s"], 1) for r in ranks],
         "efficiency": round(slowest_stage_s * setup.num_microbatches / step_time_s, 3),
         "stage_time_ms": [round(1000 * r["stage_time_s"], 1) for r in ranks],
         "peak_memory_mb": [round(r["peak_bytes"] / MB, 1) for r in ranks],
@@ -323,7 +324,8 @@ def _per_rank(values: list[float] | None, digits: int = 0) -> str:
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
-    header = ["runner", "samples/s", f"vs {BASELINE}", "step ms", "efficiency", "stage ms", "peak MB", "predicted MB"]
+    header = ["runner", "samples/s", f"vs {BASELINE}", "step ms", "CPU ms", "efficiency", "stage ms", "peak MB"]
+    header.append("predicted MB")
     table = [[*header, "loss"]]
     for row in rows:
         if row["error"] is not None:
@@ -336,6 +338,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
                 f"{row['samples_per_s']:.2f}",
                 "-" if row["ratio_vs_torch_gpipe"] is None else f"{row['ratio_vs_torch_gpipe']:.2f}x",
                 f"{row['step_time_ms']:.0f}",
+                _per_rank(row["step_cpu_ms"]),
                 f"{row['efficiency']:.0%}",
                 _per_rank(row["stage_time_ms"]),
                 _per_rank(row["peak_memory_mb"]),
@@ -367,6 +370,8 @@ def print_notes(setup: Setup, split: dict[str, Any], rows: list[dict[str, Any]],
         f"step ms: median of {setup.steps} timed steps after {setup.warmup} warm-up, the slowest rank's"
         + (f", the fastest of {repeats} runs" if repeats > 1 else "")
         + "; samples/s = micro-batches × micro-batch size / step.",
+        "CPU ms: each rank's process CPU time per step (median; its threads, gloo's included): what a step costs "
+        "when the shared cores make wall-clock times vary.",
         "stage ms: each rank's stage, forward + backward of one micro-batch with no communication (fastest of "
         f"{setup.stage_repeats},",
         "  every rank at once, the runner's own stage modules: exported-graph stages for hf_ftpipe, eager GPT-2 "

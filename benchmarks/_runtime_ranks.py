@@ -22,6 +22,8 @@ from torch import nn
 
 Device = Literal["cpu", "cuda"]
 SYNCHRONOUS = ("gpipe", "1f1b")
+ACCUMULATION_STEPS = 4
+"""The ``hf_ftpipe/gradient_accumulation`` runner's G: batches per optimizer step."""
 """hf_ftpipe schedules after which the caller runs the optimizer; the others apply updates themselves."""
 _BLOCK_SCOPE = re.compile(r"^transformer\.h\.(\d+)(\.|$)")
 
@@ -214,7 +216,11 @@ class HfFtpipeRunner:
     def __init__(self, rank: int, setup: Setup, model: transformers.GPT2LMHeadModel, schedule: str) -> None:
         from hf_ftpipe.graph import capture_model
 
-        self.rank, self.setup, self.model, self.schedule = rank, setup, model, schedule
+        self.rank, self.setup, self.model = rank, setup, model
+        # gradient_accumulation: 1F1B over ACCUMULATION_STEPS batches of a quarter of the micro-batches each,
+        # in one flush (the same samples per optimizer step as 1F1B over the whole batch).
+        self.batches = ACCUMULATION_STEPS if schedule == "gradient_accumulation" else 1
+        self.schedule = "1f1b" if schedule == "gradient_accumulation" else schedule
         self.device = _device(setup, rank)
         self.traced = capture_model(model, first_microbatch(setup, make_batch(setup, 0)))
         self.placement = Placement(split_graph(self.traced.cost_graph, setup), list(range(setup.num_ranks)))
@@ -227,15 +233,25 @@ class HfFtpipeRunner:
         keywords: dict[str, Any] = {}
         if "schedule" in inspect.signature(PipelineEngine.__init__).parameters:
             keywords["schedule"] = self.schedule
+        if self.batches > 1:
+            keywords["batches_per_step"] = self.batches
         self.engine = PipelineEngine(
-            self.traced, self.placement, num_microbatches=self.setup.num_microbatches, device=self.device, **keywords
+            self.traced,
+            self.placement,
+            num_microbatches=self.setup.num_microbatches // self.batches,
+            device=self.device,
+            **keywords,
         )
         self.optimizer = torch.optim.SGD(self.engine.parameters(), lr=self.setup.lr)
         if self.schedule not in SYNCHRONOUS:
             self.engine.attach_optimizer(self.optimizer)
 
     def step(self, batch: dict[str, torch.Tensor]) -> torch.Tensor | None:
-        loss = self.engine.train_step(batch)
+        if self.batches > 1:  # the G batches' losses add up to the whole batch's mean
+            pieces = [dict(zip(batch, values)) for values in zip(*(v.chunk(self.batches) for v in batch.values()))]
+            loss = self.engine.train_step(pieces).sum()
+        else:
+            loss = self.engine.train_step(batch)
         if self.schedule in SYNCHRONOUS:
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
@@ -291,7 +307,11 @@ class TorchRunner:
     """torch.distributed.pipelining's `PipelineStage` and ScheduleGPipe / Schedule1F1B on `GPT2Stage`."""
 
     def __init__(self, rank: int, setup: Setup, model: transformers.GPT2LMHeadModel, schedule: str) -> None:
-        self.rank, self.setup, self.model, self.schedule = rank, setup, model, schedule
+        self.rank, self.setup, self.model = rank, setup, model
+        # gradient_accumulation: 1F1B over ACCUMULATION_STEPS batches of a quarter of the micro-batches each,
+        # in one flush (the same samples per optimizer step as 1F1B over the whole batch).
+        self.batches = ACCUMULATION_STEPS if schedule == "gradient_accumulation" else 1
+        self.schedule = "1f1b" if schedule == "gradient_accumulation" else schedule
         self.device = _device(setup, rank)
         self.loss_fn = causal_lm_loss(model)
 
@@ -374,12 +394,13 @@ def run_rank(rank: int, setup: Setup, runner: str) -> dict[str, Any]:
         # flight when the CPU profiler stopped, the ranks died of heap corruption (torch 2.13).
         pipe.finish()
     dist.barrier()
-    step_times_s, loss = [], None
+    step_times_s, cpu_times_s, loss = [], [], None
     for step in range(setup.steps):
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         loss = pipe.step(batches[(setup.warmup + step) % 2])
         _synchronize(pipe.device)
         step_times_s.append(time.perf_counter() - start)
+        cpu_times_s.append(time.process_time() - cpu_start)
     dist.barrier()
     losses.append(_value(loss))
     weight_bytes = unique_bytes(pipe.parameters())
@@ -390,6 +411,7 @@ def run_rank(rank: int, setup: Setup, runner: str) -> dict[str, Any]:
     return {
         "rank": rank,
         "step_time_s": statistics.median(step_times_s),
+        "step_cpu_s": statistics.median(cpu_times_s),
         "peak_bytes": peak_bytes,
         "weight_bytes": weight_bytes,
         "stage_time_s": stage_time_s,

@@ -23,6 +23,14 @@ torch/gpipe, peak memory per rank, hf_ftpipe's predicted memory for the same spl
 backward of one micro-batch timed alone × micro-batches / the step time (1.0 = no bubble, no
 communication cost). Targets (issue): hf_ftpipe gpipe/1f1b ≥ torch's; async ≥ 1.15× torch GPipe
 at 4 micro-batches on 2 stages with ≥ 90% efficiency and peak memory within 10% of the prediction.
+
+``hf_ftpipe/gradient_accumulation`` is 1F1B with gradient accumulation: 4 batches of a quarter of
+the micro-batches each per optimizer step, run as one flush (``PipelineEngine(batches_per_step=4)``,
+what ``PipeTrainer`` does with ``gradient_accumulation_steps=4``): the same samples per step as
+``hf_ftpipe/1f1b``, whose speed it must be within 5% of. ``--microbatches 16`` compares G = 4 at 4
+micro-batches with G = 1 at 16:
+
+    python benchmarks/runtime.py --microbatches 16 --runners hf_ftpipe/1f1b hf_ftpipe/gradient_accumulation
 """
 
 from __future__ import annotations
@@ -43,6 +51,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from _runtime_ranks import (  # noqa: E402
+    ACCUMULATION_STEPS,
     SYNCHRONOUS,
     GPT2Stage,
     Setup,
@@ -55,11 +64,20 @@ from _runtime_ranks import (  # noqa: E402
     stage_inputs,
 )
 
-RUNNERS = ("hf_ftpipe/gpipe", "hf_ftpipe/1f1b", "hf_ftpipe/async", "hf_ftpipe/2bw", "torch/gpipe", "torch/1f1b")
+RUNNERS = (
+    "hf_ftpipe/gpipe",
+    "hf_ftpipe/1f1b",
+    "hf_ftpipe/async",
+    "hf_ftpipe/2bw",
+    "hf_ftpipe/gradient_accumulation",
+    "torch/gpipe",
+    "torch/1f1b",
+)
 BASELINE = "torch/gpipe"
 MIN_ASYNC_SPEEDUP = 1.15
 MIN_ASYNC_EFFICIENCY = 0.90
 MAX_MEMORY_ERROR = 0.10
+MAX_ACCUMULATION_SLOWDOWN = 0.05
 MB = 2**20
 
 
@@ -193,6 +211,7 @@ def check_split(setup: Setup) -> dict[str, Any]:
         except Exception as error:  # the benchmark still times the runners
             print(f"no memory prediction for {schedule}: {type(error).__name__}: {error}", file=sys.stderr)
             predicted[schedule] = None
+    predicted["gradient_accumulation"] = predicted["1f1b"]  # one 1F1B flush of as many micro-batches
     return {"stage_params": stage_params, "loss": reference, "predicted_memory_mb": predicted}
 
 
@@ -208,6 +227,10 @@ def unsupported_reason(runner: str) -> str | None:
     if "schedule" not in inspect.signature(PipelineEngine.__init__).parameters and schedule != "gpipe":
         return "skipped: PipelineEngine takes no `schedule` keyword yet (GPipe only)"
     streaming_api = hasattr(PipelineEngine, "attach_optimizer") and hasattr(PipelineEngine, "drain")
+    if schedule == "gradient_accumulation":
+        if "batches_per_step" not in inspect.signature(PipelineEngine.__init__).parameters:
+            return "skipped: PipelineEngine takes no `batches_per_step` keyword yet"
+        return None
     if schedule not in SYNCHRONOUS and not streaming_api:
         return f"skipped: {schedule} needs PipelineEngine.attach_optimizer and .drain, which this version lacks"
     return None
@@ -228,6 +251,7 @@ def make_row(
         "samples_per_s": round(setup.num_microbatches * setup.microbatch_size / step_time_s, 3),
         "ratio_vs_torch_gpipe": None,
         "step_time_ms": round(1000 * step_time_s, 1),
+        "step_cpu_ms": [round(1000 * r["step_cpu_s"], 1) for r in ranks],
         "efficiency": round(slowest_stage_s * setup.num_microbatches / step_time_s, 3),
         "stage_time_ms": [round(1000 * r["stage_time_s"], 1) for r in ranks],
         "peak_memory_mb": [round(r["peak_bytes"] / MB, 1) for r in ranks],
@@ -273,6 +297,13 @@ def checks(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
     else:
         ratio = ours["samples_per_s"] / baseline["samples_per_s"]
         out.append((name, verdict(ratio >= MIN_ASYNC_SPEEDUP, f"{ratio:.2f}x")))
+    name = f"hf_ftpipe/gradient_accumulation within {MAX_ACCUMULATION_SLOWDOWN:.0%} of hf_ftpipe/1f1b"
+    accumulating, whole = ok_rows.get("hf_ftpipe/gradient_accumulation"), ok_rows.get("hf_ftpipe/1f1b")
+    if accumulating is None or whole is None:
+        out.append((name, "n/a (a runner did not run)"))
+    else:
+        ratio = accumulating["samples_per_s"] / whole["samples_per_s"]
+        out.append((name, verdict(ratio >= 1 - MAX_ACCUMULATION_SLOWDOWN, f"{ratio:.3f}x")))
     name = f"hf_ftpipe/async efficiency >= {MIN_ASYNC_EFFICIENCY:.0%}"
     if ours is None:
         out.append((name, "n/a"))
@@ -293,7 +324,8 @@ def _per_rank(values: list[float] | None, digits: int = 0) -> str:
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
-    header = ["runner", "samples/s", f"vs {BASELINE}", "step ms", "efficiency", "stage ms", "peak MB", "predicted MB"]
+    header = ["runner", "samples/s", f"vs {BASELINE}", "step ms", "CPU ms", "efficiency", "stage ms", "peak MB"]
+    header.append("predicted MB")
     table = [[*header, "loss"]]
     for row in rows:
         if row["error"] is not None:
@@ -306,6 +338,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
                 f"{row['samples_per_s']:.2f}",
                 "-" if row["ratio_vs_torch_gpipe"] is None else f"{row['ratio_vs_torch_gpipe']:.2f}x",
                 f"{row['step_time_ms']:.0f}",
+                _per_rank(row["step_cpu_ms"]),
                 f"{row['efficiency']:.0%}",
                 _per_rank(row["stage_time_ms"]),
                 _per_rank(row["peak_memory_mb"]),
@@ -337,6 +370,8 @@ def print_notes(setup: Setup, split: dict[str, Any], rows: list[dict[str, Any]],
         f"step ms: median of {setup.steps} timed steps after {setup.warmup} warm-up, the slowest rank's"
         + (f", the fastest of {repeats} runs" if repeats > 1 else "")
         + "; samples/s = micro-batches × micro-batch size / step.",
+        "CPU ms: each rank's process CPU time per step (median; its threads, gloo's included): what a step costs "
+        "when the shared cores make wall-clock times vary.",
         "stage ms: each rank's stage, forward + backward of one micro-batch with no communication (fastest of "
         f"{setup.stage_repeats},",
         "  every rank at once, the runner's own stage modules: exported-graph stages for hf_ftpipe, eager GPT-2 "
@@ -401,6 +436,11 @@ def main() -> int:
     for name in ("microbatches", "microbatch_size", "steps", "repeats"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if "hf_ftpipe/gradient_accumulation" in args.runners and args.microbatches % ACCUMULATION_STEPS:
+        parser.error(
+            f"--microbatches ({args.microbatches}) must be a multiple of {ACCUMULATION_STEPS} for "
+            "hf_ftpipe/gradient_accumulation (its batches' micro-batches), e.g. 16; or leave the runner out"
+        )
     if args.microbatches < num_ranks:
         parser.error(f"--microbatches ({args.microbatches}) must be at least --ranks ({num_ranks}) for 1F1B")
     cores = len(os.sched_getaffinity(0))

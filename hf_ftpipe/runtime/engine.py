@@ -18,7 +18,7 @@ from __future__ import annotations
 import itertools
 import os
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
@@ -30,14 +30,15 @@ from hf_ftpipe.graph.token_slices import SlicedModel
 from hf_ftpipe.runtime.autocast import autocast_dtypes
 from hf_ftpipe.runtime.comm import Messenger
 from hf_ftpipe.runtime.deliveries import Deliveries
-from hf_ftpipe.runtime.executor import Executor
+from hf_ftpipe.runtime.executor import Executor, LossFunction
 from hf_ftpipe.runtime.messages import dataflow, plan_transfers
-from hf_ftpipe.runtime.microbatches import check_loss_weights, mean_loss
+from hf_ftpipe.runtime.microbatches import batch_losses, check_loss_weights, mean_loss
 from hf_ftpipe.runtime.model_outputs import ModelOutputs
 from hf_ftpipe.runtime.per_shape import PerShapeOptions, PerShapeStages
 from hf_ftpipe.runtime.prediction import check_predictable
 from hf_ftpipe.runtime.programs import RankPrograms
-from hf_ftpipe.runtime.rank_stages import build_rank_stages, rank_parameters, rank_state_dict
+from hf_ftpipe.runtime.rank_stages import build_rank_stages
+from hf_ftpipe.runtime.rank_weights import RankWeights
 from hf_ftpipe.runtime.stage import plan_stages
 from hf_ftpipe.runtime.state import MicrobatchState
 from hf_ftpipe.runtime.step_inputs import StepInputs
@@ -64,7 +65,7 @@ class StagePlacement(Protocol):
     stage_device: list[int]
 
 
-class PipelineEngine(Executor):
+class PipelineEngine(Executor, RankWeights):
     """Runs one rank's share of a pipeline.
 
     Args:
@@ -76,6 +77,8 @@ class PipelineEngine(Executor):
         schedule (`str`, defaults to ``"gpipe"``): ``gpipe``, ``1f1b``, ``async`` or ``2bw`` (see
             `hf_ftpipe.schedules.orders`).
         gradient_accumulation_steps (`int`, defaults to 1): ``async`` only: backwards per update.
+        batches_per_step (`int`, defaults to 1): ``gpipe``, ``1f1b``: the mini-batches a step may take
+            (gradient accumulation), run as one flush of their micro-batches (see `train_step`).
         recompute (`bool`, defaults to `False`): activation recomputation: a stage keeps only its
             inputs from forward to backward and runs its forward again just before the backward
             (``torch.utils.checkpoint``, random state preserved so dropout repeats), trading about a
@@ -109,6 +112,7 @@ class PipelineEngine(Executor):
         num_microbatches: int,
         schedule: str = "gpipe",
         gradient_accumulation_steps: int = 1,
+        batches_per_step: int = 1,
         recompute: bool = False,
         weight_prediction: bool = False,
         device: torch.device | str = "cpu",
@@ -143,11 +147,14 @@ class PipelineEngine(Executor):
             raise PartitionError(f"the partition has {len(self.specs)} stages but places {len(self.stage_rank)}")
         self.local_stages = [s for s, r in enumerate(self.stage_rank) if r == self.rank]
         edges = sorted({(spec.stage_index, c) for spec in self.specs for cs in spec.consumers.values() for c in cs})
+        if batches_per_step > 1 and not SCHEDULES[schedule].flushes:
+            raise PipelineError(f"the {schedule!r} schedule streams one mini-batch per step; batches_per_step=1 only")
+        self.batches_per_step = batches_per_step
         try:
             self.schedule: Schedule = make_schedule(
                 schedule,
                 self.stage_rank,
-                num_microbatches,
+                num_microbatches * batches_per_step,
                 edges,
                 gradient_accumulation_steps=gradient_accumulation_steps,
                 num_slices=num_slices,
@@ -159,8 +166,9 @@ class PipelineEngine(Executor):
         # Units a stage holds at most between forward and backward (the schedules' rule). A sequence's
         # slices go backward last-first, so a slice's forward proves nothing of older units' backwards,
         # whatever number of slices a step has: no limit.
+        units = self.schedule.num_microbatches
         self._limits = [
-            sys.maxsize if num_slices else in_flight(schedule, s, self.stage_rank, num_microbatches)
+            sys.maxsize if num_slices else in_flight(schedule, s, self.stage_rank, units)
             for s in range(len(self.stage_rank))
         ]
         self.gradient_accumulation_steps = gradient_accumulation_steps
@@ -202,6 +210,8 @@ class PipelineEngine(Executor):
             if sliced is None
             else TokenSlicing(sliced, self.specs, placement.node_stage, self.modules, self.device)
         )
+        self.loss_function: LossFunction | None = None
+        """Training's loss from the model's outputs on the loss stage, in place of the traced one."""
         self.optimizer: torch.optim.Optimizer | None = None
         self.max_grad_norm: float | None = None
         self._update_norms: list[torch.Tensor] = []
@@ -253,31 +263,6 @@ class PipelineEngine(Executor):
 
     # -- public API -------------------------------------------------------------------------
 
-    def named_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
-        """This rank's parameters under their original (canonical) names, each once."""
-        return rank_parameters(self.modules)
-
-    def parameters(self) -> Iterator[nn.Parameter]:
-        for _, param in self.named_parameters():
-            yield param
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        """This rank's weights and buffers under the model's own (canonical) names, constants left out."""
-        return rank_state_dict(self.modules, self.graph)
-
-    def gather_state_dict(self, dst: int = 0) -> dict[str, torch.Tensor] | None:
-        """The whole model's weights on rank ``dst`` (CPU tensors, canonical names); ``None`` elsewhere.
-
-        Every rank must call it. A streaming pipeline is drained first.
-        """
-        self.drain()
-        names = [name for name in self.weight_sync.holders if self.graph.params[name].in_state_dict]
-        return self.weight_sync.gather(self.state_dict(), names, dst)
-
-    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
-        """Clip by the global gradient norm over every stage (a tied weight counted once); returns the norm."""
-        return self.weight_sync.clip_grad_norm_(dict(self.named_parameters()), max_norm)
-
     def attach_optimizer(self, optimizer: torch.optim.Optimizer, max_grad_norm: float | None = None) -> None:
         """The optimizer over `parameters` that ``async`` and ``2bw`` step inside `train_step`.
 
@@ -300,10 +285,14 @@ class PipelineEngine(Executor):
         self.messenger.all_reduce(norm, dist.group.WORLD, "update gradient norms", op=dist.ReduceOp.MAX)
         return norm
 
-    def train_step(self, batch: Mapping[str, Any], loss_weights: Sequence[float] | None = None) -> torch.Tensor:
+    def train_step(
+        self, batch: Mapping[str, Any] | Sequence[Mapping[str, Any]], loss_weights: Sequence[float] | None = None
+    ) -> torch.Tensor:
         """Forward and backward of one mini-batch; returns, on every rank, the loss of the
         micro-batches whose forward finished during this step.
 
+        A list of up to ``batches_per_step`` mini-batches runs as one flush of all their micro-batches,
+        in order, any shapes: one weight per micro-batch of them all, one loss per mini-batch returned.
         ``loss_weights`` (one per micro-batch, default ``1 / num_microbatches`` each) make the step's
         loss ``sum(w[m] * loss[m])``: the weights a micro-batch's mean loss takes in the mean over the
         whole mini-batch, e.g. its share of the label tokens (what `Trainer` computes with
@@ -325,7 +314,8 @@ class PipelineEngine(Executor):
                 f"the {self.schedule.name!r} schedule updates weights inside the pipeline; call "
                 "`attach_optimizer(optimizer)` before the first train_step"
             )
-        microbatches = self.inputs.split(batch, streaming=self.schedule.name if self.streaming else None)
+        pieces = self.inputs.split_batches(batch, self.batches_per_step, self.schedule.name if self.streaming else None)
+        microbatches = [microbatch for piece in pieces for microbatch in piece]
         weights = check_loss_weights(loss_weights, len(microbatches))
         self._update_norms.clear()
         if isinstance(self.schedule, StreamingSchedule):
@@ -344,7 +334,10 @@ class PipelineEngine(Executor):
         else:  # this step's sends may be received in the next step; the previous step's are done
             self._flush(older_than=self.messenger.generation)
             self.messenger.generation += 1
-        return mean_loss(losses, self.state.loss_weight, units, self.device)
+        if isinstance(batch, Mapping):
+            return mean_loss(losses, self.state.loss_weight, units, self.device)
+        per_batch = [len(piece) * units // len(microbatches) for piece in pieces]  # units: token slices too
+        return batch_losses(losses, self.state.loss_weight, per_batch, self.device)
 
     def drain(self) -> None:
         """Finish every micro-batch still in flight (``async``, ``2bw``) and apply their updates;

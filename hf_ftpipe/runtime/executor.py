@@ -9,7 +9,7 @@ stage that produces them to every rank with a stage that reads them, adjacent or
 from __future__ import annotations
 
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -28,9 +28,14 @@ from hf_ftpipe.runtime.streaming import StreamingWeights
 from hf_ftpipe.runtime.token_slicing import TokenSlicing
 from hf_ftpipe.schedules.actions import Action
 from hf_ftpipe.schedules.lowering import Comm, Op
+from hf_ftpipe.schedules.orders import Schedule
 from hf_ftpipe.schedules.registry import ScheduleTraits
 
-__all__ = ["Executor"]
+__all__ = ["Executor", "LossFunction"]
+
+LossFunction = Callable[[int, dict[str, torch.Tensor], Mapping[str, Any]], torch.Tensor]
+"""``(unit, the model's outputs on the loss stage by name, the unit's inputs) -> loss``: a loss computed
+from the model's outputs (``PipeTrainer``'s label smoothing, ``compute_loss_func``, ``compute_loss``)."""
 
 _DOING = {"F": "forward", "B": "backward", "U": "weight update"}
 
@@ -47,12 +52,14 @@ class Executor:
     transfers: dict[str, Transfer]
     messenger: Messenger
     traits: ScheduleTraits
+    schedule: Schedule
     num_microbatches: int
     gradient_accumulation_steps: int
     recompute: bool
     autocast_dtype: torch.dtype | None
     loss_scale: float
     loss_value: str | None
+    loss_function: LossFunction | None
     optimizer: torch.optim.Optimizer | None
     max_grad_norm: float | None
     streaming_weights: StreamingWeights | None
@@ -164,6 +171,8 @@ class Executor:
                 outputs = checkpoint(run, *args, use_reentrant=False)
             else:
                 outputs = run(*args)
+        if training and self.loss_function is not None and "loss" in spec.model_outputs:
+            outputs = self._loss_from_outputs(spec, leaves, outputs, m)
         if training:
             self.state.saved[(spec.stage_index, m)] = (leaves, outputs)
         elif self.token_slicing is not None and action.slice_index == self.token_slicing.num_slices - 1:
@@ -180,6 +189,21 @@ class Executor:
                 self.state.loss_seed[m] = self._seed(m)
             return outputs[spec.sent.index(spec.model_outputs["loss"])].detach()
         return None
+
+    def _loss_from_outputs(
+        self, spec: StageSpec, leaves: list[torch.Tensor], outputs: Sequence[torch.Tensor], m: int
+    ) -> tuple[torch.Tensor, ...]:
+        """``outputs`` with the traced loss replaced by `loss_function`'s, from the model outputs this
+        stage computes or receives; the backward starts from it."""
+        named = {name: outputs[spec.sent.index(value)] for name, value in spec.model_outputs.items()}
+        for name, value in zip(self.graph.output_names, self.graph.outputs, strict=False):
+            if name not in named and value in spec.received:
+                named[name] = leaves[spec.received.index(value)]
+        assert self.loss_function is not None
+        loss = self.loss_function(m, named, self.state.data[m])
+        replaced = list(outputs)
+        replaced[spec.sent.index(spec.model_outputs["loss"])] = loss
+        return tuple(replaced)
 
     def _backward(self, action: Action) -> None:
         spec, _ = self._stage(action)
@@ -279,7 +303,9 @@ class Executor:
 
     def _tag(self, transfer: Transfer, unit: int, backward: bool) -> int:
         # Messages with one tag between two ranks arrive in the order sent, so indices may wrap.
-        units = self.num_microbatches * (self.token_slicing.num_slices if self.token_slicing is not None else 1)
+        units = self.schedule.num_microbatches * (
+            self.token_slicing.num_slices if self.token_slicing is not None else 1
+        )
         return (transfer.value_id * 2 + int(backward)) * units + unit % units
 
 

@@ -13,7 +13,7 @@ from hf_ftpipe.graph.cost_graph import CostGraph
 from hf_ftpipe.graph.dynamic_shapes import ShapeFormulas
 from hf_ftpipe.runtime.shapes import input_shapes
 
-__all__ = ["check_loss_weights", "check_planned", "mean_loss", "microbatch_rows", "split_batch"]
+__all__ = ["batch_losses", "check_loss_weights", "check_planned", "mean_loss", "microbatch_rows", "split_batch"]
 
 Fit = Callable[[list[dict[str, Any]], bool], list[dict[str, Any]] | None]
 """Micro-batches (and whether they train) → each padded to the shape of the graph that runs it, checked;
@@ -157,3 +157,19 @@ def mean_loss(
     if len(losses) == num_microbatches:
         return total
     return total * num_microbatches / len(losses)
+
+
+def batch_losses(
+    losses: list[tuple[int, torch.Tensor]], loss_weight: dict[int, float], counts: Sequence[int], device: torch.device
+) -> torch.Tensor:
+    """One loss per mini-batch of a flush that ran several (gradient accumulation): ``sum(w[m] * loss[m])``
+    over its units (micro-batches, or their token slices), numbered in order, ``counts[b]`` of them for
+    mini-batch ``b``; losses of weight 0 are left out, as in `mean_loss`."""
+    ends = [sum(counts[: b + 1]) for b in range(len(counts))]
+    totals = torch.zeros(len(counts), dtype=torch.float32, device=device)
+    for m, loss in losses:
+        weight = loss_weight.pop(m, 0.0)
+        if weight > 0:
+            b = next(b for b, end in enumerate(ends) if m < end)
+            totals[b] += weight * loss.float().to(device)
+    return totals

@@ -87,6 +87,16 @@ class StepInputs:
             )
         return microbatches
 
+    def split_batches(
+        self, batch: Mapping[str, Any] | Sequence[Mapping[str, Any]], limit: int, streaming: str | None = None
+    ) -> list[list[dict[str, Any]]]:
+        """Each mini-batch of a training step as its micro-batches (`split`): ``batch``, or a list of up to
+        ``limit`` mini-batches whose micro-batches run as one flush (gradient accumulation)."""
+        batches = [batch] if isinstance(batch, Mapping) else list(batch)
+        if not 1 <= len(batches) <= limit:
+            raise PipelineError(f"a training step takes 1 to {limit} mini-batches, got {len(batches)}")
+        return [self.split(one, streaming=streaming) for one in batches]
+
     def store(
         self, state: MicrobatchState, microbatches: Sequence[dict[str, Any]], first: int, weights: Sequence[float]
     ) -> int:

@@ -20,10 +20,12 @@ SLICING_SCHEDULES = [name for name, traits in SCHEDULES.items() if traits.token_
 class PipeTrainingArguments(TrainingArguments):
     """`TrainingArguments` for `PipeTrainer`.
 
-    Batch sizes: ``per_device_train_batch_size`` is the mini-batch of one pipeline step (one
-    optimizer update); it is split into ``num_microbatches`` equal micro-batches that flow through
-    the stages. Every rank reads the same mini-batch from its own data loader, so the effective
-    batch size is ``per_device_train_batch_size`` whatever the number of processes.
+    Batch sizes: ``per_device_train_batch_size`` is the mini-batch of one pipeline step; it is split
+    into ``num_microbatches`` equal micro-batches that flow through the stages. Every rank reads the
+    same mini-batch from its own data loader, so the effective batch size is
+    ``per_device_train_batch_size * gradient_accumulation_steps`` whatever the number of processes:
+    with ``gpipe`` and ``1f1b`` the G mini-batches of one optimizer update run as one flush of
+    G x ``num_microbatches`` micro-batches (`microbatches_per_step`).
 
     Several processes launched on a machine without a GPU (``torchrun``, ``accelerate launch
     --multi_gpu``) run on CPU as with ``use_cpu=True``, which these arguments then set: otherwise
@@ -212,12 +214,22 @@ class PipeTrainingArguments(TrainingArguments):
                     f"`{name}={size}` is not a multiple of `num_microbatches={self.num_microbatches}`; "
                     f"use e.g. {name}={max(1, size // self.num_microbatches) * self.num_microbatches}"
                 )
-        if self.gradient_accumulation_steps != 1:
+        if self.gradient_accumulation_steps > 1 and not SCHEDULES[self.pipeline_schedule].flushes:
             raise ValueError(
-                f"`gradient_accumulation_steps={self.gradient_accumulation_steps}`: the pipeline accumulates "
-                "over micro-batches itself; set it to 1 and raise `per_device_train_batch_size` (and "
-                "`num_microbatches`) instead"
+                f"`gradient_accumulation_steps={self.gradient_accumulation_steps}` with pipeline_schedule="
+                f"{self.pipeline_schedule!r}: this schedule updates each stage inside the pipeline as its "
+                "micro-batches stream through, with no optimizer step of Trainer's to accumulate for; raise "
+                "`per_device_train_batch_size` and `num_microbatches` instead"
+                + (
+                    ", or set `async_update_interval` (micro-batches per update)"
+                    if self.pipeline_schedule == "async"
+                    else ""
+                )
+                + ", or use pipeline_schedule='gpipe' or '1f1b', which accumulate over G batches in one flush"
             )
+        # Every rank reads the same batch: there are no data-parallel replicas whose tokens Trainer would
+        # gather (a collective) and then multiply the loss by their number for.
+        self.average_tokens_across_devices = False
         full_eval = "fp16_full_eval" if self.fp16_full_eval else "bf16_full_eval" if self.bf16_full_eval else None
         if full_eval:
             raise ValueError(
@@ -257,6 +269,11 @@ class PipeTrainingArguments(TrainingArguments):
             )
         if self.pipeline_timeout_s <= 0:
             raise ValueError(f"`pipeline_timeout_s` must be positive, got {self.pipeline_timeout_s}")
+
+    @property
+    def microbatches_per_step(self) -> int:
+        """The micro-batches of one optimizer update, which gpipe and 1f1b run as one flush (and plan for)."""
+        return self.num_microbatches * self.gradient_accumulation_steps
 
 
 def _parse_token_slices(value: object) -> list[int] | str | None:

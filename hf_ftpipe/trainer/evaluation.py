@@ -7,6 +7,8 @@ on one process, micro-batch by micro-batch, weighted by label tokens (see
 `hf_ftpipe.trainer.loss_weighting`); predictions are the model's outputs less ``loss`` and
 ``keys_to_ignore_at_inference``, or, with ``predict_with_generate``, greedily generated tokens
 (`hf_ftpipe.trainer.generation`). Every rank gets the same whole outputs, so nothing is gathered.
+A loss computed from the outputs (label smoothing, ``compute_loss_func``, an overridden
+``compute_loss``: `hf_ftpipe.trainer.output_loss`) is computed from the whole batch's, as `Trainer` does.
 
 A batch without the labels the model was traced with (a test split, ``run_qa.py``'s evaluation
 features) gives no loss and no labels, as with `Trainer`: the graph still computes its loss, on
@@ -27,6 +29,7 @@ from hf_ftpipe.graph.padding import IGNORE_INDEX
 from hf_ftpipe.runtime.microbatches import microbatch_rows
 from hf_ftpipe.trainer.generation import greedy_decode
 from hf_ftpipe.trainer.loss_weighting import label_counts
+from hf_ftpipe.trainer.output_loss import computes_loss_from_outputs
 
 __all__ = ["PipeEvaluation"]
 
@@ -65,8 +68,9 @@ class PipeEvaluation:
             config = getattr(self.model, "config", None)
             ignore_keys = list(getattr(config, "keys_to_ignore_at_inference", None) or []) if config else []
         generating = self.args.predict_with_generate and not prediction_loss_only
+        from_outputs = has_labels and computes_loss_from_outputs(self)  # needs the outputs for its loss
         names = ["loss"] if has_labels else []
-        if not prediction_loss_only and not generating:
+        if (not prediction_loss_only and not generating) or from_outputs:
             names += [n for n in engine.graph.output_names if n != "loss" and n not in ignore_keys]
         losses, counts, pieces = [], [], {name: [] for name in names if name != "loss"}
         if names:
@@ -81,6 +85,18 @@ class PipeEvaluation:
                     if outputs.get(name) is not None:
                         pieces[name].append(outputs[name][:real])
         loss = _weighted_mean(torch.cat(losses), torch.cat(counts), self._trainer_count(inputs)) if losses else None
+        if from_outputs and losses:  # Trainer's compute_loss on the whole batch's outputs, on every rank alike
+            mean = _weighted_mean(torch.cat(losses), torch.cat(counts), None)
+            outputs = {"loss": mean, **{name: torch.cat(parts) for name, parts in pieces.items() if parts}}
+            count = self._trainer_count(inputs)
+            items = None if count is None else torch.tensor(count, device=self.args.device)
+            with torch.no_grad():
+                loss, returned = self._loss_from_outputs(
+                    inputs, outputs, items, return_outputs=True, label_count=int(torch.cat(counts).sum())
+                )
+            loss = loss.detach().mean()
+            if isinstance(returned, dict):
+                pieces = {k: [v] for k, v in returned.items() if k not in [*ignore_keys, "loss"]}
         if prediction_loss_only:
             return loss, None, None
         labels = inputs.get("labels") if has_labels else None

@@ -7,9 +7,9 @@ model, rank 0 makes (or loads) the partition and shares it, and each rank keeps 
 Stock `Trainer` goes quietly wrong when each rank holds a slice of the model: it would wrap the
 slice in DDP, shard the batches across ranks, count the ranks as data-parallel replicas, clip by
 a local gradient norm and save rank 0's slice only. Each override undoes one of those: here the
-pipeline's building, training step and saving; in mixins, one job each, data loading
-(`data_loading`), logs and counts (`reporting`), evaluation (`evaluation`) and checkpoints
-(`checkpoint_hooks`).
+pipeline's building and saving; in mixins, one job each, the training step and gradient
+accumulation (`training_steps`), data loading (`data_loading`), logs and counts (`reporting`),
+evaluation (`evaluation`) and checkpoints (`checkpoint_hooks`).
 """
 
 from __future__ import annotations
@@ -26,16 +26,13 @@ import torch.distributed as dist
 from datasets import Dataset
 from torch import nn
 from transformers import Trainer
-from transformers.trainer_pt_utils import find_batch_size
 
 from hf_ftpipe.errors import PipelineError
 from hf_ftpipe.graph.token_slices import SlicedModel
 from hf_ftpipe.plan import Partition
 from hf_ftpipe.runtime import PipelineEngine, Watchdog
-from hf_ftpipe.runtime.microbatches import microbatch_rows
 from hf_ftpipe.runtime.weights import release_foreign_weights
 from hf_ftpipe.trainer.arguments import PipeTrainingArguments
-from hf_ftpipe.trainer.batch_check import check_same_batch
 from hf_ftpipe.trainer.checkpoint_folders import check_output_dir
 from hf_ftpipe.trainer.checkpoint_hooks import PipeCheckpointing
 from hf_ftpipe.trainer.data_loading import PipeDataLoading
@@ -43,7 +40,7 @@ from hf_ftpipe.trainer.data_randomness import DataRandomness
 from hf_ftpipe.trainer.evaluation import PipeEvaluation
 from hf_ftpipe.trainer.float16 import Float16Training
 from hf_ftpipe.trainer.launch import check_one_writer
-from hf_ftpipe.trainer.loss_weighting import label_counts, model_loss_shifts_labels
+from hf_ftpipe.trainer.output_loss import computes_loss_from_outputs, method_name
 from hf_ftpipe.trainer.per_shape import per_shape_options
 from hf_ftpipe.trainer.plan_sharing import share_partition
 from hf_ftpipe.trainer.planned_shapes import longest_rows, microbatch_rows_planned, planned_microbatch
@@ -51,6 +48,7 @@ from hf_ftpipe.trainer.preflight import agree_before_training
 from hf_ftpipe.trainer.reporting import PipeReporting
 from hf_ftpipe.trainer.run_log import get_logger
 from hf_ftpipe.trainer.token_slicing import capture_for_pipeline
+from hf_ftpipe.trainer.training_steps import PipeTrainingSteps
 
 __all__ = ["PipeTrainer"]
 
@@ -84,7 +82,7 @@ class _StagesModule(nn.Module):
         self.stages = engine.module
 
 
-class PipeTrainer(PipeEvaluation, PipeCheckpointing, PipeDataLoading, PipeReporting, Trainer):
+class PipeTrainer(PipeTrainingSteps, PipeEvaluation, PipeCheckpointing, PipeDataLoading, PipeReporting, Trainer):
     """`Trainer` that trains and evaluates ``model`` as a pipeline (see `PipeTrainingArguments`).
 
     ``self.model`` stays the user's model object: `Trainer` reads its config and signature, and
@@ -116,12 +114,10 @@ class PipeTrainer(PipeEvaluation, PipeCheckpointing, PipeDataLoading, PipeReport
         self._resume_from: str | None = None
         self._built_from: str | None = None
         """The checkpoint the pipeline read its weights from (a model built with empty weights)."""
-        if self.label_smoother is not None or self.compute_loss_func is not None:
-            # The pipeline trains on the loss the traced model computes; either would be ignored.
-            what = "label_smoothing_factor" if self.label_smoother is not None else "compute_loss_func"
+        if self.args.token_slices is not None and computes_loss_from_outputs(self):
             raise PipelineError(
-                f"PipeTrainer trains on the model's own loss and cannot apply `{what}`; drop it, or compute that "
-                "loss inside the model's forward (the pipeline traces the forward, loss included)"
+                f"`token_slices` with a loss computed from the model's outputs ({method_name(self)}): each token "
+                "slice computes its share of the loss inside the traced graph; drop `token_slices`, or the loss option"
             )
         self.float16 = Float16Training() if self.args.fp16 else None
         """``fp16=True``: the loss scale all ranks agree on (``trainer.float16.scaler``)."""
@@ -173,6 +169,7 @@ class PipeTrainer(PipeEvaluation, PipeCheckpointing, PipeDataLoading, PipeReport
             num_microbatches=self.args.num_microbatches,
             schedule=self.args.pipeline_schedule,
             gradient_accumulation_steps=self.args.async_update_interval,
+            batches_per_step=self.args.gradient_accumulation_steps,
             recompute=bool(self.args.activation_checkpointing),
             weight_prediction=self.args.async_weight_prediction,
             device=self.args.device,
@@ -329,44 +326,6 @@ class PipeTrainer(PipeEvaluation, PipeCheckpointing, PipeDataLoading, PipeReport
         still_empty = [name for name, p in self.model.named_parameters() if p.is_meta]
         if still_empty:
             raise PipelineError(f"weights missing after gathering the stages: {still_empty[:5]}")
-
-    def training_step(self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None) -> torch.Tensor:
-        engine = self._ensure_engine(inputs)
-        inputs = self._prepare_inputs(inputs)
-        self.batch_digest = check_same_batch(inputs, self.state.global_step + 1, self.watchdog, self.args.device)
-        if self.float16 is not None:
-            self.float16.start_step(engine)
-        loss = engine.train_step(inputs, loss_weights=self._loss_weights(inputs))
-        return loss.detach().to(self.args.device)
-
-    def _loss_weights(self, inputs: dict[str, Any]) -> list[float] | None:
-        """Each micro-batch's weight in the loss `Trainer` would compute on the whole mini-batch.
-
-        Where Trainer passes ``num_items_in_batch`` (the model takes loss kwargs), its loss is the
-        sum of token losses over the mini-batch's label tokens: micro-batch m weighs its own token
-        count over that count (see `hf_ftpipe.trainer.loss_weighting`). Otherwise: each micro-batch's
-        share of the rows (a short batch's micro-batches may differ by one row).
-        """
-        total = self._trainer_count(inputs)
-        if not total:  # the model's loss is a mean over rows: each micro-batch weighs its share of them
-            rows = find_batch_size(inputs)
-            return [size / rows for size in microbatch_rows(rows, self.engine.num_microbatches)]
-        counts = label_counts(inputs["labels"], self.engine.num_microbatches, shifted=self._model_loss_shifts)
-        return [count / total for count in counts]
-
-    def _trainer_count(self, inputs: dict[str, Any]) -> int | None:
-        """The ``num_items_in_batch`` `Trainer` passes the model for ``inputs`` (training and
-        evaluation alike), or ``None`` where it passes none."""
-        labels = inputs.get("labels")
-        if not self.model_accepts_loss_kwargs or not isinstance(labels, torch.Tensor) or labels.dim() == 0:
-            return None
-        return sum(label_counts(labels, 1, shifted=getattr(self, "_loss_shifts_labels", False)))
-
-    @property
-    def _model_loss_shifts(self) -> bool:
-        if not hasattr(self, "_model_loss_shifts_value"):
-            self._model_loss_shifts_value = model_loss_shifts_labels(self.model)
-        return self._model_loss_shifts_value
 
     def _clip_grad_norm(self, model: nn.Module) -> torch.Tensor:
         return self._pipeline_grad_norm(self.args.max_grad_norm)

@@ -117,7 +117,7 @@ def _make_partition(
 
     graph = traced.cost_graph
     key = resolve_key(
-        graph, profile, None, schedule=args.pipeline_schedule, num_microbatches=args.num_microbatches, dtype=None
+        graph, profile, None, schedule=args.pipeline_schedule, num_microbatches=args.microbatches_per_step, dtype=None
     )
     return resolve_partition(
         graph,
@@ -142,7 +142,7 @@ def _compute_partition(
 ) -> Partition:
     request = PlanRequest(
         profile=profile,
-        num_microbatches=args.num_microbatches,
+        num_microbatches=args.microbatches_per_step,
         microbatch_size=next(v.shape[0] for v in microbatch.values() if isinstance(v, torch.Tensor)),
         schedule=args.pipeline_schedule,
         optimizer=planned_optimizer(args),

@@ -24,7 +24,8 @@ CASES: dict[str, list[str]] = {
     "copa": ["--task_name", "copa"],
     # docs/examples.md's multirc command, then fewer evaluation samples (main's --output_dir comes last, and wins)
     "multirc": [*cpu_launch_arguments("docs/examples.md", "run_glue_pipe.py"), "--max_eval_samples", "12"],
-    "rte": ["--task_name", "rte"],
+    # Trainer's loss options: one optimizer step of 2 batches (one flush), label smoothing on the last stage
+    "rte": ["--task_name", "rte", "--gradient_accumulation_steps", "2", "--label_smoothing_factor", "0.1"],
     "rte_glue": [
         *("--task_name", "rte", "--do_predict", "--max_steps", "40"),  # long enough to generate labels
         *("--train_file", str(DATA / "glue_rte_train.jsonl")),

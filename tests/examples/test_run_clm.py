@@ -11,7 +11,7 @@ from types import ModuleType
 import pytest
 import torch
 from datasets import Dataset
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments
 
 from distributed import accelerate_launch
 from doc_blocks import cpu_launch_arguments
@@ -30,7 +30,8 @@ def clm() -> ModuleType:
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Train a tiny GPT-2 for 4 steps on 2 processes, evaluate on validation, predict on test: the
-    arguments of docs/examples.md's CPU command, then this test's, which shorten it."""
+    arguments of docs/examples.md's CPU command, then this test's, which shorten it and add Trainer's
+    gradient accumulation and label smoothing."""
     output_dir = tmp_path_factory.mktemp("clm")
     start = time.monotonic()
     accelerate_launch(
@@ -39,6 +40,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
         *("--output_dir", str(output_dir), "--do_predict", "--group_whole_split"),
         *("--max_steps", "4", "--block_size", str(BLOCK_SIZE), "--logging_steps", "1", "--save_strategy", "no"),
         *("--per_device_train_batch_size", "4", "--per_device_eval_batch_size", "4", "--num_microbatches", "2"),
+        *("--gradient_accumulation_steps", "2", "--label_smoothing_factor", "0.1"),  # Trainer's loss options
         timeout_s=240,
     )
     print(f"run_clm_pipe.py launch: {time.monotonic() - start:.1f} s")
@@ -69,12 +71,21 @@ def _blocks(tokenizer, path: Path) -> torch.Tensor:
 
 
 @pytest.mark.parametrize(("split", "file"), [("eval", "validation"), ("test", "test")])
-def test_perplexity_is_that_of_the_saved_model_on_one_process(run, split, file):
+def test_perplexity_is_that_of_the_saved_model_on_one_process(run, split, file, tmp_path):
     tokenizer = AutoTokenizer.from_pretrained(run)
     model = AutoModelForCausalLM.from_pretrained(run).eval()
     blocks = _blocks(tokenizer, DATA / f"wikitext_{file}.txt")
-    with torch.no_grad():  # blocks of equal length: the mean token loss is the loss of one batch
-        loss = model(input_ids=blocks, labels=blocks).loss.item()
+    # Plain Trainer's evaluation loss on one process, label-smoothed as the launch trains and evaluates.
+    args = TrainingArguments(
+        output_dir=str(tmp_path),
+        use_cpu=True,
+        report_to="none",
+        per_device_eval_batch_size=4,
+        label_smoothing_factor=0.1,
+    )
+    data = Dataset.from_dict({"input_ids": blocks.tolist(), "labels": blocks.tolist()})
+    model.loss_type = "ForCausalLM"  # as run_clm_pipe.py names it (not saved in the config)
+    loss = Trainer(model=model, args=args).evaluate(data)["eval_loss"]
     results = _results(run, split)
     assert results[f"{split}_samples"] == len(blocks)  # 4 per batch: the last batch is incomplete, kept
     assert len(blocks) % 4 != 0

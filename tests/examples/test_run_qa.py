@@ -206,7 +206,8 @@ def test_make_squad_regenerates_the_shipped_files(tmp_path):
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Train a tiny BERT for 6 steps on 2 processes, evaluate and predict on the validation fixture: the
-    arguments of docs/examples.md's CPU command, then this test's, which shorten it."""
+    arguments of docs/examples.md's CPU command, then this test's, which shorten it and add Trainer's
+    gradient accumulation and label smoothing."""
     output_dir = tmp_path_factory.mktemp("qa")
     start = time.monotonic()
     accelerate_launch(
@@ -214,6 +215,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
         *cpu_launch_arguments("docs/examples.md", "run_qa_pipe.py"),
         *("--output_dir", str(output_dir)),
         *("--max_steps", "6", "--save_strategy", "no", "--per_device_eval_batch_size", "12"),
+        *("--gradient_accumulation_steps", "2", "--label_smoothing_factor", "0.1"),  # Trainer's loss options
         timeout_s=240,
         env={"HF_HUB_OFFLINE": "1"},  # the shipped squad_v1, without waiting for the Hub
     )

@@ -46,6 +46,9 @@ class Case:
     args: dict[str, Any] = field(default_factory=dict)
     pipe_args: dict[str, Any] = field(default_factory=dict)
     """PipeTrainingArguments only (plain `Trainer` has no such thing)."""
+    loss: str | None = None
+    """``compute_loss_func`` (`token_loss`) or ``compute_loss`` (a subclass overriding it with
+    `class_weighted_loss`): a loss computed from the model's outputs."""
 
 
 CASES = {
@@ -100,7 +103,83 @@ CASES = {
         num_microbatches=4,
         args={"optim": "sgd", "learning_rate": 0.1},
     ),
+    # Gradient accumulation, G = 2: 18 rows in batches of 4 are windows of 2, 2 and 1 batches (the last of
+    # 2 rows), each batch padded to its own length (the first window's: 11 and 12 tokens), run as one
+    # flush of up to 4 micro-batches; the loss over the window's label tokens (num_items_in_batch).
+    "gpt2-accumulate": Case(
+        "gpt2",
+        "causal",
+        train_rows=18,
+        batch_size=4,
+        epochs=1,
+        steps=3,
+        schedule="1f1b",
+        args={"gradient_accumulation_steps": 2, "optim": "sgd", "learning_rate": 0.1},
+    ),
+    # G = 2 without num_items_in_batch (no `labels`: answer positions): each batch's mean over G.
+    "bert-qa-accumulate": Case(
+        "bert-qa",
+        "padding",
+        train_rows=10,
+        batch_size=4,
+        epochs=1,
+        steps=2,
+        args={"gradient_accumulation_steps": 2, "optim": "sgd", "learning_rate": 0.1},
+    ),
+    # Label smoothing (LabelSmoother on the logits, last stage) with G = 2: batches of 4, 4, 2 in 2 windows.
+    "t5-smoothing": Case(
+        "t5",
+        "seq2seq",
+        train_rows=10,
+        batch_size=4,
+        epochs=1,
+        steps=2,
+        args={"gradient_accumulation_steps": 2, "label_smoothing_factor": 0.1},
+    ),
+    # compute_loss_func, and a subclass's compute_loss override (with G = 2), on the model's outputs.
+    "gpt2-loss-func": Case(
+        "gpt2",
+        "causal",
+        train_rows=10,
+        batch_size=4,
+        epochs=1,
+        steps=3,
+        loss="compute_loss_func",
+        args={"optim": "sgd", "learning_rate": 0.1},
+    ),
+    "bert-compute-loss": Case(
+        "bert",
+        "padding",
+        train_rows=14,
+        batch_size=4,
+        epochs=1,
+        steps=2,
+        loss="compute_loss",
+        args={"gradient_accumulation_steps": 2},
+    ),
 }
+
+
+def token_loss(outputs: Any, labels: torch.Tensor, num_items_in_batch: Any = None) -> torch.Tensor:
+    """A ``compute_loss_func``: next-token cross-entropy at temperature 2 (not the model's own loss),
+    summed and divided by ``num_items_in_batch``."""
+    logits = outputs["logits"][:, :-1].float() / 2
+    targets = labels[:, 1:]
+    total = torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets, ignore_index=-100, reduction="sum")
+    return total / num_items_in_batch
+
+
+def class_weighted_loss(
+    self: Any, model: Any, inputs: dict, return_outputs: bool = False, num_items_in_batch: Any = None
+) -> Any:
+    """A ``compute_loss`` override as transformers' docs show one: class-weighted cross-entropy on the
+    logits (summed over rows, divided by the batch's count)."""
+    labels = inputs.pop("labels")
+    outputs = model(**inputs)
+    weight = torch.tensor([1.0, 3.0], device=labels.device)
+    total = torch.nn.functional.cross_entropy(outputs.logits.float(), labels, weight=weight, reduction="sum")
+    loss = total / (num_items_in_batch if num_items_in_batch is not None else len(labels))
+    return (loss, outputs) if return_outputs else loss
 
 
 def make_rows(kind: str, rows: int, seed: int, labelled: bool = True, longest: int = LONGEST) -> Dataset:
@@ -183,6 +262,13 @@ def run(name: str, output_dir: str, trainer_class: type) -> dict[str, Any]:
     """Train, evaluate, predict (on the rows without labels where the case has labels to drop); the
     results of one run as plain data, with the trained weights."""
     parts = setup(name, output_dir, pipe=trainer_class.__name__ == "PipeTrainer")
+    loss = CASES[name].loss
+    if loss == "compute_loss_func":
+        parts["compute_loss_func"] = token_loss
+    elif loss == "compute_loss":
+        trainer_class = type(
+            f"ClassWeighted{trainer_class.__name__}", (trainer_class,), {"compute_loss": class_weighted_loss}
+        )
     trainer = trainer_class(**parts)
     slicings = _StepSlices(trainer)
     trainer.add_callback(slicings)

@@ -2,7 +2,9 @@
 arguments and seed, trained by PipeTrainer (in parity_job.py, 2 ranks) or plain `Trainer` (in the test).
 
 ``gpt2-sliced`` is the GPT-2 run with each sequence cut into uneven token slices (TeraPipe); plain
-`Trainer` has no such thing, so its reference is the ``gpt2`` run (`base_kind`)."""
+`Trainer` has no such thing, so its reference is the ``gpt2`` run (`base_kind`).
+``gpt2-sliced-accumulate`` is that with ``gradient_accumulation_steps=2`` (its reference: plain
+`Trainer`'s GPT-2 run with it, `reference_key`)."""
 
 from __future__ import annotations
 
@@ -14,15 +16,22 @@ from datasets import Dataset
 
 from models import SEQ, TARGET, VOCAB, tiny_model
 
-KINDS = ("gpt2", "t5", "bert", "gpt2-sliced")
-TOKEN_SLICES = {"gpt2-sliced": [3, 1, 4]}  # uneven, adding up to SEQ
+KINDS = ("gpt2", "t5", "bert", "gpt2-sliced", "gpt2-sliced-accumulate")
+TOKEN_SLICES = {"gpt2-sliced": [3, 1, 4], "gpt2-sliced-accumulate": [3, 1, 4]}  # uneven, adding up to SEQ
+ACCUMULATION = {"gpt2-sliced-accumulate": 2}
+"""``gradient_accumulation_steps`` of a kind (default 1), for PipeTrainer and its `Trainer` reference alike."""
 STEPS = 4
 OPTIMIZERS = {"gpt2": "adamw_torch", "t5": "adafactor", "bert": "sgd"}  # Trainer's `optim` names
 
 
 def base_kind(kind: str) -> str:
     """The model, data and `Trainer` run that ``kind`` compares with (``gpt2-sliced``: ``gpt2``)."""
-    return kind.removesuffix("-sliced")
+    return kind.removesuffix("-accumulate").removesuffix("-sliced")
+
+
+def reference_key(kind: str) -> tuple[str, int]:
+    """What tells apart `Trainer` runs: the model and data, and the gradient accumulation."""
+    return base_kind(kind), ACCUMULATION.get(kind, 1)
 
 
 def make_data(kind: str, rows: int, seed: int) -> Dataset:
@@ -75,6 +84,7 @@ def setup(kind: str, output_dir: str, pipe: bool) -> dict[str, Any]:
         per_device_train_batch_size=4,
         per_device_eval_batch_size=4,
         max_steps=STEPS,
+        gradient_accumulation_steps=ACCUMULATION.get(kind, 1),
         optim=OPTIMIZERS[base],
         learning_rate=3e-3,
         lr_scheduler_type="linear",

@@ -7,7 +7,11 @@ GPT-2 with ``train_sampling_strategy="group_by_length"`` under 1f1b and, cut int
 the longest row, under gpipe, `DataCollatorForSeq2Seq` for
 T5 with ``train_sampling_strategy="batch_rebalance"``), a last batch of 1 row (13 samples, batch 4),
 predictions on rows without labels (BERT), and a question-answering BERT trained on 5 samples with
-batch 8 and evaluated on longer features without answer positions, as run_qa.py's are. This process
+batch 8 and evaluated on longer features without answer positions, as run_qa.py's are; and `Trainer`'s
+training options: gradient accumulation (G = 2, batches of different lengths in one window, an
+incomplete last window; GPT-2 under 1f1b, where `Trainer` counts ``num_items_in_batch``, and
+question answering, where it divides by G), label smoothing (T5, G = 2), ``compute_loss_func``
+(GPT-2) and a subclass's ``compute_loss`` override (BERT, G = 2), on the last stage. This process
 trains plain `Trainer` on the same case and compares the number of steps, every logged loss,
 gradient norm and learning rate, evaluation, prediction and the weights.
 """
@@ -56,7 +60,7 @@ def test_pipe_trainer_matches_trainer_on_any_batch(pipeline_results: Path, tmp_p
         assert len({sum(s) for s in steps}) > 1 and min(len(s) for s in steps) < len(given), steps
     assert_steps_close(pipe["history"], reference["history"])
 
-    if name == "bert-qa":  # evaluation_loop's output, as run_qa.py's post-processing reads it
+    if CASES[name].model == "bert-qa":  # evaluation_loop's output, as run_qa.py's post-processing reads it
         start_end, label_ids, metrics = pipe["evaluate"]
         want_start_end, want_label_ids, want_metrics = reference["evaluate"]
         assert isinstance(want_start_end, tuple) and len(want_start_end) == 2 and want_label_ids is None
@@ -68,7 +72,7 @@ def test_pipe_trainer_matches_trainer_on_any_batch(pipeline_results: Path, tmp_p
 
     predictions, label_ids, metrics = pipe["predict"]
     want_predictions, want_label_ids, want_metrics = reference["predict"]
-    if name in ("bert", "bert-qa"):  # predicted on rows without labels
+    if CASES[name].model in ("bert", "bert-qa"):  # predicted on rows without labels
         assert want_label_ids is None and "test_loss" not in want_metrics, "the reference had labels"
     assert_outputs_close(predictions, want_predictions, "predict() predictions")
     assert_outputs_close(label_ids, want_label_ids, "predict() label_ids")

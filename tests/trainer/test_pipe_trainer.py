@@ -115,7 +115,11 @@ def _readme_quickstart_accuracy() -> tuple[str, set[str], set[str]]:
     ("overrides", "message"),
     [
         ({"num_microbatches": 3}, "`per_device_train_batch_size=8` is not a multiple of `num_microbatches=3`"),
-        ({"gradient_accumulation_steps": 2}, "set it to 1 and raise `per_device_train_batch_size`"),
+        (
+            {"gradient_accumulation_steps": 2, "pipeline_schedule": "async"},
+            "updates each stage inside the pipeline as its micro-batches stream through",
+        ),
+        ({"gradient_accumulation_steps": 2, "pipeline_schedule": "2bw"}, "use pipeline_schedule='gpipe' or '1f1b'"),
         ({"pipeline_schedule": "zero-bubble"}, "choose one of ['gpipe', '1f1b', 'async', '2bw']"),
         ({"async_update_interval": 2}, "only applies to pipeline_schedule='async' (got 'gpipe')"),
         ({"async_weight_prediction": True, "pipeline_schedule": "2bw"}, "only applies to pipeline_schedule='async'"),

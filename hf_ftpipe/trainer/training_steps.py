@@ -1,0 +1,196 @@
+"""`PipeTrainer`'s training step: an accumulation window of mini-batches as one pipeline flush.
+
+`Trainer` (transformers 5.x) fetches the ``gradient_accumulation_steps`` batches of one optimizer
+step at once (`get_batch_samples`, fewer at the end of an epoch), then calls `training_step` on each
+and steps the optimizer after the last. Here the first call runs the whole window through the
+pipeline, its G batches' micro-batches as one flush of up to G x ``num_microbatches`` (any shapes
+each: a batch padded to its own length stays as it is), so the bubble is paid once per update; each
+call returns its own batch's loss, as `Trainer`'s would, for the logs.
+
+Each micro-batch's loss weighs what it weighs in `Trainer`'s (see `hf_ftpipe.trainer.loss_weighting`):
+where `Trainer` counts ``num_items_in_batch`` (the label tokens of the whole window), its token
+count over that count; otherwise its share of its batch's rows, divided by the window's batches
+when `Trainer` divides by them (``loss_is_scaled_for_ga``). A loss computed from the outputs
+(`hf_ftpipe.trainer.output_loss`) is given the window's count and counts once per micro-batch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from transformers.trainer_pt_utils import find_batch_size
+
+from hf_ftpipe.errors import PipelineError
+from hf_ftpipe.runtime.microbatches import microbatch_rows
+from hf_ftpipe.trainer.batch_check import check_same_batch
+from hf_ftpipe.trainer.loss_weighting import label_counts, model_loss_shifts_labels
+from hf_ftpipe.trainer.output_loss import (
+    ModelOutputsOnly,
+    check_called,
+    computes_loss_from_outputs,
+    method_name,
+    overrides_compute_loss,
+)
+
+__all__ = ["PipeTrainingSteps"]
+
+
+class PipeTrainingSteps:
+    """`PipeTrainer`'s training step, as a mixin placed before `Trainer` (it needs the engine and
+    `_ensure_engine` of `PipeTrainer`)."""
+
+    def get_batch_samples(self, epoch_iterator: Any, num_batches: int, device: torch.device) -> tuple[list, Any]:
+        batches, num_items_in_batch = super().get_batch_samples(epoch_iterator, num_batches, device)
+        self._window: list[Any] = list(batches)
+        self._window_losses: list[torch.Tensor] | None = None
+        return batches, num_items_in_batch
+
+    def training_step(self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None) -> torch.Tensor:
+        # Trainer's count is gathered over the ranks, as if they were replicas: PipeTrainer counts its own.
+        window = getattr(self, "_window", None) or []
+        index = next((i for i, batch in enumerate(window) if batch is inputs), None)
+        if index is None:  # called outside Trainer's loop: a window of this batch alone
+            window, index = [inputs], 0
+        if index == 0 or self._window_losses is None:
+            self._window_losses = self._train_window(window)
+        return self._window_losses[index]
+
+    def _train_window(self, window: list[dict[str, Any]]) -> list[torch.Tensor]:
+        """Forward and backward of every batch of ``window`` in one step of the pipeline; each batch's loss."""
+        engine = self._ensure_engine(window[0])
+        batches = [self._prepare_inputs(batch) for batch in window]
+        for batch in batches:
+            self.batch_digest = check_same_batch(batch, self.state.global_step + 1, self.watchdog, self.args.device)
+        if self.float16 is not None:
+            self.float16.start_step(engine)
+        count = self._window_count(batches)
+        from_outputs = computes_loss_from_outputs(self)
+        weights = [w for batch in batches for w in self._loss_weights(batch, count, len(batches), from_outputs)]
+        if from_outputs:
+            self._outputs_loss_setup(batches, count)
+        if len(batches) == 1:
+            losses = [engine.train_step(batches[0], loss_weights=weights)]
+        else:
+            losses = list(engine.train_step(batches, loss_weights=weights))
+        return [loss.detach().to(self.args.device) for loss in losses]
+
+    def _loss_weights(self, inputs: dict[str, Any], count: int | None, batches: int, from_outputs: bool) -> list[float]:
+        """Each micro-batch's weight in the loss `Trainer` computes for ``inputs``, one of ``batches``
+        batches of a window whose ``num_items_in_batch`` is ``count``.
+
+        With ``count``, a model's own loss is the sum of token losses over the window's label tokens:
+        micro-batch m weighs its own token count over ``count``; a loss computed from the outputs is
+        given ``count`` and weighs 1. Without: each micro-batch's share of the rows. `Trainer` then
+        divides by the window's batches unless the loss is already normalised (its ``loss_is_scaled_for_ga``).
+        """
+        num_microbatches = self.engine.num_microbatches
+        if count is None:
+            rows = find_batch_size(inputs)
+            weights = [size / rows for size in microbatch_rows(rows, num_microbatches)]
+        elif from_outputs:
+            weights = [1.0] * len(microbatch_rows(find_batch_size(inputs), num_microbatches))
+        else:
+            counts = label_counts(inputs["labels"], num_microbatches, shifted=self._model_loss_shifts)
+            weights = [n / count for n in counts]
+        scaled = self.loss_is_scaled_for_ga
+        if scaled is None:
+            scaled = (self.model_accepts_loss_kwargs and count is not None) or self.compute_loss_func is not None
+        return weights if scaled else [w / batches for w in weights]
+
+    def _window_count(self, batches: list[dict[str, Any]]) -> int | None:
+        """``num_items_in_batch`` as `Trainer` counts it over a window's batches (``None``: it counts none)."""
+        counts = [self._trainer_count(batch) for batch in batches]
+        return None if any(count is None for count in counts) else sum(counts)
+
+    def _trainer_count(self, inputs: dict[str, Any]) -> int | None:
+        """The ``num_items_in_batch`` `Trainer` passes for ``inputs`` (training and evaluation alike), or
+        ``None`` where it passes none."""
+        labels = inputs.get("labels")
+        counted = self.model_accepts_loss_kwargs or self.compute_loss_func is not None
+        if not counted or not isinstance(labels, torch.Tensor) or labels.dim() == 0:
+            return None
+        if isinstance(inputs.get("shift_labels"), torch.Tensor):
+            return sum(label_counts(inputs["shift_labels"], 1, shifted=False))
+        return sum(label_counts(labels, 1, shifted=getattr(self, "_loss_shifts_labels", False)))
+
+    @property
+    def _model_loss_shifts(self) -> bool:
+        if not hasattr(self, "_model_loss_shifts_value"):
+            self._model_loss_shifts_value = model_loss_shifts_labels(self.model)
+        return self._model_loss_shifts_value
+
+    # -- a loss computed from the outputs, on the last stage ----------------------------------
+
+    def _outputs_loss_setup(self, batches: list[dict[str, Any]], count: int | None) -> None:
+        """Give the engine the step's loss function: ``compute_loss`` on each micro-batch's outputs."""
+        num_microbatches = self.engine.num_microbatches
+        microbatches = []
+        for batch in batches:
+            rows = find_batch_size(batch)
+            pieces = min(rows, num_microbatches)
+            split = [{} for _ in range(pieces)]
+            for name, value in batch.items():
+                parts = value.tensor_split(pieces) if _batched(value, rows) else [value] * pieces
+                for piece, part in zip(split, parts, strict=True):
+                    piece[name] = part
+            microbatches += split
+        items = None if count is None else torch.tensor(count, device=self.args.device)
+
+        def loss_function(m: int, outputs: dict[str, torch.Tensor], data: Any) -> torch.Tensor:
+            loss = self._loss_from_outputs(microbatches[m], outputs, items)
+            if items is not None and not getattr(self, "_loss_scaling_checked", False):
+                self._check_loss_scaling(microbatches[m], outputs, items, loss)
+            return loss
+
+        self.engine.loss_function = loss_function
+
+    def _check_loss_scaling(
+        self, inputs: dict[str, Any], outputs: dict[str, torch.Tensor], items: torch.Tensor, loss: torch.Tensor
+    ) -> None:
+        """Once per run: the micro-batches' losses add up to `Trainer`'s only if the loss is a sum divided
+        by ``num_items_in_batch``; a mean of its own would count once per micro-batch, silently."""
+        self._loss_scaling_checked = True
+        if self.label_smoother is not None and self.compute_loss_func is None and not overrides_compute_loss(self):
+            return  # LabelSmoother divides by it
+        with torch.no_grad():
+            halved = self._loss_from_outputs(inputs, {k: v.detach() for k, v in outputs.items()}, items * 2)
+        if not torch.allclose(2 * halved.float(), loss.detach().float(), rtol=1e-4, atol=1e-7):
+            raise PipelineError(
+                f"{method_name(self)} returned {loss.item():.6g} with num_items_in_batch={int(items)} but "
+                f"{halved.item():.6g} with twice as many, not half: PipeTrainer computes it once per micro-batch, "
+                "each with the whole accumulated batch's num_items_in_batch, and adds the losses up, which is "
+                "Trainer's loss only for a sum over the items divided by num_items_in_batch (as transformers' "
+                "losses are); divide a sum by num_items_in_batch instead of taking a mean"
+            )
+
+    def _loss_from_outputs(
+        self,
+        inputs: dict[str, Any],
+        outputs: dict[str, torch.Tensor],
+        num_items_in_batch: Any,
+        return_outputs: bool = False,
+        label_count: int | None = None,
+    ) -> Any:
+        """``self.compute_loss`` on the model's ``outputs`` for ``inputs`` (see `ModelOutputsOnly`)."""
+        if label_count is None:
+            labels = inputs.get("labels")
+            label_count = (
+                sum(label_counts(labels, 1, shifted=self._model_loss_shifts))
+                if isinstance(labels, torch.Tensor) and labels.dim() > 0
+                else 0
+            )
+        stand_in = ModelOutputsOnly(self.model, outputs, inputs, method_name(self), label_count)
+        if return_outputs:  # as Trainer.prediction_step calls it
+            result = self.compute_loss(
+                stand_in, dict(inputs), return_outputs=True, num_items_in_batch=num_items_in_batch
+            )
+        else:  # as Trainer.training_step calls it
+            result = self.compute_loss(stand_in, dict(inputs), num_items_in_batch=num_items_in_batch)
+        check_called(stand_in)
+        return result
+
+
+def _batched(value: Any, rows: int) -> bool:
+    return isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == rows

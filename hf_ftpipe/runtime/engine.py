@@ -29,6 +29,7 @@ from hf_ftpipe.errors import PartitionError, PipelineError
 from hf_ftpipe.graph.token_slices import SlicedModel
 from hf_ftpipe.runtime.autocast import autocast_dtypes
 from hf_ftpipe.runtime.comm import Messenger
+from hf_ftpipe.runtime.compiled_stages import CompileOptions, StageCompiler
 from hf_ftpipe.runtime.deliveries import Deliveries
 from hf_ftpipe.runtime.executor import Executor, LossFunction
 from hf_ftpipe.runtime.messages import dataflow, plan_transfers
@@ -102,6 +103,8 @@ class PipelineEngine(Executor, RankWeights):
             the watchdog's); PipeTrainer passes the one that also bounds its own collectives.
         per_shape (`PerShapeOptions`, *optional*): for a model whose export fixes a size batches vary,
             how batches of other shapes are bucketed onto graphs traced per shape (`hf_ftpipe.runtime.per_shape`).
+        compile (`CompileOptions`, *optional*): ``torch.compile`` every stage module this rank runs, in
+            place, names unchanged (`hf_ftpipe.runtime.compiled_stages`); `compiler` keeps the time it took.
     """
 
     def __init__(
@@ -121,6 +124,7 @@ class PipelineEngine(Executor, RankWeights):
         autocast_dtype: torch.dtype | None = None,
         watchdog: Watchdog | None = None,
         per_shape: PerShapeOptions | None = None,
+        compile: CompileOptions | None = None,
     ) -> None:
         if not dist.is_initialized():
             raise PipelineError(
@@ -133,6 +137,8 @@ class PipelineEngine(Executor, RankWeights):
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
         self.device = torch.device(device)
+        if self.device.type == "cpu":  # CPU tensors report no index; 'cpu:0' baked into a graph fails torch.compile
+            self.device = torch.device("cpu")
         self.graph = traced.cost_graph
         self.num_microbatches = num_microbatches
         self.stage_rank = list(placement.stage_device)
@@ -210,6 +216,8 @@ class PipelineEngine(Executor, RankWeights):
             if sliced is None
             else TokenSlicing(sliced, self.specs, placement.node_stage, self.modules, self.device)
         )
+        varies = any(info.varying for info in self.graph.inputs.values())
+        self.compiler = None if compile is None else StageCompiler(compile, dynamic=varies)
         self.loss_function: LossFunction | None = None
         """Training's loss from the model's outputs on the loss stage, in place of the traced one."""
         self.optimizer: torch.optim.Optimizer | None = None

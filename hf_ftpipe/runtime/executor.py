@@ -20,6 +20,7 @@ from torch.utils.checkpoint import checkpoint
 from hf_ftpipe.errors import PipelineError
 from hf_ftpipe.graph.cost_graph import CostGraph
 from hf_ftpipe.runtime.comm import Messenger
+from hf_ftpipe.runtime.compiled_stages import StageCompiler
 from hf_ftpipe.runtime.deliveries import Deliveries
 from hf_ftpipe.runtime.messages import Transfer
 from hf_ftpipe.runtime.stage import StageSpec
@@ -64,6 +65,7 @@ class Executor:
     max_grad_norm: float | None
     streaming_weights: StreamingWeights | None
     token_slicing: TokenSlicing | None
+    compiler: StageCompiler | None
     state: MicrobatchState
     _deliveries: Deliveries
     _update_norms: list[torch.Tensor]
@@ -143,6 +145,8 @@ class Executor:
 
     def _forward(self, action: Action, training: bool) -> torch.Tensor | None:
         spec, module = self._stage(action)
+        if self.compiler is not None:
+            self.compiler.prepare(module)
         m = self._unit(action)
         leaves = []
         for value in spec.received:

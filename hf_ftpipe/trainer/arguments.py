@@ -312,11 +312,6 @@ def _unsupported_trainer_features(args: PipeTrainingArguments) -> list[str]:
         problems.append(f"`fsdp={args.fsdp!r}` {other_split}")
     if args.parallelism_config is not None:
         problems.append(f"`parallelism_config` {other_split}")
-    if args.torch_compile:
-        problems.append(
-            "`torch_compile=True` would compile a model the pipeline never calls (each rank runs its traced "
-            "stages); remove it"
-        )
     if args.neftune_noise_alpha is not None:
         problems.append(
             f"`neftune_noise_alpha={args.neftune_noise_alpha}` adds noise through a hook on the model's input "

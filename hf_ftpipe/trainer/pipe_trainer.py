@@ -35,6 +35,7 @@ from hf_ftpipe.runtime.weights import release_foreign_weights
 from hf_ftpipe.trainer.arguments import PipeTrainingArguments
 from hf_ftpipe.trainer.checkpoint_folders import check_output_dir
 from hf_ftpipe.trainer.checkpoint_hooks import PipeCheckpointing
+from hf_ftpipe.trainer.compilation import stage_compile_options
 from hf_ftpipe.trainer.data_loading import PipeDataLoading
 from hf_ftpipe.trainer.data_randomness import DataRandomness
 from hf_ftpipe.trainer.evaluation import PipeEvaluation
@@ -178,6 +179,7 @@ class PipeTrainer(PipeTrainingSteps, PipeEvaluation, PipeCheckpointing, PipeData
             autocast_dtype=torch.bfloat16 if self.args.bf16 else torch.float16 if self.args.fp16 else None,
             watchdog=self.watchdog,
             per_shape=per_shape_options(self.data_collator, self.processing_class, self.model),
+            compile=stage_compile_options(self.args),
         )
         if self.args.release_unused_weights:
             freed = release_foreign_weights(self.model, self.engine.parameters())

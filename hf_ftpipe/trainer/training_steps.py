@@ -25,6 +25,7 @@ from transformers.trainer_pt_utils import find_batch_size
 from hf_ftpipe.errors import PipelineError
 from hf_ftpipe.runtime.microbatches import microbatch_rows
 from hf_ftpipe.trainer.batch_check import check_same_batch
+from hf_ftpipe.trainer.compilation import report_compilation
 from hf_ftpipe.trainer.loss_weighting import label_counts, model_loss_shifts_labels
 from hf_ftpipe.trainer.output_loss import (
     ModelOutputsOnly,
@@ -74,6 +75,7 @@ class PipeTrainingSteps:
             losses = [engine.train_step(batches[0], loss_weights=weights)]
         else:
             losses = list(engine.train_step(batches, loss_weights=weights))
+        report_compilation(engine)
         return [loss.detach().to(self.args.device) for loss in losses]
 
     def _loss_weights(self, inputs: dict[str, Any], count: int | None, batches: int, from_outputs: bool) -> list[float]:

@@ -147,6 +147,19 @@ CASES = {
         loss="compute_loss_func",
         args={"optim": "sgd", "learning_rate": 0.1},
     ),
+    # torch_compile: each rank compiles its stages (aot_eager: dynamo and AOT autograd, no C++ build), batches
+    # of 4, 4 and 2 rows of different lengths; equal to Trainer uncompiled. The weights keep their names.
+    "gpt2-compile": Case(
+        "gpt2",
+        "causal",
+        train_rows=10,
+        batch_size=4,
+        epochs=1,
+        steps=3,
+        schedule="1f1b",
+        args={"optim": "sgd", "learning_rate": 0.1},
+        pipe_args={"torch_compile": True, "torch_compile_backend": "aot_eager"},
+    ),
     "bert-compute-loss": Case(
         "bert",
         "padding",
@@ -292,6 +305,8 @@ def run(name: str, output_dir: str, trainer_class: type) -> dict[str, Any]:
     result["predict"] = (predicted.predictions, predicted.label_ids, predicted.metrics)
     result["weights"] = {n: v.detach().clone() for n, v in trainer.model.state_dict().items()}
     result["token_slices"] = slicings.seen
+    compiler = getattr(getattr(trainer, "engine", None), "compiler", None)
+    result["compiled_graphs"] = None if compiler is None else compiler.graphs
     return result
 
 

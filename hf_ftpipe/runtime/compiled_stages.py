@@ -10,9 +10,10 @@ slices' variants.
 Shapes: a stage graph traced with a symbolic batch and sequence (`hf_ftpipe.graph.dynamic_shapes`)
 is compiled with ``dynamic=True``, so that a new length does not recompile; what still does is
 dynamo's own specialisation of a size of 1 (a micro-batch of one row: one more graph per stage).
-The inputs a stage takes from its copy of the batch are views of the batch at an offset (one
-micro-batch's rows, `tensor_split`); they are passed as fresh tensors, since dynamo would otherwise
-guard on the offset and the strides and compile again for every micro-batch.
+The inputs a stage takes from its copy of the batch are views of the batch (one micro-batch's
+rows, `tensor_split`); they are passed as tensors of their own, since dynamo would otherwise guard
+on the view's base, offset and strides and compile again for the next micro-batch. Evaluation
+(no gradients) is one more graph per stage.
 """
 
 from __future__ import annotations
@@ -90,8 +91,11 @@ class StageCompiler:
 
 
 def _fresh(value: Any) -> Any:
-    """A tensor that starts its own storage: a micro-batch's rows are views at an offset."""
-    if isinstance(value, torch.Tensor) and (value.storage_offset() or not value.is_contiguous()):
+    """A tensor of its own: a micro-batch's rows are a view of the batch (the first at offset 0, the
+    others further on), and dynamo guards on a view's base as on its offset and strides."""
+    if isinstance(value, torch.Tensor) and (
+        value._base is not None or value.storage_offset() or not value.is_contiguous()
+    ):
         return value.clone(memory_format=torch.contiguous_format)
     return value
 

@@ -11,7 +11,8 @@ batch 8 and evaluated on longer features without answer positions, as run_qa.py'
 training options: gradient accumulation (G = 2, batches of different lengths in one window, an
 incomplete last window; GPT-2 under 1f1b, where `Trainer` counts ``num_items_in_batch``, and
 question answering, where it divides by G), label smoothing (T5, G = 2), ``compute_loss_func``
-(GPT-2) and a subclass's ``compute_loss`` override (BERT, G = 2), on the last stage. This process
+(GPT-2) and a subclass's ``compute_loss`` override (BERT, G = 2), on the last stage; ``torch_compile`` (GPT-2,
+each rank's stages compiled, batches of three lengths). This process
 trains plain `Trainer` on the same case and compares the number of steps, every logged loss,
 gradient norm and learning rate, evaluation, prediction and the weights.
 """
@@ -59,6 +60,10 @@ def test_pipe_trainer_matches_trainer_on_any_batch(pipeline_results: Path, tmp_p
         assert len(steps) == CASES[name].steps and all(s == list(fit_slices(given, sum(s))) for s in steps), steps
         assert len({sum(s) for s in steps}) > 1 and min(len(s) for s in steps) < len(given), steps
     assert_steps_close(pipe["history"], reference["history"])
+    if CASES[name].pipe_args.get("torch_compile"):  # compiled once per mode and 1-row shape, not per length
+        assert pipe["compiled_graphs"] == 4, pipe["compiled_graphs"]
+    else:
+        assert pipe["compiled_graphs"] is None
 
     if CASES[name].model == "bert-qa":  # evaluation_loop's output, as run_qa.py's post-processing reads it
         start_end, label_ids, metrics = pipe["evaluate"]

@@ -16,6 +16,8 @@ from transformers import HfArgumentParser
 from hf_ftpipe import PipeTrainingArguments, get_profile
 from hf_ftpipe.graph.trace import capture_model
 from hf_ftpipe.partitioners.registry import get_partitioner
+from hf_ftpipe.runtime.compiled_stages import CompileOptions
+from hf_ftpipe.trainer.compilation import stage_compile_options
 
 from distributed import REPO, accelerate_launch, run_job
 from models import SEQ, tiny_batch, tiny_model
@@ -148,16 +150,32 @@ def test_half_precision_full_eval_is_refused_with_the_autocast_alternative(tmp_p
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"torch_compile": True}, "`torch_compile=True` would compile a model the pipeline never calls"),
         ({"neftune_noise_alpha": 5.0}, "`neftune_noise_alpha=5.0` adds noise through a hook"),
         ({"auto_find_batch_size": True}, "`auto_find_batch_size=True` retries with smaller batches"),
         ({"fsdp": "full_shard"}, "splits the model another way than pipeline stages"),
     ],
-    ids=["torch_compile", "neftune", "auto_find_batch_size", "fsdp"],
+    ids=["neftune", "auto_find_batch_size", "fsdp"],
 )
 def test_trainer_features_the_pipeline_would_lose_are_refused(tmp_path: Path, overrides: dict, message: str) -> None:
     with pytest.raises(ValueError, match=rf"PipeTrainer cannot honour these arguments:\n  - .*{message}"):
         PipeTrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", **overrides)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        ({"torch_compile": True}, CompileOptions(backend="inductor", mode=None)),  # TrainingArguments' default backend
+        ({"torch_compile_backend": "aot_eager"}, CompileOptions(backend="aot_eager", mode=None)),  # implies compile
+        ({"torch_compile_mode": "max-autotune"}, CompileOptions(backend="inductor", mode="max-autotune")),
+        ({}, None),
+    ],
+    ids=["flag", "backend", "mode", "off"],
+)
+def test_torch_compile_compiles_the_stages_with_the_users_backend_and_mode(
+    tmp_path: Path, overrides: dict, expected: CompileOptions | None
+) -> None:
+    args = PipeTrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", **overrides)
+    assert stage_compile_options(args) == expected
 
 
 SCRIPT_ARGUMENTS = {

@@ -23,6 +23,7 @@ from transformers import (
 
 from mlm_runs import SPECIALS, tokenizer
 from models import VOCAB, tiny_model
+from qa_subclass import best_spans, gold_examples, question_answering_trainer, span_metrics
 
 SHORTEST, LONGEST = 3, 12
 """Token rows are this long, or anything between (before the collator pads a batch)."""
@@ -101,7 +102,7 @@ CASES = {
         epochs=2,
         steps=2,
         num_microbatches=4,
-        args={"optim": "sgd", "learning_rate": 0.1},
+        args={"optim": "sgd", "learning_rate": 0.1, "include_for_metrics": ["inputs", "loss"]},
     ),
     # Gradient accumulation, G = 2: 18 rows in batches of 4 are windows of 2, 2 and 1 batches (the last of
     # 2 rows), each batch padded to its own length (the first window's: 11 and 12 tokens), run as one
@@ -283,27 +284,34 @@ def run(name: str, output_dir: str, trainer_class: type) -> dict[str, Any]:
         trainer_class = type(
             f"ClassWeighted{trainer_class.__name__}", (trainer_class,), {"compute_loss": class_weighted_loss}
         )
+    kind = CASES[name].model
+    if kind == "bert-qa":  # run_qa.py's trainer: evaluate and predict overridden, answers post-processed
+        trainer_class = question_answering_trainer(trainer_class)
+        parts.update(
+            eval_examples=gold_examples(parts["eval_dataset"]),
+            post_process_function=best_spans,
+            compute_metrics=span_metrics,
+        )
     trainer = trainer_class(**parts)
     slicings = _StepSlices(trainer)
     trainer.add_callback(slicings)
     trainer.train()
-    kind = CASES[name].model
     result: dict[str, Any] = {"history": trainer.state.log_history, "global_step": trainer.state.global_step}
-    if kind == "bert-qa":
-        # What run_qa.py's QuestionAnsweringTrainer.evaluate does with features without positions.
-        features = parts["eval_dataset"]
-        output = trainer.evaluation_loop(
-            trainer.get_eval_dataloader(features), description="Evaluation", metric_key_prefix="eval"
-        )
-        result["evaluate"] = (output.predictions, output.label_ids, output.metrics)
+    if kind == "bert-qa":  # features without positions, as run_qa.py's; its metrics, and the features' logits
+        metrics = trainer.evaluate()
+        output = trainer.features_output
+        result["evaluate"] = (output.predictions, output.label_ids, metrics)
+        predicted = trainer.predict(parts["eval_dataset"], parts["eval_examples"])
+        result["predict"] = (predicted.predictions, predicted.label_ids, predicted.metrics)
+        result["predict_logits"] = trainer.features_output.predictions
     else:
         result["evaluate"] = trainer.evaluate()
         # bert predicts rows longer than any it trained or evaluated on (a test split's longest sentence): the
         # plan is for the shorter ones, so PipeTrainer evaluates these in pieces of fewer rows.
         unseen = make_rows(kind, 7, seed=2, labelled=False, longest=LONGEST + 9)
         features = unseen if kind == "bert" else parts["eval_dataset"]
-    predicted = trainer.predict(features)
-    result["predict"] = (predicted.predictions, predicted.label_ids, predicted.metrics)
+        predicted = trainer.predict(features)
+        result["predict"] = (predicted.predictions, predicted.label_ids, predicted.metrics)
     result["weights"] = {n: v.detach().clone() for n, v in trainer.model.state_dict().items()}
     result["token_slices"] = slicings.seen
     compiler = getattr(getattr(trainer, "engine", None), "compiler", None)

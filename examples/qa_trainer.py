@@ -30,6 +30,9 @@ FEATURE_ONLY_COLUMNS = ("example_id", "offset_mapping")
 class QuestionAnsweringPipeTrainer(PipeTrainer):
     """`PipeTrainer` whose `evaluate` and `predict` answer questions and score the answers.
 
+    The arguments come in the order of run_qa.py's ``QuestionAnsweringTrainer`` (``predict(features,
+    examples)``), so a script written for that one calls this one alike.
+
     Args:
         eval_examples (`Dataset`, *optional*):
             The raw examples behind ``eval_dataset`` (its features): ``id``, ``context`` and, to be
@@ -61,9 +64,9 @@ class QuestionAnsweringPipeTrainer(PipeTrainer):
     def evaluate(
         self,
         eval_dataset: Dataset | None = None,
+        eval_examples: Dataset | None = None,
         ignore_keys: list[str] | None = None,
         metric_key_prefix: str = "eval",
-        eval_examples: Dataset | None = None,
     ) -> dict[str, float]:
         """Predict on the features, answer the examples, score them: ``{prefix}_exact_match``,
         ``{prefix}_f1`` (×100), ``{prefix}_loss`` and the speed metrics; logged as `Trainer.evaluate` does."""
@@ -81,9 +84,9 @@ class QuestionAnsweringPipeTrainer(PipeTrainer):
     def predict(
         self,
         test_dataset: Dataset,
+        test_examples: Dataset | None = None,
         ignore_keys: list[str] | None = None,
         metric_key_prefix: str = "predict",
-        test_examples: Dataset | None = None,
     ) -> PredictionOutput:
         """Answer the examples behind ``test_dataset``: ``predictions`` is ``{id: text}``; the metrics
         hold ``{prefix}_exact_match`` and ``{prefix}_f1`` when the examples have ``answers``."""

@@ -86,7 +86,8 @@ class StageCompiler:
         """E.g. ``torch.compile (backend 'inductor', mode None): 4 graphs compiled in 12.3 s``."""
         return (
             f"torch.compile (backend {self.options.backend!r}, mode {self.options.mode!r}, dynamic {self.dynamic}): "
-            f"{self.graphs} graphs of this rank's stages compiled in {self.compile_time_s:.1f} s"
+            f"{self.graphs} graph{'' if self.graphs == 1 else 's'} of this rank's stages compiled in "
+            f"{self.compile_time_s:.1f} s"
         )
 
 

@@ -50,11 +50,23 @@ class Case:
     loss: str | None = None
     """``compute_loss_func`` (`token_loss`) or ``compute_loss`` (a subclass overriding it with
     `class_weighted_loss`): a loss computed from the model's outputs."""
+    metrics: bool = False
+    """``compute_metrics`` (`input_metrics`) reading what ``include_for_metrics`` adds: the inputs and the losses."""
 
 
 CASES = {
     # 13 rows in batches of 4: the last batch of each epoch has 1 row, fewer than the micro-batches.
-    "bert": Case("bert", "padding", train_rows=13, batch_size=4, epochs=2, steps=8),
+    # compute_metrics reads the inputs and per-row losses that include_for_metrics adds to EvalPrediction.
+    "bert": Case(
+        "bert",
+        "padding",
+        train_rows=13,
+        batch_size=4,
+        epochs=2,
+        steps=8,
+        args={"include_for_metrics": ["inputs", "loss"]},
+        metrics=True,
+    ),
     # Batches of rows of about one length, in the sampler's random order; 14 rows: a last batch of 2.
     # SGD: Adam turns rounding differences in the smallest gradients into visibly different steps.
     "gpt2": Case(
@@ -197,6 +209,19 @@ def class_weighted_loss(
     return (loss, outputs) if return_outputs else loss
 
 
+def input_metrics(prediction: Any) -> dict[str, float]:
+    """A ``compute_metrics`` reading ``include_for_metrics``' inputs (padded across batches with -100) and
+    losses (one per row), beside accuracy."""
+    inputs, losses = prediction.inputs, prediction.losses
+    return {
+        "input_token_sum": float(inputs[inputs != -100].sum()),
+        "input_rows": float(inputs.shape[0]),
+        "loss_mean": float(losses.mean()),
+        "loss_rows": float(losses.size),
+        "accuracy": float((prediction.predictions.argmax(-1) == prediction.label_ids).mean()),
+    }
+
+
 def make_rows(kind: str, rows: int, seed: int, labelled: bool = True, longest: int = LONGEST) -> Dataset:
     """``rows`` token rows of random lengths, the first ``longest`` tokens long, with what ``kind``
     trains on: a class (``bert``), nothing beyond the tokens (causal LMs: the collator makes labels),
@@ -284,6 +309,8 @@ def run(name: str, output_dir: str, trainer_class: type) -> dict[str, Any]:
         trainer_class = type(
             f"ClassWeighted{trainer_class.__name__}", (trainer_class,), {"compute_loss": class_weighted_loss}
         )
+    if CASES[name].metrics:
+        parts["compute_metrics"] = input_metrics
     kind = CASES[name].model
     if kind == "bert-qa":  # run_qa.py's trainer: evaluate and predict overridden, answers post-processed
         trainer_class = question_answering_trainer(trainer_class)

@@ -3,19 +3,20 @@ plain `Trainer`'s numbers on one process.
 
 One launched job runs every case of `any_batch_runs.CASES`: token rows of different lengths padded
 per batch (`DataCollatorWithPadding` for BERT, `DataCollatorForLanguageModeling(mlm=False)` for
-GPT-2 with ``train_sampling_strategy="group_by_length"`` under 1f1b and, cut into token slices planned for
-the longest row, under gpipe, `DataCollatorForSeq2Seq` for
-T5 with ``train_sampling_strategy="batch_rebalance"``), a last batch of 1 row (13 samples, batch 4),
-predictions on rows without labels (BERT), and a question-answering BERT trained on 5 samples with
-batch 8 and evaluated on longer features without answer positions, as run_qa.py's are, by run_qa.py's
-kind of trainer subclass (`qa_subclass`: evaluate and predict overridden, made on either base class); and `Trainer`'s
-training options: gradient accumulation (G = 2, batches of different lengths in one window, an
-incomplete last window; GPT-2 under 1f1b, where `Trainer` counts ``num_items_in_batch``, and
-question answering, where it divides by G), label smoothing (T5, G = 2), ``compute_loss_func``
-(GPT-2) and a subclass's ``compute_loss`` override (BERT, G = 2), on the last stage; ``torch_compile`` (GPT-2,
-each rank's stages compiled, batches of three lengths). This process
-trains plain `Trainer` on the same case and compares the number of steps, every logged loss,
-gradient norm and learning rate, evaluation, prediction and the weights.
+GPT-2 with ``train_sampling_strategy="group_by_length"`` under 1f1b and, cut into token slices
+planned for the longest row, under gpipe, `DataCollatorForSeq2Seq` for T5 with
+``train_sampling_strategy="batch_rebalance"``), a last batch of 1 row (13 samples, batch 4),
+predictions on rows without labels (BERT, whose ``compute_metrics`` reads what
+``include_for_metrics`` adds), and a question-answering BERT trained on 5 samples with batch 8 and
+evaluated on longer features without answer positions, as run_qa.py's are, by run_qa.py's kind of
+trainer subclass (`qa_subclass`: evaluate and predict overridden, made on either base class); and
+`Trainer`'s training options: gradient accumulation (G = 2, batches of different lengths in one
+window, an incomplete last window; GPT-2 under 1f1b, where `Trainer` counts
+``num_items_in_batch``, and question answering, where it divides by G), label smoothing (T5,
+G = 2), ``compute_loss_func`` (GPT-2) and a subclass's ``compute_loss`` override (BERT, G = 2), on
+the last stage; ``torch_compile`` (GPT-2, each rank's stages compiled, batches of three lengths).
+This process trains plain `Trainer` on the same case and compares the number of steps, every
+logged loss, gradient norm and learning rate, evaluation, prediction and the weights.
 """
 
 from __future__ import annotations
@@ -76,6 +77,8 @@ def test_pipe_trainer_matches_trainer_on_any_batch(pipeline_results: Path, tmp_p
         assert_metrics_close(metrics, want_metrics, "evaluate() of the subclass")
         assert_outputs_close(pipe["predict_logits"], reference["predict_logits"], "prediction start/end logits")
     else:
+        if CASES[name].metrics:  # include_for_metrics: every row's inputs and loss reached compute_metrics
+            assert reference["evaluate"]["eval_input_rows"] == reference["evaluate"]["eval_loss_rows"] == 7
         assert_metrics_close(pipe["evaluate"], reference["evaluate"], "evaluate()")
 
     predictions, label_ids, metrics = pipe["predict"]

@@ -83,8 +83,9 @@ CASES = {
     ),
     # Targets of different lengths too: the collator pads labels with -100 and makes decoder_input_ids;
     # batches drawn by transformers 5.24's cost-balancing sampler, which deals ranks their share. Seq2SeqTrainer
-    # with predict_with_generate: evaluate(max_length=4, num_beams=1) over generation_max_length=6 (predict's),
-    # greedy tokens through the pipeline without the batch's decoder_input_ids, padded to the model's 20.
+    # with predict_with_generate: evaluate(max_length=4, num_beams=1) over generation_max_length=9 (predict's: 8
+    # tokens, labels longer than the planned 5), greedy through the pipeline without the batch's
+    # decoder_input_ids, padded to the model's generation max_length, 20.
     "t5": Case(
         "t5",
         "seq2seq",
@@ -92,7 +93,7 @@ CASES = {
         batch_size=4,
         epochs=1,
         steps=3,
-        args={"train_sampling_strategy": "batch_rebalance", "predict_with_generate": True, "generation_max_length": 6},
+        args={"train_sampling_strategy": "batch_rebalance", "predict_with_generate": True, "generation_max_length": 9},
         generate={"max_length": 4, "num_beams": 1},
     ),
     # 5 samples, batch 8: one step per epoch, of micro-batches of 2, 1, 1 and 1 rows. Trained on answer

@@ -35,6 +35,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
+from _checks import failed, print_checks, verdict  # noqa: E402  (benchmarks/, the script's folder)
+
 from hf_ftpipe.hub.setups import PAPER_SETUPS, FineTuningTask  # noqa: E402  (the same setups as partitions/)
 
 CONTIGUOUS = ("uniform", "params", "seq-greedy", "seq-dp")
@@ -110,9 +112,6 @@ def checks(setup: FineTuningTask, rows: list[dict[str, Any]]) -> list[tuple[str,
     by_name = {row["partitioner"]: row for row in rows}
     feasible = {name: row for name, row in by_name.items() if row["feasible"]}
     out = []
-
-    def verdict(ok: bool, figures: str) -> str:
-        return f"{'PASS' if ok else 'FAIL'} ({figures})"
 
     if setup.model == "t5-3b":
         for name in ("mixed", "auto"):
@@ -211,7 +210,7 @@ def main() -> int:
         for num_gpus in args.gpus:
             rows = compare(setup, graph, num_gpus, args)
             verdicts = checks(setup, rows)
-            failures += sum(v.startswith("FAIL") for _, v in verdicts)
+            failures += failed(verdicts)
             report.append({"setup": setup.__dict__, "num_gpus": num_gpus, "rows": rows, "checks": dict(verdicts)})
             if not args.json:
                 shape = f"{setup.seq_len}" + (f"/{setup.target_len}" if setup.target_len else "")
@@ -222,8 +221,7 @@ def main() -> int:
                     f"({graph.num_nodes} ops)"
                 )
                 print_table(rows)
-                for name, v in verdicts:
-                    print(f"  check {name}: {v}")
+                print_checks(verdicts, indent="  ")
     if args.json:
         print(json.dumps(report, indent=1))
     else:

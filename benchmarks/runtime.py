@@ -50,6 +50,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
+from _checks import failed, print_checks, verdict  # noqa: E402
 from _runtime_ranks import (  # noqa: E402
     ACCUMULATION_STEPS,
     SYNCHRONOUS,
@@ -278,9 +279,6 @@ def checks(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
     """(check, verdict) pairs; verdicts are PASS, FAIL or n/a with the figures."""
     ok_rows = {row["runner"]: row for row in rows if row["error"] is None}
 
-    def verdict(ok: bool, figures: str) -> str:
-        return f"{'PASS' if ok else 'FAIL'} ({figures})"
-
     out = []
     for schedule in SYNCHRONOUS:
         name = f"hf_ftpipe/{schedule} >= torch/{schedule}"
@@ -499,10 +497,8 @@ def main() -> int:
         )
         print_table(rows)
         print_notes(setup, split, rows, cores, args.repeats)
-        for name, v in verdicts:
-            print(f"check {name}: {v}")
-        print(f"wall time {time.perf_counter() - started:.0f} s")
-    return 1 if any(v.startswith("FAIL") for _, v in verdicts) else 0
+        print_checks(verdicts, started)
+    return 1 if failed(verdicts) else 0
 
 
 if __name__ == "__main__":

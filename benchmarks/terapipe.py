@@ -207,7 +207,7 @@ def time_stage(rank: int, setup: Setup, repeats: int) -> list[tuple[int, int, in
     from hf_ftpipe.runtime.token_slicing import TokenSlicing
 
     lengths = [*GRID_LENGTHS, setup.seq_len - sum(GRID_LENGTHS)]
-    _, sliced = capture(setup, tuple(lengths))
+    _, sliced = capture(setup, tuple(lengths), dynamic=False)  # timed per slice length
     whole = sliced.full
     node_stage = split_graph(whole.cost_graph, setup)
     specs = plan_stages(whole.cost_graph, node_stage)

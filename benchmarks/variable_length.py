@@ -45,6 +45,8 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from _checks import failed, print_checks, verdict  # noqa: E402
+
 RUNNERS = ("max_length", "dynamic", "dynamic_group_by_length")
 TARGETS = {"dynamic": 1.3, "dynamic_group_by_length": 1.6}
 MAX_NEW_LENGTH_COST = 2.0
@@ -225,14 +227,14 @@ def checks(rows: dict[str, dict[str, Any]]) -> list[tuple[str, str]]:
     for runner, target in TARGETS.items():
         name = f"{runner} >= {target}x max_length samples/s"
         ratio = rows.get(runner, {}).get("ratio_vs_max_length")
-        out.append((name, "n/a" if ratio is None else f"{'PASS' if ratio >= target else 'FAIL'} ({ratio:.2f}x)"))
+        out.append((name, "n/a" if ratio is None else verdict(ratio >= target, f"{ratio:.2f}x")))
     probe = rows.get("dynamic", {}).get("probe")
     name = f"first step of a new length <= {MAX_NEW_LENGTH_COST}x a known one"
     if probe is None:
         out.append((name, "n/a"))
     else:
-        verdict = "PASS" if probe["ratio_max"] <= MAX_NEW_LENGTH_COST else "FAIL"
-        out.append((name, f"{verdict} (median {probe['ratio_median']:.2f}x, worst {probe['ratio_max']:.2f}x)"))
+        figures = f"median {probe['ratio_median']:.2f}x, worst {probe['ratio_max']:.2f}x"
+        out.append((name, verdict(probe["ratio_max"] <= MAX_NEW_LENGTH_COST, figures)))
     return out
 
 
@@ -323,7 +325,7 @@ def main() -> int:
     if args.json:
         for row in rows.values():
             print(json.dumps(row))
-        return 1 if any(v.startswith("FAIL") for _, v in verdicts) else 0
+        return 1 if failed(verdicts) else 0
     print(
         f"BERT classifier (hidden {args.hidden}, {args.layers} layers, {args.heads} heads, vocabulary "
         f"{stats['vocab']}), maximum length {args.max_length}; 2 ranks on CPU (gloo, 1 thread each), "
@@ -348,10 +350,8 @@ def main() -> int:
     for row in rows.values():
         phases = ", ".join(f"{name} {seconds:.0f}" for name, seconds in row["launch_phases_s"].items())
         print(f"launch phases of {row['runner']} (s, median, each from the previous): {phases}")
-    for name, verdict in verdicts:
-        print(f"check {name}: {verdict}")
-    print(f"wall time {time.perf_counter() - started:.0f} s")
-    return 1 if any(v.startswith("FAIL") for _, v in verdicts) else 0
+    print_checks(verdicts, started)
+    return 1 if failed(verdicts) else 0
 
 
 if __name__ == "__main__":

@@ -12,6 +12,8 @@ from hf_ftpipe._lazy import lazy_getattr
 _HOMES = {
     "PipeTrainer": "hf_ftpipe.trainer",
     "PipeTrainingArguments": "hf_ftpipe.trainer",
+    "PipeSeq2SeqTrainer": "hf_ftpipe.trainer",
+    "PipeSeq2SeqTrainingArguments": "hf_ftpipe.trainer",
     "CheckpointError": "hf_ftpipe.errors",
     "FtpipeError": "hf_ftpipe.errors",
     "HubError": "hf_ftpipe.errors",

@@ -136,7 +136,9 @@ class PipeTrainingArguments(TrainingArguments):
         default=None,
         metadata={
             "help": "With `predict_with_generate`: the longest generated sequence, decoder start token included "
-            "(generate's `max_length`); at most the traced label length + 1, which is the default."
+            "(generate's `max_length`). PipeTrainer's default: the traced label length + 1; PipeSeq2SeqTrainer's, "
+            "as Seq2SeqTrainer's: evaluate/predict's `max_length`, else this, else the model's generation config. "
+            "A pipeline traced with fixed shapes generates at most its label length."
         },
     )
     plan_max_length: int | None = field(

@@ -118,63 +118,98 @@ class PipeEvaluation:
 
         Returns what ``model.generate(**inputs, do_sample=False, num_beams=1, max_length=max_length)``
         returns: ``(batch, length)`` token ids, the decoder start token first (``pad_to_max_length``:
-        padded with the pad token to ``max_length``, as `Seq2SeqTrainer` does). ``max_length``
-        defaults to the traced label length + 1. See `hf_ftpipe.trainer.generation` for how and what it costs.
+        padded with the pad token to ``max_length``). ``max_length`` defaults to the traced label
+        length + 1. See `hf_ftpipe.trainer.generation` for how and what it costs.
         """
+        config = self._encoder_decoder_config()
+        engine = self._ensure_engine(inputs)
+        label_length = self._traced_label_length(engine)
+        max_length = label_length + 1 if max_length is None else max_length
+        settings = getattr(self.model, "generation_config", None) or config
+        start = getattr(settings, "decoder_start_token_id", None)
+        start = config.decoder_start_token_id if start is None else start
+        pad = settings.pad_token_id if settings.pad_token_id is not None else config.pad_token_id
+        tokens = self._greedy_tokens(inputs, max_length - 1, start, pad, settings.eos_token_id)
+        width = max_length if pad_to_max_length else tokens.shape[1]
+        return nn.functional.pad(tokens, (0, width - tokens.shape[1]), value=pad)
+
+    def _encoder_decoder_config(self) -> Any:
         config = getattr(self.model, "config", None)
         if not getattr(config, "is_encoder_decoder", False):
             raise PipelineError(
                 f"generation through the pipeline is for encoder-decoder models (T5, BART); "
                 f"{type(self.model).__name__} is not one: drop `predict_with_generate`"
             )
-        engine = self._ensure_engine(inputs)
-        inputs = self._prepare_inputs(inputs)
+        return config
+
+    @staticmethod
+    def _traced_label_length(engine: Any) -> int:
         if "labels" not in engine.graph.inputs:
             raise PipelineError(
                 "generation feeds the tokens so far to the pipeline as `labels`, but it was traced on a batch "
                 "without labels; train or evaluate on batches with (padded) labels before generating"
             )
-        label_length = engine.graph.inputs["labels"].shape[-1]
-        max_length = label_length + 1 if max_length is None else max_length
-        settings = getattr(self.model, "generation_config", None) or config
-        start = getattr(settings, "decoder_start_token_id", None)
-        start = config.decoder_start_token_id if start is None else start
-        pad = settings.pad_token_id if settings.pad_token_id is not None else config.pad_token_id
+        return engine.graph.inputs["labels"].shape[-1]
+
+    def _greedy_tokens(
+        self,
+        inputs: dict[str, Any],
+        max_new_tokens: int,
+        decoder_start_token_id: int,
+        pad_token_id: int,
+        eos_token_id: int | list[int] | None,
+    ) -> torch.Tensor:
+        """``(batch, 1 + generated)`` greedy tokens, each piece decoded until its rows all ended.
+
+        A batch's ``decoder_input_ids`` (`DataCollatorForSeq2Seq(model=...)` makes them from the labels)
+        are dropped, as `Seq2SeqTrainer` drops them: fed, they would make every step teacher-forced.
+        A pipeline traced with them gets them made from the tokens so far, as the model makes them
+        from ``labels``. Labels of any length (a graph whose label length varies) are only as long
+        as the tokens asked for; a fixed-shape graph generates at most its traced length."""
+        self._encoder_decoder_config()
+        engine = self._ensure_engine(inputs)
+        inputs = self._prepare_inputs(inputs)
+        traced = engine.graph.inputs
+        label_length = self._traced_label_length(engine)
+        if 1 in traced["labels"].varying:
+            label_length = max_new_tokens
+        decoder_only = ("labels", "decoder_input_ids", "decoder_attention_mask")
+        encoder_inputs = {k: v for k, v in inputs.items() if k not in decoder_only}
+        rows = find_batch_size(encoder_inputs)
+        # Placeholder labels of the length decoded (greedy_decode replaces them): pieces are cut for it too.
+        encoder_inputs["labels"] = torch.zeros(rows, label_length, dtype=torch.long, device=self.args.device)
 
         def logits_of(batch: dict[str, Any]) -> torch.Tensor:
+            if "decoder_input_ids" in traced:
+                batch["decoder_input_ids"] = self.model.prepare_decoder_input_ids_from_labels(labels=batch["labels"])
+            if "decoder_attention_mask" in traced:
+                batch["decoder_attention_mask"] = torch.ones_like(batch["labels"])
             return engine.eval_step(batch, output_names=("logits",))["logits"]
 
         pieces = []
-        for chunk in self._chunks({k: v for k, v in inputs.items() if k != "labels"}, labels_like=label_length):
+        for chunk in self._chunks(encoder_inputs):
             real = find_batch_size(chunk)
-            chunk = self._fixed_rows(chunk)
             tokens = greedy_decode(
                 logits_of,
-                chunk,
+                self._fixed_rows(chunk),
                 label_length=label_length,
-                max_new_tokens=max_length - 1,
-                decoder_start_token_id=start,
-                pad_token_id=pad,
-                eos_token_id=settings.eos_token_id,
+                max_new_tokens=max_new_tokens,
+                decoder_start_token_id=decoder_start_token_id,
+                pad_token_id=pad_token_id,
+                eos_token_id=eos_token_id,
                 rows=real,
             )
             pieces.append(tokens[:real])
-        width = max_length if pad_to_max_length else max(p.shape[1] for p in pieces)
-        return torch.cat([nn.functional.pad(p, (0, width - p.shape[1]), value=pad) for p in pieces])
+        width = max(p.shape[1] for p in pieces)
+        return torch.cat([nn.functional.pad(p, (0, width - p.shape[1]), value=pad_token_id) for p in pieces])
 
-    def _chunks(self, inputs: dict[str, Any], labels_like: int | None = None) -> Any:
+    def _chunks(self, inputs: dict[str, Any]) -> Any:
         """``inputs`` in pieces of at most the planned mini-batch (the memory the plan allows): of fewer
-        rows where they are longer than planned (`_evaluation_rows`).
-
-        ``labels_like``: add placeholder ``labels`` of that length (generation replaces them)."""
+        rows where they are longer than planned (`_evaluation_rows`)."""
         size = self._evaluation_rows(inputs)
         rows = find_batch_size(inputs)
         for start in range(0, rows, size):
-            chunk = {k: v[start : start + size] if _is_batched(v, rows) else v for k, v in inputs.items()}
-            if labels_like is not None:
-                real = min(size, rows - start)
-                chunk["labels"] = torch.zeros(real, labels_like, dtype=torch.long, device=self.args.device)
-            yield chunk
+            yield {k: v[start : start + size] if _is_batched(v, rows) else v for k, v in inputs.items()}
 
     def _evaluation_rows(self, inputs: dict[str, Any]) -> int:
         """Rows per piece: the planned mini-batch's, or for rows longer than planned (a test split's

@@ -31,6 +31,7 @@ from hf_ftpipe.errors import PipelineError
 from hf_ftpipe.graph.token_slices import SlicedModel
 from hf_ftpipe.plan import Partition
 from hf_ftpipe.runtime import PipelineEngine, Watchdog
+from hf_ftpipe.runtime.microbatches import microbatch_rows
 from hf_ftpipe.runtime.weights import release_foreign_weights
 from hf_ftpipe.trainer.arguments import PipeTrainingArguments
 from hf_ftpipe.trainer.checkpoint_folders import check_output_dir
@@ -44,7 +45,7 @@ from hf_ftpipe.trainer.launch import check_one_writer
 from hf_ftpipe.trainer.output_loss import computes_loss_from_outputs, method_name
 from hf_ftpipe.trainer.per_shape import per_shape_options
 from hf_ftpipe.trainer.plan_sharing import share_partition
-from hf_ftpipe.trainer.planned_shapes import longest_rows, microbatch_rows_planned, planned_microbatch
+from hf_ftpipe.trainer.planned_shapes import longest_rows, planned_microbatch
 from hf_ftpipe.trainer.preflight import agree_before_training
 from hf_ftpipe.trainer.reporting import PipeReporting
 from hf_ftpipe.trainer.run_log import get_logger
@@ -150,7 +151,7 @@ class PipeTrainer(PipeTrainingSteps, PipeEvaluation, PipeCheckpointing, PipeData
                 "`torchrun --nproc_per_node N script.py`, with N >= 2"
             )
         check_one_writer(self.args)
-        rows = microbatch_rows_planned(self.args.per_device_train_batch_size, self.args.num_microbatches)
+        rows = microbatch_rows(self.args.per_device_train_batch_size, self.args.num_microbatches)[0]  # the largest
         # Any batch serves to trace (only its shapes matter); the plan is for the largest micro-batch.
         microbatch = {n: value[:rows] if isinstance(value, torch.Tensor) else value for n, value in inputs.items()}
         planned = self._planned_shapes(inputs, rows)

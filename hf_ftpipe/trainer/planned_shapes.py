@@ -11,7 +11,6 @@ batch's shape. The rows of a planned micro-batch are ``per_device_train_batch_si
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -52,11 +51,6 @@ def planned_microbatch(
                 shape[1] = max(int(value.shape[1]), int(other.shape[1]))
         planned[name] = tuple(int(size) for size in shape)
     return planned
-
-
-def microbatch_rows_planned(batch_size: int, num_microbatches: int) -> int:
-    """The rows of the largest micro-batch of a mini-batch of ``batch_size``."""
-    return max(1, math.ceil(batch_size / max(1, num_microbatches)))
 
 
 def longest_rows(

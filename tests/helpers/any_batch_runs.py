@@ -52,6 +52,9 @@ class Case:
     `class_weighted_loss`): a loss computed from the model's outputs."""
     metrics: bool = False
     """``compute_metrics`` (`input_metrics`) reading what ``include_for_metrics`` adds: the inputs and the losses."""
+    generate: dict[str, Any] | None = None
+    """`Seq2SeqTrainer` (`PipeSeq2SeqTrainer`) with ``predict_with_generate``: ``evaluate()``'s generation
+    keywords (``predict()`` takes the arguments' ``generation_max_length``), metrics by `generated_metrics`."""
 
 
 CASES = {
@@ -92,7 +95,10 @@ CASES = {
         pipe_args={"token_slices": [5, 3, 4]},
     ),
     # Targets of different lengths too: the collator pads labels with -100 and makes decoder_input_ids;
-    # batches drawn by transformers 5.24's cost-balancing sampler, which deals ranks their share.
+    # batches drawn by transformers 5.24's cost-balancing sampler, which deals ranks their share. Seq2SeqTrainer
+    # with predict_with_generate: evaluate(max_length=4, num_beams=1) over generation_max_length=9 (predict's: 8
+    # tokens, labels longer than the planned 5), greedy through the pipeline without the batch's
+    # decoder_input_ids, padded to the model's generation max_length, 20.
     "t5": Case(
         "t5",
         "seq2seq",
@@ -100,7 +106,8 @@ CASES = {
         batch_size=4,
         epochs=1,
         steps=3,
-        args={"train_sampling_strategy": "batch_rebalance"},
+        args={"train_sampling_strategy": "batch_rebalance", "predict_with_generate": True, "generation_max_length": 9},
+        generate={"max_length": 4, "num_beams": 1},
     ),
     # 5 samples, batch 8: one step per epoch, of micro-batches of 2, 1, 1 and 1 rows. Trained on answer
     # positions; evaluated on features without them, as run_qa.py's are. SGD: the span head's bias (and
@@ -222,6 +229,20 @@ def input_metrics(prediction: Any) -> dict[str, float]:
     }
 
 
+def generated_metrics(prediction: Any) -> dict[str, float]:
+    """Metrics of generated tokens, as a summarization script's compute_metrics reads them: the tokens
+    generated (not padding, after the decoder start) and those equal to the label at their position."""
+    tokens = torch.as_tensor(prediction.predictions)[:, 1:]
+    labels = torch.as_tensor(prediction.label_ids)
+    width = min(tokens.shape[1], labels.shape[1])
+    real = (labels[:, :width] > 0) & (tokens[:, :width] > 0)  # neither pad (0) nor -100
+    return {
+        "generated_tokens": float((tokens > 0).sum()),
+        "matching_tokens": float((real & (tokens[:, :width] == labels[:, :width])).sum()),
+        "rows": float(tokens.shape[0]),
+    }
+
+
 def make_rows(kind: str, rows: int, seed: int, labelled: bool = True, longest: int = LONGEST) -> Dataset:
     """``rows`` token rows of random lengths, the first ``longest`` tokens long, with what ``kind``
     trains on: a class (``bert``), nothing beyond the tokens (causal LMs: the collator makes labels),
@@ -262,9 +283,9 @@ def collator(case: Case, model: Any) -> Any:
 
 def setup(name: str, output_dir: str, pipe: bool) -> dict[str, Any]:
     """Trainer's keyword arguments for case ``name``; ``pipe`` picks PipeTrainingArguments."""
-    from transformers import TrainingArguments
+    from transformers import Seq2SeqTrainingArguments, TrainingArguments
 
-    from hf_ftpipe import PipeTrainingArguments
+    from hf_ftpipe import PipeSeq2SeqTrainingArguments, PipeTrainingArguments
 
     case = CASES[name]
     common: dict[str, Any] = dict(
@@ -282,11 +303,12 @@ def setup(name: str, output_dir: str, pipe: bool) -> dict[str, Any]:
     )
     common.update(case.args)
     if pipe:
-        args = PipeTrainingArguments(
+        pipe_class = PipeSeq2SeqTrainingArguments if case.generate is not None else PipeTrainingArguments
+        args = pipe_class(
             num_microbatches=case.num_microbatches, pipeline_schedule=case.schedule, **case.pipe_args, **common
         )
     else:
-        args = TrainingArguments(**common)
+        args = (Seq2SeqTrainingArguments if case.generate is not None else TrainingArguments)(**common)
     model = tiny_model(case.model)
     return {
         "model": model,
@@ -301,7 +323,16 @@ def setup(name: str, output_dir: str, pipe: bool) -> dict[str, Any]:
 def run(name: str, output_dir: str, trainer_class: type) -> dict[str, Any]:
     """Train, evaluate, predict (on the rows without labels where the case has labels to drop); the
     results of one run as plain data, with the trained weights."""
-    parts = setup(name, output_dir, pipe=trainer_class.__name__ == "PipeTrainer")
+    pipe = trainer_class.__name__ == "PipeTrainer"
+    parts = setup(name, output_dir, pipe=pipe)
+    generate = CASES[name].generate
+    if generate is not None:
+        from transformers import Seq2SeqTrainer
+
+        from hf_ftpipe import PipeSeq2SeqTrainer
+
+        trainer_class = PipeSeq2SeqTrainer if pipe else Seq2SeqTrainer
+        parts["compute_metrics"] = generated_metrics
     loss = CASES[name].loss
     if loss == "compute_loss_func":
         parts["compute_loss_func"] = token_loss
@@ -332,7 +363,7 @@ def run(name: str, output_dir: str, trainer_class: type) -> dict[str, Any]:
         result["predict"] = (predicted.predictions, predicted.label_ids, predicted.metrics)
         result["predict_logits"] = trainer.features_output.predictions
     else:
-        result["evaluate"] = trainer.evaluate()
+        result["evaluate"] = trainer.evaluate(**(generate or {}))
         # bert predicts rows longer than any it trained or evaluated on (a test split's longest sentence): the
         # plan is for the shorter ones, so PipeTrainer evaluates these in pieces of fewer rows.
         unseen = make_rows(kind, 7, seed=2, labelled=False, longest=LONGEST + 9)

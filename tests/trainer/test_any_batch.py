@@ -5,7 +5,8 @@ One launched job runs every case of `any_batch_runs.CASES`: token rows of differ
 per batch (`DataCollatorWithPadding` for BERT, `DataCollatorForLanguageModeling(mlm=False)` for
 GPT-2 with ``train_sampling_strategy="group_by_length"`` under 1f1b and, cut into token slices
 planned for the longest row, under gpipe, `DataCollatorForSeq2Seq` for T5 with
-``train_sampling_strategy="batch_rebalance"``), a last batch of 1 row (13 samples, batch 4),
+``train_sampling_strategy="batch_rebalance"``, and as `Seq2SeqTrainer` with ``predict_with_generate``:
+`PipeSeq2SeqTrainer`'s generated tokens and metrics), a last batch of 1 row (13 samples, batch 4),
 predictions on rows without labels (BERT, whose ``compute_metrics`` reads what
 ``include_for_metrics`` adds), and a question-answering BERT trained on 5 samples with batch 8 and
 evaluated on longer features without answer positions, as run_qa.py's are, by run_qa.py's kind of
@@ -29,8 +30,9 @@ from transformers import Trainer
 
 from hf_ftpipe.graph.token_slices import fit_slices
 
-from any_batch_runs import CASES, run
+from any_batch_runs import CASES, collator, run
 from distributed import REPO, torchrun
+from models import tiny_model
 from trainer_comparison import (
     assert_metrics_close,
     assert_outputs_close,
@@ -83,6 +85,11 @@ def test_pipe_trainer_matches_trainer_on_any_batch(pipeline_results: Path, tmp_p
 
     predictions, label_ids, metrics = pipe["predict"]
     want_predictions, want_label_ids, want_metrics = reference["predict"]
+    if CASES[name].generate is not None:  # Seq2SeqTrainer's generated tokens, fed decoder_input_ids it drops
+        batch = collator(CASES[name], tiny_model("t5"))([{"input_ids": [5, 6], "labels": [7, 1]}])
+        assert "decoder_input_ids" in batch, "the collator made no decoder_input_ids: nothing to drop"
+        assert want_predictions.shape[1] == 20 and want_predictions.dtype.kind == "i", want_predictions.shape
+        assert want_metrics["test_generated_tokens"] > 0 and reference["evaluate"]["eval_generated_tokens"] > 0
     if CASES[name].model == "bert":  # predicted on rows without labels
         assert want_label_ids is None and "test_loss" not in want_metrics, "the reference had labels"
     if CASES[name].model == "bert-qa":  # answers as character spans, scored against the examples' by the subclass

@@ -125,7 +125,14 @@ class StepInputs:
         returns how many slices each has (``None`` without token slicing)."""
         if self.token_slicing is None:
             return None
-        return self.token_slicing.begin_step(int(torch.as_tensor(microbatches[0]["input_ids"]).shape[1]))
+        lengths = sorted({int(torch.as_tensor(mb["input_ids"]).shape[1]) for mb in microbatches})
+        if len(lengths) > 1:  # one flush cuts every sequence alike: only gradient accumulation mixes lengths
+            raise PipelineError(
+                f"token slicing cuts every sequence of a step alike, but this step's batches have {lengths} "
+                "tokens (gradient accumulation over batches padded apart); pad the batches of an accumulation "
+                "window to one length (padding='max_length'), or set gradient_accumulation_steps=1"
+            )
+        return self.token_slicing.begin_step(lengths[0])
 
     def store_for_evaluation(self, state: MicrobatchState, microbatches: Sequence[dict[str, Any]]) -> None:
         """Store an evaluation's micro-batches, numbered from 0. A sliced model evaluates whole

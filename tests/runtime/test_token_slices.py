@@ -38,7 +38,22 @@ def one_process_run(rank: int, world_size: int) -> dict:
         engine = PipelineEngine(sliced, contiguous_placement(sliced.full.cost_graph, [0, 0]), num_microbatches=1)
         loss = engine.train_step(batch)
         results[(kind, dtype)] = loss, {name: p.grad.clone() for name, p in engine.named_parameters()}
+    results["mixed window"] = mixed_accumulation_window()
     return results
+
+
+def mixed_accumulation_window() -> str:
+    """The refusal of an accumulation window whose batches were padded to different lengths."""
+    batch = tiny_batch("gpt2", MICROBATCH)
+    sliced = capture_token_slices(tiny_model("gpt2"), batch, SLICES)
+    placement = contiguous_placement(sliced.full.cost_graph, [0, 0])
+    engine = PipelineEngine(sliced, placement, num_microbatches=1, batches_per_step=2)
+    shorter = tiny_batch("gpt2", MICROBATCH, seq=5)
+    try:
+        engine.train_step([batch, shorter])
+    except PipelineError as error:
+        return str(error)
+    return "no error"
 
 
 def test_slices_equal_the_whole_sequence_in_one_process() -> None:
@@ -54,6 +69,11 @@ def test_slices_equal_the_whole_sequence_in_one_process() -> None:
         assert grads and set(grads) <= set(expected)
         for name, grad in grads.items():
             assert (grad - expected[name].grad).abs().max().item() <= TOLERANCE[dtype], (kind, dtype, name)
+    assert results["mixed window"] == (
+        "token slicing cuts every sequence of a step alike, but this step's batches have [5, 8] tokens (gradient "
+        "accumulation over batches padded apart); pad the batches of an accumulation window to one length "
+        "(padding='max_length'), or set gradient_accumulation_steps=1"
+    )
 
 
 SHAPES = [(4, 8), (2, 5), (3, 3)]

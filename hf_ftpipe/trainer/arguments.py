@@ -127,16 +127,17 @@ class PipeTrainingArguments(TrainingArguments):
     predict_with_generate: bool = field(
         default=False,
         metadata={
-            "help": "Encoder-decoder models: `evaluate()` and `predict()` return greedily generated token ids as "
-            "predictions (decoded through the pipeline, as `Seq2SeqTrainer` does with generate); `eval_loss` "
-            "still comes from the teacher-forced forward."
+            "help": "`evaluate()` and `predict()` return generated token ids as predictions (`model.generate` "
+            "through the pipeline, as `Seq2SeqTrainer` does; a decoder-only model's include its prompt); "
+            "`eval_loss` still comes from the teacher-forced forward."
         },
     )
     generation_max_length: int | None = field(
         default=None,
         metadata={
             "help": "With `predict_with_generate`: the longest generated sequence, decoder start token included "
-            "(generate's `max_length`). PipeTrainer's default: the traced label length + 1; PipeSeq2SeqTrainer's, "
+            "(generate's `max_length`). PipeTrainer's default: an encoder-decoder's traced label length + 1, else "
+            "the model's generation config; PipeSeq2SeqTrainer's, "
             "as Seq2SeqTrainer's: evaluate/predict's `max_length`, else this, else the model's generation config. "
             "A pipeline traced with fixed shapes generates at most its label length."
         },

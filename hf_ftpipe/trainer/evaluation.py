@@ -5,8 +5,9 @@ changes is the step. An eval batch runs through the pipeline in pieces of at mos
 mini-batch, any length; the loss is recombined the way the model computes it on the whole batch
 on one process, micro-batch by micro-batch, weighted by label tokens (see
 `hf_ftpipe.trainer.loss_weighting`); predictions are the model's outputs less ``loss`` and
-``keys_to_ignore_at_inference``, or, with ``predict_with_generate``, greedily generated tokens
-(`hf_ftpipe.trainer.generation`). Every rank gets the same whole outputs, so nothing is gathered.
+``keys_to_ignore_at_inference``, or, with ``predict_with_generate``, tokens ``model.generate``
+makes through the pipeline (`generate`, `hf_ftpipe.trainer.generation`). Every rank gets the same
+whole outputs, so nothing is gathered.
 A loss computed from the outputs (label smoothing, ``compute_loss_func``, an overridden
 ``compute_loss``: `hf_ftpipe.trainer.output_loss`) is computed from the whole batch's, as `Trainer` does.
 
@@ -24,10 +25,11 @@ import torch
 from torch import nn
 from transformers.trainer_pt_utils import find_batch_size, nested_truncate
 
-from hf_ftpipe.errors import PipelineError
 from hf_ftpipe.graph.padding import IGNORE_INDEX
 from hf_ftpipe.runtime.microbatches import microbatch_rows
-from hf_ftpipe.trainer.generation import greedy_decode
+from hf_ftpipe.trainer.generation import pipeline_generate
+from hf_ftpipe.trainer.generation_randomness import rank0_random_state
+from hf_ftpipe.trainer.generation_settings import check_pipeline_generation, resolved_generation_config
 from hf_ftpipe.trainer.loss_weighting import label_counts
 from hf_ftpipe.trainer.output_loss import computes_loss_from_outputs
 
@@ -58,8 +60,8 @@ class PipeEvaluation:
     ) -> tuple[torch.Tensor | None, Any, Any]:
         """`Trainer.prediction_step` through the pipeline: the model's loss over this eval batch (its
         mean over the batch's label tokens, as the model computes it on the whole batch), the model's
-        outputs less ``loss`` and ``ignore_keys`` (or, with ``predict_with_generate``, greedily
-        generated tokens), and the labels. Identical on every rank."""
+        outputs less ``loss`` and ``ignore_keys`` (or, with ``predict_with_generate``, generated
+        tokens), and the labels. Identical on every rank."""
         engine = self._ensure_engine(inputs)
         inputs = self._prepare_inputs(inputs)
         self._batch_rows = find_batch_size(inputs)
@@ -101,8 +103,7 @@ class PipeEvaluation:
             return loss, None, None
         labels = inputs.get("labels") if has_labels else None
         if generating:
-            generated = self.generate(inputs, max_length=self.args.generation_max_length, pad_to_max_length=True)
-            return loss, generated, labels
+            return loss, self._generated_for_predictions(inputs), labels
         predictions = tuple(torch.cat(parts) for parts in pieces.values() if parts)
         return loss, (predictions[0] if len(predictions) == 1 else predictions or None), labels
 
@@ -111,97 +112,56 @@ class PipeEvaluation:
         return value if rows is None else nested_truncate(value, rows)
 
     @torch.no_grad()
-    def generate(
-        self, inputs: dict[str, Any], max_length: int | None = None, pad_to_max_length: bool = False
-    ) -> torch.Tensor:
-        """Greedy decoding through the pipeline for an encoder-decoder model (every rank must call it).
+    def generate(self, inputs: torch.Tensor | None = None, **kwargs: Any) -> Any:
+        """``model.generate`` through the pipeline: the same arguments, the same result, on every rank
+        (every rank must call it alike). Greedy and beam search, sampling (from rank 0's random state,
+        so the tokens one process seeded alike draws), logits processors and stopping criteria are
+        ``generate``'s own; see `hf_ftpipe.trainer.generation` for how, and what a new token costs.
+        Before the pipeline exists it is traced on a training (else evaluation) batch."""
+        with self.failing_together("generating"):
+            check_pipeline_generation(self.model, kwargs)
+            if self.engine is None:
+                data = self.get_train_dataloader() if self.train_dataset is not None else self.get_eval_dataloader()
+                self._ensure_engine(self._first_batch(data))
+            kwargs = {name: self._prepare_input(v) if isinstance(v, torch.Tensor) else v for name, v in kwargs.items()}
+            if inputs is not None:
+                kwargs["inputs"] = self._prepare_input(inputs)
+            if self.engine.rank != 0:
+                kwargs.pop("streamer", None)  # rank 0 streams the tokens every rank generates
+            with rank0_random_state(self.args.device, self.watchdog):
+                return pipeline_generate(
+                    self.model, self._pipeline_logits, self.engine.graph.inputs, self.args.device, **kwargs
+                )
 
-        Returns what ``model.generate(**inputs, do_sample=False, num_beams=1, max_length=max_length)``
-        returns: ``(batch, length)`` token ids, the decoder start token first (``pad_to_max_length``:
-        padded with the pad token to ``max_length``). ``max_length`` defaults to the traced label
-        length + 1. See `hf_ftpipe.trainer.generation` for how and what it costs.
-        """
-        config = self._encoder_decoder_config()
-        engine = self._ensure_engine(inputs)
-        label_length = self._traced_label_length(engine)
-        max_length = label_length + 1 if max_length is None else max_length
-        settings = getattr(self.model, "generation_config", None) or config
-        start = getattr(settings, "decoder_start_token_id", None)
-        start = config.decoder_start_token_id if start is None else start
-        pad = settings.pad_token_id if settings.pad_token_id is not None else config.pad_token_id
-        tokens = self._greedy_tokens(inputs, max_length - 1, start, pad, settings.eos_token_id)
-        width = max_length if pad_to_max_length else tokens.shape[1]
-        return nn.functional.pad(tokens, (0, width - tokens.shape[1]), value=pad)
+    def _generated_tokens(self, inputs: dict[str, Any], gen_kwargs: dict[str, Any]) -> torch.Tensor:
+        """`Seq2SeqTrainer.prediction_step`'s ``model.generate(**inputs, **gen_kwargs)``: a batch's
+        ``decoder_input_ids`` (and mask) made from its labels are left out, else every step would be
+        teacher-forced; a decoder-only model generates after its ``input_ids`` (returned with them)."""
+        labels, decoder = inputs.get("labels"), inputs.get("decoder_input_ids")
+        if isinstance(labels, torch.Tensor) and isinstance(decoder, torch.Tensor) and labels.shape == decoder.shape:
+            inputs = {k: v for k, v in inputs.items() if k not in ("decoder_input_ids", "decoder_attention_mask")}
+        return self.generate(**inputs, **gen_kwargs)
 
-    def _encoder_decoder_config(self) -> Any:
-        config = getattr(self.model, "config", None)
-        if not getattr(config, "is_encoder_decoder", False):
-            raise PipelineError(
-                f"generation through the pipeline is for encoder-decoder models (T5, BART); "
-                f"{type(self.model).__name__} is not one: drop `predict_with_generate`"
-            )
-        return config
+    def _generated_for_predictions(self, inputs: dict[str, Any]) -> torch.Tensor:
+        """PipeTrainer's ``predict_with_generate``: tokens up to ``generation_max_length`` (an encoder-decoder's
+        default: the traced label length + 1; else the model's generation config), padded to it."""
+        max_length = self.args.generation_max_length
+        labels = self.engine.graph.inputs.get("labels")
+        if max_length is None and self.model.config.is_encoder_decoder and labels is not None and labels.shape:
+            max_length = int(labels.shape[-1]) + 1
+        tokens = self._generated_tokens(inputs, {} if max_length is None else {"max_length": max_length})
+        settings = resolved_generation_config(self.model, {})
+        pad = next((t for t in (settings.pad_token_id, self.model.config.pad_token_id) if t is not None), IGNORE_INDEX)
+        return nn.functional.pad(tokens, (0, max(0, (max_length or 0) - tokens.shape[1])), value=pad)
 
-    @staticmethod
-    def _traced_label_length(engine: Any) -> int:
-        if "labels" not in engine.graph.inputs:
-            raise PipelineError(
-                "generation feeds the tokens so far to the pipeline as `labels`, but it was traced on a batch "
-                "without labels; train or evaluate on batches with (padded) labels before generating"
-            )
-        return engine.graph.inputs["labels"].shape[-1]
-
-    def _greedy_tokens(
-        self,
-        inputs: dict[str, Any],
-        max_new_tokens: int,
-        decoder_start_token_id: int,
-        pad_token_id: int,
-        eos_token_id: int | list[int] | None,
-    ) -> torch.Tensor:
-        """``(batch, 1 + generated)`` greedy tokens, each piece decoded until its rows all ended.
-
-        A batch's ``decoder_input_ids`` (`DataCollatorForSeq2Seq(model=...)` makes them from the labels)
-        are dropped, as `Seq2SeqTrainer` drops them: fed, they would make every step teacher-forced.
-        A pipeline traced with them gets them made from the tokens so far, as the model makes them
-        from ``labels``. Labels of any length (a graph whose label length varies) are only as long
-        as the tokens asked for; a fixed-shape graph generates at most its traced length."""
-        self._encoder_decoder_config()
-        engine = self._ensure_engine(inputs)
-        inputs = self._prepare_inputs(inputs)
-        traced = engine.graph.inputs
-        label_length = self._traced_label_length(engine)
-        if 1 in traced["labels"].varying:
-            label_length = max_new_tokens
-        decoder_only = ("labels", "decoder_input_ids", "decoder_attention_mask")
-        encoder_inputs = {k: v for k, v in inputs.items() if k not in decoder_only}
-        rows = find_batch_size(encoder_inputs)
-        # Placeholder labels of the length decoded (greedy_decode replaces them): pieces are cut for it too.
-        encoder_inputs["labels"] = torch.zeros(rows, label_length, dtype=torch.long, device=self.args.device)
-
-        def logits_of(batch: dict[str, Any]) -> torch.Tensor:
-            if "decoder_input_ids" in traced:
-                batch["decoder_input_ids"] = self.model.prepare_decoder_input_ids_from_labels(labels=batch["labels"])
-            if "decoder_attention_mask" in traced:
-                batch["decoder_attention_mask"] = torch.ones_like(batch["labels"])
-            return engine.eval_step(batch, output_names=("logits",))["logits"]
-
+    def _pipeline_logits(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The model's logits for ``batch`` (the traced inputs it lacks filled as every loss ignores
+        them), in pieces of at most the planned mini-batch: ``(rows, length, vocab)`` on every rank."""
         pieces = []
-        for chunk in self._chunks(encoder_inputs):
+        for chunk in self._chunks(self._placeholder_labels(batch)):
             real = find_batch_size(chunk)
-            tokens = greedy_decode(
-                logits_of,
-                self._fixed_rows(chunk),
-                label_length=label_length,
-                max_new_tokens=max_new_tokens,
-                decoder_start_token_id=decoder_start_token_id,
-                pad_token_id=pad_token_id,
-                eos_token_id=eos_token_id,
-                rows=real,
-            )
-            pieces.append(tokens[:real])
-        width = max(p.shape[1] for p in pieces)
-        return torch.cat([nn.functional.pad(p, (0, width - p.shape[1]), value=pad_token_id) for p in pieces])
+            pieces.append(self.engine.eval_step(self._fixed_rows(chunk), output_names=("logits",))["logits"][:real])
+        return torch.cat(pieces)
 
     def _chunks(self, inputs: dict[str, Any]) -> Any:
         """``inputs`` in pieces of at most the planned mini-batch (the memory the plan allows): of fewer

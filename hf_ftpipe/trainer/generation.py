@@ -1,81 +1,236 @@
-"""Greedy decoding for encoder-decoder models through a pipeline traced with fixed shapes.
+"""Generation through the pipeline: transformers' own ``generate``, with the model's forward run by the pipeline.
 
-The pipeline is traced once, on a batch with ``labels`` of a fixed length T, and an
-encoder-decoder model (T5, BART) builds its decoder inputs by shifting ``labels`` right behind
-the decoder start token. So greedy decoding needs no new trace and no key/value cache: step t
-feeds ``labels = [y_1 .. y_{t-1}, pad, ...]``, whose decoder inputs are ``[start, y_1 .. y_{t-1},
-...]``; the causal mask makes the logits at position t-1 depend on those only, and their argmax
-is y_t. That is T forwards of the whole model (the encoder runs again each time) instead of one
-encoder pass and T cached decoder steps: fine for targets of a few tokens (SuperGLUE labels,
-short answers), wasteful for long ones.
+Every rank calls ``model.generate`` in lockstep, with ``model.forward`` replaced for the call by a
+*pipeline forward* (`pipeline_generate`): it feeds the tokens so far to the pipeline and returns
+the logits, which ``PipelineEngine.eval_step`` hands every rank whole. So every rank's ``generate``
+sees identical logits and takes identical decisions: greedy and beam search, sampling (from rank 0's
+random state: `hf_ftpipe.trainer.generation_randomness`), logits processors, stopping criteria, EOS
+and padding, ``length_penalty``, ``num_return_sequences`` are ``generate``'s own code, what it does on
+one process by construction. The replacement has the model's own ``forward`` signature, which
+``generate`` inspects to decide what to pass.
 
-The output follows ``model.generate(do_sample=False, num_beams=1)``: the decoder start token
-first, then one token per step; a row that produced EOS gets ``pad`` afterwards, and decoding
-stops early once every row has.
+Encoder-decoders (T5, BART): ``generate`` is given ``encoder_outputs`` whose ``last_hidden_state`` is
+a placeholder, each row's index into the batch, so it never runs the encoder itself; it expands
+them for beams as it expands any encoder output, and the forward reads each row's encoder inputs
+(``input_ids``, ``attention_mask``, any other the pipeline was traced with) by that index. The
+forward gets the decoder tokens so far and feeds ``labels`` whose right shift (the decoder inputs
+the model makes from them) equals them, padded to the traced label length where the graph fixes
+it. There is no key/value cache for them: T5's relative position bias and cross-attention do not
+fit the pipeline's prefix attention yet, so each new token costs a whole forward (the encoder and
+the decoder prefix again).
+
+Causal LMs (GPT-2, Llama): the forward gets the whole sequence so far. A graph traced without
+``position_ids`` numbers positions 0, 1, ... itself, where ``generate`` numbers a left-padded row
+from its first real token; so each row's real tokens are moved to its front (in order), where the
+two agree, and the logits moved back. Attention sees the same real tokens at the same positions.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import copy
+import inspect
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import torch
+from torch import nn
+from transformers import GenerationConfig
+from transformers.modeling_outputs import BaseModelOutput, CausalLMOutputWithPast, Seq2SeqLMOutput
 
 from hf_ftpipe.errors import PipelineError
+from hf_ftpipe.graph.cost_graph import InputInfo
 
-__all__ = ["greedy_decode"]
+__all__ = ["LogitsOf", "pipeline_generate"]
+
+LogitsOf = Callable[[dict[str, torch.Tensor]], torch.Tensor]
+"""Runs the pipeline on a batch of the traced graph's inputs and returns its logits, ``(rows,
+length, vocab)``, identical on every rank (`PipeEvaluation._pipeline_logits`)."""
+
+_DECODER_INPUTS = ("labels", "decoder_input_ids", "decoder_attention_mask")
 
 
-def greedy_decode(
-    logits_of: Callable[[dict[str, Any]], torch.Tensor],
-    batch: Mapping[str, Any],
-    *,
-    label_length: int,
-    max_new_tokens: int,
-    decoder_start_token_id: int,
-    pad_token_id: int,
-    eos_token_id: int | list[int] | None,
-    rows: int | None = None,
-) -> torch.Tensor:
-    """Greedy tokens for ``batch``: ``(batch, 1 + generated)``, the decoder start token first.
+def pipeline_generate(
+    model: nn.Module, logits_of: LogitsOf, traced: Mapping[str, InputInfo], device: torch.device, **kwargs: Any
+) -> Any:
+    """``model.generate(**kwargs)``, with every forward run by ``logits_of`` (every rank must call it
+    alike; the random state is the caller's business: `rank0_random_state`).
 
     Args:
-        logits_of: runs the model on a batch (the encoder inputs and ``labels``) and returns its
-            logits, ``(batch, label_length, vocab)``: the pipeline's forward, or an eager model's.
-        batch: the encoder inputs; any ``labels`` in it are replaced.
-        label_length: T, the length of ``labels`` the model was traced with.
-        max_new_tokens: tokens to generate at most (``<= label_length``).
-        decoder_start_token_id, pad_token_id, eos_token_id: the model's generation settings.
-        rows: only the first ``rows`` rows are real (the rest pad a short batch); only they decide
-            when to stop early.
+        model: the Hugging Face model (its config and generation settings; its weights are not used).
+        logits_of: runs the pipeline (`LogitsOf`).
+        traced: the inputs the pipeline was traced with (``engine.graph.inputs``).
+        device: where the pipeline takes its inputs (``generate`` may move them to the model's device).
+        kwargs: ``generate``'s arguments.
     """
-    if not 1 <= max_new_tokens <= label_length:
-        raise PipelineError(
-            f"the pipeline was traced with labels of length {label_length}, so it can generate 1 to "
-            f"{label_length} tokens, not {max_new_tokens}; lower `generation_max_length` or trace "
-            "with longer (padded) labels"
-        )
-    inputs = {name: value for name, value in batch.items() if name != "labels"}
-    size = next(v.shape[0] for v in inputs.values() if isinstance(v, torch.Tensor))
-    device = next(v.device for v in inputs.values() if isinstance(v, torch.Tensor))
-    rows = size if rows is None else rows
-    eos = torch.tensor([] if eos_token_id is None else _as_list(eos_token_id), device=device)
-    labels = torch.full((size, label_length), pad_token_id, dtype=torch.long, device=device)
-    done = torch.zeros(size, dtype=torch.bool, device=device)
-    for step in range(max_new_tokens):
-        logits = logits_of({**inputs, "labels": labels.clone()})  # (batch, label_length, vocab)
-        token = logits[:, step].argmax(dim=-1)
-        token = torch.where(done, torch.full_like(token, pad_token_id), token)
-        labels[:, step] = token
-        done |= torch.isin(token, eos)
-        if bool(done[:rows].all()):
-            labels = labels[:, : step + 1]
-            break
+    config = model.config
+    kwargs = dict(kwargs)
+    if kwargs.get("inputs") is not None:  # generate's positional `inputs`: the model's main input
+        kwargs[getattr(model, "main_input_name", "input_ids")] = kwargs.pop("inputs")
+    kwargs["synced_gpus"] = False  # every rank already runs every step: nothing to keep in step
+    if config.is_encoder_decoder:
+        forward = _EncoderDecoderForward(model, logits_of, traced, device, kwargs)
+        kwargs["encoder_outputs"] = BaseModelOutput(last_hidden_state=forward.row_indices)
+        _without_cache(kwargs)
     else:
-        labels = labels[:, :max_new_tokens]
-    start = torch.full((size, 1), decoder_start_token_id, dtype=torch.long, device=device)
-    return torch.cat([start, labels], dim=1)
+        forward = _CausalForward(logits_of, traced, device)
+        _without_cache(kwargs)
+    with _forward_replaced(model, forward):
+        return model.generate(**kwargs)
 
 
-def _as_list(value: int | list[int]) -> list[int]:
-    return list(value) if isinstance(value, (list, tuple)) else [value]
+def _without_cache(kwargs: dict[str, Any]) -> None:
+    """``use_cache=False`` where ``generate`` reads it: in the ``generation_config`` given, else a keyword
+    (transformers 5.24 warns of a keyword beside a ``generation_config``)."""
+    given = kwargs.get("generation_config")
+    if isinstance(given, GenerationConfig):
+        kwargs["generation_config"] = copy.deepcopy(given)
+        kwargs["generation_config"].use_cache = False
+        kwargs.pop("use_cache", None)
+    else:
+        kwargs["use_cache"] = False
+
+
+@contextmanager
+def _forward_replaced(model: nn.Module, forward: Callable[..., Any]) -> Iterator[None]:
+    """``model.forward`` is ``forward`` inside the body, with the model's own signature (``generate`` reads
+    it to decide what to pass: ``attention_mask``, ``position_ids``, the cache's name, ``logits_to_keep``)."""
+    signature = inspect.signature(model.forward)
+
+    def pipeline_forward(*args: Any, **kwargs: Any) -> Any:
+        if args:
+            kwargs.update(signature.bind_partial(*args).arguments)
+        return forward(**kwargs)
+
+    pipeline_forward.__signature__ = signature  # type: ignore[attr-defined]
+    previous = model.__dict__.get("forward")
+    model.forward = pipeline_forward
+    try:
+        yield
+    finally:
+        if previous is None:
+            del model.forward
+        else:
+            model.forward = previous
+
+
+class _EncoderDecoderForward:
+    """The pipeline's logits for the decoder tokens so far (see the module's docstring)."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        logits_of: LogitsOf,
+        traced: Mapping[str, InputInfo],
+        device: torch.device,
+        kwargs: dict[str, Any],
+    ) -> None:
+        if "labels" not in traced:
+            raise PipelineError(
+                "generation feeds the decoder tokens so far to the pipeline as `labels`, but it was traced on a "
+                "batch without labels; train or evaluate on batches with (padded) labels before generating"
+            )
+        self.logits_of, self.traced, self.device = logits_of, traced, device
+        self.encoder_inputs = {
+            name: kwargs[name].to(device)
+            for name in traced
+            if name not in _DECODER_INPUTS and isinstance(kwargs.get(name), torch.Tensor)
+        }
+        main_input = getattr(model, "main_input_name", "input_ids")
+        main = kwargs.get(main_input)
+        if not isinstance(main, torch.Tensor):
+            raise PipelineError(
+                f"generation through the pipeline needs the encoder's `{main_input}` (a tensor): pass it to generate"
+            )
+        self.row_indices = torch.arange(main.shape[0], device=main.device)[:, None]
+        """``(batch, 1)``: the placeholder encoder output, each row's index into the batch."""
+        label = traced["labels"]
+        self.fixed_length = None if 1 in label.varying or label.shape is None else int(label.shape[1])
+        self.decoder_start_token_id = model.config.decoder_start_token_id
+        self.pad_token_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
+        self.prepare_decoder_input_ids = getattr(model, "prepare_decoder_input_ids_from_labels", None)
+
+    def __call__(self, *, decoder_input_ids: torch.Tensor, encoder_outputs: Any, **ignored: Any) -> Seq2SeqLMOutput:
+        rows = encoder_outputs[0][:, 0]  # the placeholder (expanded for beams): batch row of each row
+        batch = {name: value[rows.to(self.device)] for name, value in self.encoder_inputs.items()}
+        length = decoder_input_ids.shape[1]
+        width = length if self.fixed_length is None else self.fixed_length
+        if length > width:
+            raise PipelineError(
+                f"the pipeline was traced with labels of length {width}, so it can feed the decoder at most {width} "
+                f"tokens, not {length}; lower `max_length` / `max_new_tokens` (at most {width} new tokens) or trace "
+                "with longer (padded) labels"
+            )
+        decoder = decoder_input_ids.to(self.device)
+        padded = nn.functional.pad(decoder, (0, width - length), value=self.pad_token_id)
+        if "decoder_input_ids" in self.traced:  # fed as they are; labels only make a loss nobody reads
+            batch["decoder_input_ids"] = padded
+        elif not bool((decoder[:, 0] == self.decoder_start_token_id).all()):
+            raise PipelineError(
+                f"the decoder inputs begin with {decoder[:, 0].unique().tolist()}, but the model makes its decoder "
+                f"inputs from `labels` behind its `decoder_start_token_id` ({self.decoder_start_token_id}); "
+                "generate with that decoder start token"
+            )
+        # labels [y1 .. y_{n-1}, pad ...]: their right shift is [start, y1 .. y_{n-1}, pad ...], the tokens so far
+        labels = nn.functional.pad(padded[:, 1:], (0, 1), value=self.pad_token_id)
+        batch["labels"] = labels
+        if "decoder_attention_mask" in self.traced:
+            batch["decoder_attention_mask"] = torch.ones_like(labels)
+        logits = self.logits_of(batch)  # (rows, width, vocab); position i sees decoder tokens 0..i only
+        return Seq2SeqLMOutput(logits=logits[:, :length])  # generate moves them to its tokens' device
+
+
+class _CausalForward:
+    """The pipeline's logits for the whole sequence so far (see the module's docstring)."""
+
+    def __init__(self, logits_of: LogitsOf, traced: Mapping[str, InputInfo], device: torch.device) -> None:
+        self.logits_of, self.traced, self.device = logits_of, traced, device
+
+    def __call__(
+        self,
+        *,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        **ignored: Any,
+    ) -> CausalLMOutputWithPast:
+        input_ids = input_ids.to(self.device)
+        mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(self.device)
+        batch = {"input_ids": input_ids}
+        if "position_ids" in self.traced:
+            batch["position_ids"] = _positions(mask) if position_ids is None else position_ids.to(self.device)
+            order = None
+        else:
+            _check_positions(mask, position_ids)
+            order = torch.argsort((mask == 0).to(torch.int8), dim=1, stable=True)  # real tokens first, in order
+            batch["input_ids"], mask = input_ids.gather(1, order), mask.gather(1, order)
+        if "attention_mask" in self.traced:
+            batch["attention_mask"] = mask
+        elif not bool(mask.all()):
+            raise PipelineError(
+                "the prompts are padded (`attention_mask` has zeros), but the pipeline was traced without an "
+                "`attention_mask`: generate from unpadded prompts, or trace on batches with an attention mask"
+            )
+        logits = self.logits_of(batch)  # (rows, length, vocab)
+        if order is not None:
+            logits = logits.gather(1, torch.argsort(order, dim=1)[..., None].expand_as(logits))
+        return CausalLMOutputWithPast(logits=logits)
+
+
+def _positions(mask: torch.Tensor) -> torch.Tensor:
+    """``generate``'s positions: each row's real tokens numbered from 0 (padding: 1)."""
+    return (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 1)
+
+
+def _check_positions(mask: torch.Tensor, position_ids: torch.Tensor | None) -> None:
+    """A graph that numbers positions itself takes only ``generate``'s numbering (real tokens from 0)."""
+    if position_ids is None:
+        return
+    position_ids = position_ids.to(mask.device)
+    real = mask == 1
+    if not bool((position_ids[real] == _positions(mask)[real]).all()):
+        raise PipelineError(
+            "generate was given `position_ids` other than each row's real tokens numbered from 0, but the pipeline "
+            "was traced without `position_ids` (its graph numbers positions itself): drop `position_ids`, or "
+            "trace on batches that carry them"
+        )

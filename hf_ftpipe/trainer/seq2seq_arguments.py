@@ -22,16 +22,7 @@ class PipeSeq2SeqTrainingArguments(PipeTrainingArguments, Seq2SeqTrainingArgumen
     PipeSeq2SeqTrainingArguments))`` in ``run_summarization.py`` or ``run_translation.py`` reads the
     same flags, and ``isinstance(args, Seq2SeqTrainingArguments)`` holds.
 
-    The pipeline decodes greedily: ``generation_num_beams`` above 1 is refused here, and what a
-    ``generation_config`` asks for is checked when the trainer generates
-    (`hf_ftpipe.trainer.generation_settings`). ``sortish_sampler`` is accepted and, as in
-    transformers' `Seq2SeqTrainer`, unused.
+    ``generation_num_beams`` and what a ``generation_config`` asks for run through the pipeline as
+    ``model.generate`` runs them (`hf_ftpipe.trainer.generation`). ``sortish_sampler`` is accepted
+    and, as in transformers' `Seq2SeqTrainer`, unused.
     """
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.generation_num_beams is not None and self.generation_num_beams > 1:
-            raise ValueError(
-                f"`generation_num_beams={self.generation_num_beams}`: generation through the pipeline is greedy "
-                "only (beam search is not implemented yet); use generation_num_beams=1 or leave it unset"
-            )

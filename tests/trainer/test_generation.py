@@ -1,86 +1,95 @@
-"""Greedy decoding over a fixed-shape, labels-driven forward equals `generate`."""
+"""The generation driver on one process, over an eager twin of the model standing in for the pipeline:
+``model.generate`` with the forward replaced equals ``model.generate`` itself (greedy, beams,
+sampling), feeds T5's decoder tokens as labels and GPT-2's left-padded rows with their real tokens
+first, and puts the model's own forward back. Through a real pipeline: test_parity.py and
+test_any_batch.py (``PipeTrainer.generate``)."""
 
 from __future__ import annotations
+
+import copy
 
 import pytest
 import torch
 
 from hf_ftpipe.errors import PipelineError
-from hf_ftpipe.trainer.generation import greedy_decode
+from hf_ftpipe.graph.cost_graph import InputInfo
+from hf_ftpipe.trainer.generation import pipeline_generate
 
-from models import TARGET, tiny_batch, tiny_model
+from generation_cases import CASES, generate_cases, prompts
+from models import TARGET, tiny_model
 
-EOS, PAD, START = 1, 0, 0
+CPU = torch.device("cpu")
 
 
-@pytest.mark.parametrize("max_new_tokens", [1, 3, TARGET])
-def test_equals_generate_on_an_eager_t5(max_new_tokens: int) -> None:
+def traced_inputs(kind: str, label_length: int | None = None) -> dict[str, InputInfo]:
+    """What a pipeline traced on ``kind``'s training batches takes; ``label_length``: labels of that fixed length."""
+    names = ["input_ids", "attention_mask", "labels"]
+    inputs = {name: InputInfo(name, (4, 8), "int64", varying=(0, 1)) for name in names}
+    if label_length is not None:
+        inputs["labels"] = InputInfo("labels", (4, label_length), "int64", varying=(0,))
+    return inputs
+
+
+class Twin:
+    """The pipeline's stand-in: a copy of the model, recording each batch it is fed."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model, self.batches = copy.deepcopy(model), []
+
+    def __call__(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        self.batches.append({name: value.clone() for name, value in batch.items()})
+        return self.model(**batch).logits
+
+
+@pytest.mark.parametrize("kind", ["t5", "gpt2"])
+def test_generate_through_the_driver_equals_generate(kind: str) -> None:
+    model = tiny_model(kind).eval()
+    expected = generate_cases(kind, model.generate)
+    twin = Twin(model)
+    got = generate_cases(kind, lambda **kw: pipeline_generate(model, twin, traced_inputs(kind), CPU, **kw))
+    for name in [*CASES, "after_sampling"]:
+        assert torch.equal(got[name], expected[name]), name
+    assert got["beams"].shape[0] == 6 and len({tuple(r) for r in got["sampling"].tolist()}) > 1
+    assert "forward" not in model.__dict__  # the model's own forward again
+
+
+def test_t5_decoder_tokens_are_fed_as_labels_padded_to_a_fixed_length() -> None:
     model = tiny_model("t5").eval()
-    batch = tiny_batch("t5", 5)
-    with torch.no_grad():
-        expected = model.generate(
-            input_ids=batch["input_ids"],
-            attention_mask=batch["attention_mask"],
-            do_sample=False,
-            num_beams=1,
-            max_new_tokens=max_new_tokens,
-        )
-        generated = greedy_decode(
-            lambda inputs: model(**inputs).logits,
-            batch,
-            label_length=TARGET,
-            max_new_tokens=max_new_tokens,
-            decoder_start_token_id=START,
-            pad_token_id=PAD,
-            eos_token_id=EOS,
-        )
-    assert generated.tolist() == expected.tolist()
-
-
-def scripted(tokens: list[list[int]], vocab: int = 8):
-    """A fake model whose argmax at step t of row r is ``tokens[r][t]``, checking what it is fed."""
-    calls = []
-
-    def logits_of(inputs: dict) -> torch.Tensor:
-        labels = inputs["labels"]
-        step = len(calls)
-        calls.append(labels.clone())
-        logits = torch.zeros(labels.shape[0], labels.shape[1], vocab)
-        for row, row_tokens in enumerate(tokens):
-            logits[row, step, row_tokens[step]] = 1.0
-        return logits
-
-    return logits_of, calls
-
-
-def test_pads_after_eos_and_stops_when_every_real_row_finished() -> None:
-    # row 0 ends at step 1, row 1 at step 2; row 2 only pads a short batch and never ends
-    logits_of, calls = scripted([[5, EOS, 6, 6], [4, 3, EOS, 6], [7, 7, 7, 7]])
-    batch = {"input_ids": torch.ones(3, 2, dtype=torch.long)}
-    generated = greedy_decode(
-        logits_of,
-        batch,
-        label_length=4,
-        max_new_tokens=4,
-        decoder_start_token_id=START,
-        pad_token_id=PAD,
-        eos_token_id=[EOS],
-        rows=2,
+    twin = Twin(model)
+    generated = pipeline_generate(
+        model, twin, traced_inputs("t5", TARGET), CPU, **prompts("t5"), max_new_tokens=TARGET, eos_token_id=None
     )
-    assert generated[:2].tolist() == [[START, 5, EOS, PAD], [START, 4, 3, EOS]]
-    assert len(calls) == 3  # no fourth forward: both real rows are done
-    # step t sees the tokens so far as labels, padding after them
-    assert calls[2][:2].tolist() == [[5, EOS, PAD, PAD], [4, 3, PAD, PAD]]
+    assert generated.shape == (3, 1 + TARGET)  # the decoder start token, then 4 tokens
+    assert [tuple(b["labels"].shape) for b in twin.batches] == [(3, TARGET)] * TARGET
+    # step 3 saw labels [y1, y2, pad, pad]: their right shift is [start, y1, y2, pad], the tokens so far
+    assert twin.batches[2]["labels"].tolist() == [[*row[1:3].tolist(), 0, 0] for row in generated]
+    assert torch.equal(twin.batches[0]["input_ids"], prompts("t5")["input_ids"])
+    with pytest.raises(PipelineError, match="traced with labels of length 4, so it can feed the decoder at most 4"):
+        pipeline_generate(model, twin, traced_inputs("t5", TARGET), CPU, **prompts("t5"), max_new_tokens=TARGET + 1)
+    assert "forward" not in model.__dict__
 
 
-def test_cannot_generate_past_the_traced_label_length() -> None:
-    with pytest.raises(PipelineError, match="traced with labels of length 4, so it can generate 1 to 4 tokens, not 5"):
-        greedy_decode(
-            lambda inputs: torch.zeros(1),
-            {"input_ids": torch.ones(1, 2, dtype=torch.long)},
-            label_length=4,
-            max_new_tokens=5,
-            decoder_start_token_id=START,
-            pad_token_id=PAD,
-            eos_token_id=EOS,
+def test_gpt2_rows_are_fed_with_their_real_tokens_first() -> None:
+    model = tiny_model("gpt2").eval()
+    twin = Twin(model)
+    batch = prompts("gpt2")
+    pipeline_generate(model, twin, traced_inputs("gpt2"), CPU, **batch, max_new_tokens=1)
+    fed = twin.batches[0]
+    assert fed["attention_mask"].tolist() == [[1] * 6, [1] * 5 + [0], [1] * 3 + [0] * 3]
+    assert fed["input_ids"][2, :3].tolist() == batch["input_ids"][2, 3:].tolist()
+
+
+def test_positions_a_graph_without_position_ids_cannot_take_are_refused() -> None:
+    model = tiny_model("gpt2").eval()
+    batch = prompts("gpt2")
+    with pytest.raises(PipelineError, match="`position_ids` other than each row's real tokens numbered from 0"):
+        pipeline_generate(
+            model,
+            Twin(model),
+            traced_inputs("gpt2"),
+            CPU,
+            **batch,
+            max_new_tokens=1,
+            position_ids=torch.arange(6).expand(3, 6),
         )
+    assert "forward" not in model.__dict__

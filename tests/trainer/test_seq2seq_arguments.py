@@ -1,11 +1,10 @@
 """PipeSeq2SeqTrainingArguments: `Seq2SeqTrainingArguments`' fields and defaults, read by the
-`HfArgumentParser` of run_summarization.py / run_translation.py; beam search refused."""
+`HfArgumentParser` of run_summarization.py / run_translation.py, beam search included."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
-import pytest
 from transformers import HfArgumentParser, Seq2SeqTrainingArguments, TrainingArguments
 
 from hf_ftpipe import PipeSeq2SeqTrainingArguments, PipeTrainingArguments
@@ -95,7 +94,7 @@ def test_hf_argument_parser_reads_run_summarization_flags(tmp_path) -> None:
             "--do_train", "--do_eval",
             "--predict_with_generate",
             "--generation_max_length", "32",
-            "--generation_num_beams", "1",
+            "--generation_num_beams", "4",
             "--sortish_sampler",
             "--num_beams", "1",
             "--pipeline_schedule", "1f1b",
@@ -107,13 +106,6 @@ def test_hf_argument_parser_reads_run_summarization_flags(tmp_path) -> None:
     )  # fmt: skip
     assert model_args.model_name_or_path == "t5-tiny" and data_args.num_beams == 1
     assert isinstance(args, PipeSeq2SeqTrainingArguments)
-    assert (args.predict_with_generate, args.generation_max_length, args.generation_num_beams) == (True, 32, 1)
+    assert (args.predict_with_generate, args.generation_max_length, args.generation_num_beams) == (True, 32, 4)
     assert args.sortish_sampler and args.pipeline_schedule == "1f1b" and args.num_microbatches == 2
     assert str(args.generation_config) == str(tmp_path / "generation_config.json")
-
-
-@pytest.mark.parametrize("num_beams", [2, 4])
-def test_beam_search_is_refused_with_the_value_and_the_fix(tmp_path, num_beams: int) -> None:
-    with pytest.raises(ValueError, match=rf"`generation_num_beams={num_beams}`.*greedy only.*generation_num_beams=1"):
-        PipeSeq2SeqTrainingArguments(output_dir=str(tmp_path), generation_num_beams=num_beams)
-    PipeSeq2SeqTrainingArguments(output_dir=str(tmp_path), generation_num_beams=1)

@@ -1,6 +1,7 @@
 """PipeSeq2SeqTrainer's surface, on one process (nothing runs through a pipeline): Seq2SeqTrainer's
-constructor and evaluate/predict keywords, and greedy-only refusals before any batch runs.
-Its generated tokens against Seq2SeqTrainer's: the ``t5`` case of test_any_batch.py."""
+constructor and evaluate/predict keywords, and settings the pipeline cannot run refused before any
+batch runs. Its generated tokens (greedy at evaluate, beams at predict) against Seq2SeqTrainer's: the
+``t5`` case of test_any_batch.py."""
 
 from __future__ import annotations
 
@@ -29,25 +30,25 @@ def test_generation_config_of_the_arguments_replaces_the_models(tmp_path) -> Non
 @pytest.mark.parametrize(
     ("call", "message"),
     [
-        ("evaluate", r"`num_beams=3`: generation through the pipeline is greedy only.*use num_beams=1"),
-        ("predict", r"`do_sample=True`.*use do_sample=False with num_beams=1"),
+        ("evaluate", r"`prompt_lookup_num_tokens=3` \(assisted generation\)"),
+        ("predict", r"`penalty_alpha=0.5` \(contrastive search\)"),
     ],
 )
-def test_beams_and_sampling_are_refused_before_any_batch(tmp_path, call: str, message: str) -> None:
+def test_what_the_pipeline_cannot_run_is_refused_before_any_batch(tmp_path, call: str, message: str) -> None:
     made = trainer(tmp_path)
     rows = Dataset.from_dict({"input_ids": [[5, 6, 1]], "labels": [[7, 1]]})
     with pytest.raises(ValueError, match=message):
         if call == "evaluate":
-            made.evaluate(rows, max_length=5, num_beams=3, metric_key_prefix="eval")
+            made.evaluate(rows, max_length=5, prompt_lookup_num_tokens=3, metric_key_prefix="eval")
         else:
-            made.predict(rows, max_length=5, do_sample=True)
+            made.predict(rows, max_length=5, penalty_alpha=0.5, top_k=4)
     assert made.engine is None  # refused before the pipeline was built or any batch ran
 
 
-def test_beams_from_the_models_generation_config_are_refused_at_evaluate(tmp_path) -> None:
+def test_beams_from_the_arguments_and_the_generation_config_are_kept(tmp_path) -> None:
+    made = trainer(tmp_path, generation_num_beams=3)
+    made._use_gen_kwargs({"max_length": 6})
+    assert made._gen_kwargs == {"max_length": 6, "num_beams": 3}
     made = trainer(tmp_path, generation_config=GenerationConfig(num_beams=4, decoder_start_token_id=0, pad_token_id=0))
-    with pytest.raises(ValueError, match=r"`num_beams=4`"):
-        made.evaluate(Dataset.from_dict({"input_ids": [[5, 1]], "labels": [[7, 1]]}))
-    made.args.generation_num_beams = 1  # the arguments' num_beams over the model's config: accepted
-    made._use_gen_kwargs({})
-    assert made._gen_kwargs == {"num_beams": 1}
+    made._use_gen_kwargs({"do_sample": True})
+    assert made._gen_kwargs == {"do_sample": True} and made.model.generation_config.num_beams == 4

@@ -28,13 +28,12 @@ __all__ = ["rank0_random_state"]
 def rank0_random_state(device: torch.device, watchdog: Watchdog) -> Iterator[None]:
     """Run the body on rank 0's generator states (torch's CPU one, and ``device``'s if it is a GPU);
     every rank must enter it. Each wait is bounded by ``watchdog``."""
-    cuda = device.type == "cuda"
-    own = [torch.get_rng_state()] + ([torch.cuda.get_rng_state(device)] if cuda else [])
+    own = _states(device)
     # A collective's tensors live where the backend moves them: the GPU for NCCL, the CPU for gloo.
     wire = device if dist.get_backend() == "nccl" else torch.device("cpu")
     shared = []
     for state in own:
-        buffer = state.to(wire)
+        buffer = state.to(wire, copy=True)  # never the state itself: the broadcast writes into it
         with watchdog.waiting("sharing rank 0's random state for generation", collective=True):
             dist.broadcast(buffer, src=0)
         shared.append(buffer.cpu())

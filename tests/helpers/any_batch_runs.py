@@ -21,9 +21,13 @@ from transformers import (
     TrainerCallback,
 )
 
+from generation_cases import generate_on_every_rank
 from mlm_runs import SPECIALS, tokenizer
 from models import VOCAB, tiny_model
 from qa_subclass import best_spans, gold_examples, question_answering_trainer, span_metrics
+
+GENERATING = ("gpt2", "t5")
+"""The cases whose trained pipeline also generates with `PipeTrainer.generate` (`generation_cases`)."""
 
 SHORTEST, LONGEST = 3, 12
 """Token rows are this long, or anything between (before the collator pads a batch)."""
@@ -95,10 +99,11 @@ CASES = {
         pipe_args={"token_slices": [5, 3, 4]},
     ),
     # Targets of different lengths too: the collator pads labels with -100 and makes decoder_input_ids;
-    # batches drawn by transformers 5.24's cost-balancing sampler, which deals ranks their share. Seq2SeqTrainer
-    # with predict_with_generate: evaluate(max_length=4, num_beams=1) over generation_max_length=9 (predict's: 8
-    # tokens, labels longer than the planned 5), greedy through the pipeline without the batch's
-    # decoder_input_ids, padded to the model's generation max_length, 20.
+    # batches drawn by transformers 5.24's cost-balancing sampler, which deals ranks their share; under 1f1b.
+    # Seq2SeqTrainer with predict_with_generate: evaluate(max_length=4, num_beams=1) over generation_max_length=9,
+    # greedy; predict's: 8 tokens (labels longer than the planned 5) by beam search (generation_num_beams=2: 8
+    # rows a batch, in pieces of 4), both through the pipeline without the batch's decoder_input_ids, padded to
+    # the model's generation max_length, 20.
     "t5": Case(
         "t5",
         "seq2seq",
@@ -106,7 +111,13 @@ CASES = {
         batch_size=4,
         epochs=1,
         steps=3,
-        args={"train_sampling_strategy": "batch_rebalance", "predict_with_generate": True, "generation_max_length": 9},
+        schedule="1f1b",
+        args={
+            "train_sampling_strategy": "batch_rebalance",
+            "predict_with_generate": True,
+            "generation_max_length": 9,
+            "generation_num_beams": 2,
+        },
         generate={"max_length": 4, "num_beams": 1},
     ),
     # 5 samples, batch 8: one step per epoch, of micro-batches of 2, 1, 1 and 1 rows. Trained on answer
@@ -370,6 +381,8 @@ def run(name: str, output_dir: str, trainer_class: type) -> dict[str, Any]:
         features = unseen if kind == "bert" else parts["eval_dataset"]
         predicted = trainer.predict(features)
         result["predict"] = (predicted.predictions, predicted.label_ids, predicted.metrics)
+        if pipe and name in GENERATING:  # PipeTrainer.generate under 1f1b: every case
+            generate_on_every_rank(trainer, kind, output_dir)
     result["weights"] = {n: v.detach().clone() for n, v in trainer.model.state_dict().items()}
     result["token_slices"] = slicings.seen
     compiler = getattr(getattr(trainer, "engine", None), "compiler", None)

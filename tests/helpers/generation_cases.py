@@ -54,3 +54,32 @@ def generate_cases(kind: str, generate: Callable[..., torch.Tensor], seed: int =
         if name == "sampling":
             results["after_sampling"] = torch.rand(4)
     return results
+
+
+def generate_on_every_rank(trainer: Any, kind: str, folder: str) -> None:
+    """`PipeTrainer.generate` on every case (rank r seeded ``SEED + r``: only rank 0's state may matter);
+    each rank writes what it got to ``folder/generated_rank{r}.pt``."""
+    import os
+
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    os.makedirs(folder, exist_ok=True)
+    results = generate_cases(kind, trainer.generate, seed=SEED + rank)
+    torch.save(results, f"{folder}/generated_rank{rank}.pt")
+
+
+def assert_generated_like_one_process(folder: Any, kind: str, model: torch.nn.Module) -> None:
+    """Each rank's tokens equal ``model.generate``'s on one process, case by case; rank 0's random state
+    advanced as that process's did, rank 1's is its own again (seeded ``SEED + 1``, nothing drawn)."""
+    expected = generate_cases(kind, model.eval().generate)
+    ranks = [torch.load(f"{folder}/generated_rank{rank}.pt") for rank in (0, 1)]
+    for name in CASES:
+        for rank, got in enumerate(ranks):
+            assert torch.equal(got[name], expected[name]), (
+                f"{kind} {name} on rank {rank}:\n{got[name]}\n{expected[name]}"
+            )
+    assert torch.equal(ranks[0]["after_sampling"], expected["after_sampling"])
+    torch.manual_seed(SEED + 1)
+    assert torch.equal(ranks[1]["after_sampling"], torch.rand(4))
+    assert expected["beams"].shape[0] == 6 and len({tuple(r) for r in expected["sampling"].tolist()}) > 1

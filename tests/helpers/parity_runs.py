@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from datasets import Dataset
 
+from generation_cases import generate_on_every_rank
 from models import SEQ, TARGET, VOCAB, tiny_model
 
 KINDS = ("gpt2", "t5", "bert", "gpt2-sliced", "gpt2-sliced-accumulate")
@@ -131,5 +132,7 @@ def run(kind: str, output_dir: str, trainer_class: type) -> dict[str, Any]:
         trainer.model.generation_config.eos_token_id = [1, first]
         stopped = trainer.predict(parts["eval_dataset"])
         result["generate_eos"] = (stopped.predictions, stopped.metrics, first)
+    if kind in ("t5", "gpt2") and trainer_class.__name__ == "PipeTrainer":  # PipeTrainer.generate: every case
+        generate_on_every_rank(trainer, kind, output_dir)
     trainer.save_model(output_dir)
     return result

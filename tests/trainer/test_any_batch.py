@@ -5,19 +5,21 @@ One launched job runs every case of `any_batch_runs.CASES`: token rows of differ
 per batch (`DataCollatorWithPadding` for BERT, `DataCollatorForLanguageModeling(mlm=False)` for
 GPT-2 with ``train_sampling_strategy="group_by_length"`` under 1f1b and, cut into token slices
 planned for the longest row, under gpipe, `DataCollatorForSeq2Seq` for T5 with
-``train_sampling_strategy="batch_rebalance"``, and as `Seq2SeqTrainer` with ``predict_with_generate``:
-`PipeSeq2SeqTrainer`'s generated tokens and metrics), a last batch of 1 row (13 samples, batch 4),
-predictions on rows without labels (BERT, whose ``compute_metrics`` reads what
-``include_for_metrics`` adds), and a question-answering BERT trained on 5 samples with batch 8 and
-evaluated on longer features without answer positions, as run_qa.py's are, by run_qa.py's kind of
-trainer subclass (`qa_subclass`: evaluate and predict overridden, made on either base class); and
-`Trainer`'s training options: gradient accumulation (G = 2, batches of different lengths in one
-window, an incomplete last window; GPT-2 under 1f1b, where `Trainer` counts
-``num_items_in_batch``, and question answering, where it divides by G), label smoothing (T5,
-G = 2), ``compute_loss_func`` (GPT-2) and a subclass's ``compute_loss`` override (BERT, G = 2), on
-the last stage; ``torch_compile`` (GPT-2, each rank's stages compiled, batches of three lengths).
-This process trains plain `Trainer` on the same case and compares the number of steps, every
-logged loss, gradient norm and learning rate, evaluation, prediction and the weights.
+``train_sampling_strategy="batch_rebalance"`` under 1f1b, and as `Seq2SeqTrainer` with
+``predict_with_generate``: `PipeSeq2SeqTrainer`'s generated tokens and metrics, greedy at evaluate,
+beam search at predict), a last batch of 1 row (13 samples, batch 4), predictions on rows without
+labels (BERT, whose ``compute_metrics`` reads what ``include_for_metrics`` adds), and a
+question-answering BERT trained on 5 samples with batch 8 and evaluated on longer features without
+answer positions, as run_qa.py's are, by run_qa.py's kind of trainer subclass (`qa_subclass`:
+evaluate and predict overridden, made on either base class); and `Trainer`'s training options:
+gradient accumulation (G = 2, batches of different lengths in one window, an incomplete last window;
+GPT-2 under 1f1b, where `Trainer` counts ``num_items_in_batch``, and question answering, where it
+divides by G), label smoothing (T5, G = 2), ``compute_loss_func`` (GPT-2) and a subclass's
+``compute_loss`` override (BERT, G = 2), on the last stage; ``torch_compile`` (GPT-2, each rank's
+stages compiled, batches of three lengths). This process trains plain `Trainer` on the same case and
+compares the number of steps, every logged loss, gradient norm and learning rate, evaluation,
+prediction and the weights. The trained GPT-2 and T5 pipelines (1f1b) also generate with
+`PipeTrainer.generate`, equal to `model.generate`.
 """
 
 from __future__ import annotations
@@ -30,8 +32,9 @@ from transformers import Trainer
 
 from hf_ftpipe.graph.token_slices import fit_slices
 
-from any_batch_runs import CASES, collator, run
+from any_batch_runs import CASES, GENERATING, collator, run
 from distributed import REPO, torchrun
+from generation_cases import assert_generated_like_one_process
 from models import tiny_model
 from trainer_comparison import (
     assert_metrics_close,
@@ -99,3 +102,14 @@ def test_pipe_trainer_matches_trainer_on_any_batch(pipeline_results: Path, tmp_p
     assert_metrics_close(metrics, want_metrics, "predict() metrics")
 
     assert_weights_close(pipe["weights"], reference["weights"])
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+@pytest.mark.parametrize("name", GENERATING)
+def test_pipe_trainer_generate_equals_generate_under_1f1b(pipeline_results: Path, name: str) -> None:
+    """Greedy, beam search and sampling on the trained pipeline, on every rank (GPT-2: left-padded prompts)."""
+    assert CASES[name].schedule == "1f1b"
+    model = tiny_model(CASES[name].model)
+    model.load_state_dict(torch.load(pipeline_results / f"{name}.pt", weights_only=False)["weights"])
+    assert_generated_like_one_process(pipeline_results / name, CASES[name].model, model)

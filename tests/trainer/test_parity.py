@@ -5,8 +5,9 @@ the same GPT-2 cut into uneven token slices (TeraPipe), with and without gradien
 (G = 2: the slices of two batches in one flush), T5 (Adafactor) and BERT classifier (SGD);
 this process runs plain `Trainer` on the same seed, data and arguments (once per model) and
 compares every logged loss and gradient norm, the learning rates, `evaluate()`, `predict()` and
-the final weights. The job's T5 then predicts with generation through the pipeline, which must
-equal `model.generate` on the trained weights.
+the final weights. The job's T5 then predicts with generation through the pipeline, and its T5 and
+GPT-2 generate with `PipeTrainer.generate` (greedy, beams, sampling), which must equal
+`model.generate` on the trained weights.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from transformers import (
 
 from distributed import REPO
 from distributed import accelerate_launch as launch
+from generation_cases import assert_generated_like_one_process
 from parity_runs import KINDS, STEPS, TOKEN_SLICES, base_kind, compute_metrics, make_data, reference_key, run
 from trainer_comparison import (
     assert_metrics_close,
@@ -116,3 +118,12 @@ def test_t5_generation_through_the_pipeline_equals_generate(pipeline_results: Pa
 
     reference = compute_metrics(EvalPrediction(predictions=expected.numpy(), label_ids=labels.numpy()))
     assert metrics["test_accuracy"] == pytest.approx(reference["accuracy"])
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["t5", "gpt2"])
+def test_pipe_trainer_generate_equals_generate(pipeline_results: Path, kind: str) -> None:
+    """Greedy, beam search and sampling under gpipe, on every rank (GPT-2: left-padded prompts)."""
+    model = LOADERS[kind].from_pretrained(pipeline_results / kind)
+    assert_generated_like_one_process(pipeline_results / kind, kind, model)

@@ -12,6 +12,7 @@ planned stage does; the loss it computes is not read.
 
 from __future__ import annotations
 
+import warnings
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from torch import nn
 
 from hf_ftpipe.errors import PipelineError, TraceError
 from hf_ftpipe.graph.padding import IGNORE_INDEX
-from hf_ftpipe.graph.token_slices import DERIVED_INPUTS
+from hf_ftpipe.graph.token_slices import DERIVED_INPUTS, capture_token_slices, sequence_inputs
 from hf_ftpipe.graph.trace import TracedModel, capture_model
 from hf_ftpipe.runtime.prefix_attention import SliceCursor
 from hf_ftpipe.runtime.shapes import ShapeBook
@@ -49,6 +50,16 @@ class DecodingStages:
     """Shapes of the values that cross ranks and the sizes the stages read, per step shape (decoding graph's names)."""
     logits: str
     """The planned graph's value the model returns as ``logits``."""
+    sliced: bool
+    """Whether the planned graph was captured for token slices, which take their labels shifted and
+    counted (`hf_ftpipe.graph.token_slices.sequence_inputs`); the decoding graph then takes them too."""
+
+    def inputs(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor
+    ) -> dict[str, torch.Tensor]:
+        """A step's inputs for the decoding graph."""
+        inputs = decoding_inputs(input_ids, attention_mask, position_ids)
+        return sequence_inputs(inputs) if self.sliced else inputs
 
 
 _BUILT: weakref.WeakKeyDictionary[PipelineEngine, DecodingStages | PipelineError] = weakref.WeakKeyDictionary()
@@ -128,8 +139,11 @@ def _build(engine: PipelineEngine, model: nn.Module) -> DecodingStages:
     rows, length = max(2, int(planned[0])), max(3, int(planned[1]))
     ids = torch.zeros(rows, length, dtype=torch.long)
     sample = decoding_inputs(ids, torch.ones_like(ids), torch.arange(length).expand(rows, length))
+    sliced = "shift_labels" in engine.graph.inputs  # trained with token slices: the loss is computed as theirs
     try:
-        traced = capture_model(model, sample)
+        with warnings.catch_warnings():  # decoding runs without dropout: token slicing's warning on it is not ours
+            warnings.filterwarnings("ignore", message=".*token slices draw their dropout masks")
+            traced = capture_token_slices(model, sample, [length]).full if sliced else capture_model(model, sample)
     except TraceError as error:
         raise PipelineError(f"{name} could not be captured for cached decoding: {error}; {_NO_CACHE}") from error
     if 1 not in traced.shapes.varying("input_ids"):
@@ -163,7 +177,7 @@ def _build(engine: PipelineEngine, model: nn.Module) -> DecodingStages:
     values = {*engine.transfers, logits}
     sizes = [size for stage in engine.modules for size in variant.specs[stage].size_inputs]
     book = ShapeBook(traced.shapes, traced.cost_graph, [variant.to_variant[v] for v in values], sizes)
-    return DecodingStages(variant, cursors, book, logits)
+    return DecodingStages(variant, cursors, book, logits, sliced)
 
 
 def _has_attention(traced: TracedModel) -> bool:

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from hf_ftpipe.errors import PipelineError
-from hf_ftpipe.runtime.decoding_stages import DecodingStages, decoding_inputs, decoding_stages
+from hf_ftpipe.runtime.decoding_stages import DecodingStages, decoding_stages
 from hf_ftpipe.runtime.microbatches import microbatch_rows
 from hf_ftpipe.runtime.prefix_attention import SequenceKV
 from hf_ftpipe.schedules.actions import Action
@@ -108,7 +108,7 @@ class KVDecoder:
         for m, (first, last) in enumerate(self._bounds):
             self._key_padding[m][:, :end] = attention_mask[first:last].bool()
             pieces.append(
-                decoding_inputs(
+                self.stages.inputs(
                     input_ids[first:last], attention_mask[first:last, self.seq_length :], position_ids[first:last]
                 )
             )

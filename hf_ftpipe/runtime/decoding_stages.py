@@ -15,7 +15,7 @@ from __future__ import annotations
 import warnings
 import weakref
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -65,6 +65,8 @@ class DecodingStages:
 _BUILT: weakref.WeakKeyDictionary[PipelineEngine, DecodingStages | PipelineError] = weakref.WeakKeyDictionary()
 """One capture per engine, or the reason it cannot be cached: ``model.generate`` makes a decoder per
 call, and an export takes seconds."""
+_CAPTURED: weakref.WeakKeyDictionary[nn.Module, dict[bool, TracedModel]] = weakref.WeakKeyDictionary()
+"""The decoding capture per model (and whether its labels are shifted): it reads no weight."""
 
 
 def check_cacheable(model: nn.Module) -> None:
@@ -135,26 +137,10 @@ def decoding_stages(engine: PipelineEngine, model: nn.Module) -> DecodingStages:
 
 def _build(engine: PipelineEngine, model: nn.Module) -> DecodingStages:
     name = type(model).__name__
-    planned = engine.graph.inputs["input_ids"].shape or (2, 4)
-    rows, length = max(2, int(planned[0])), max(3, int(planned[1]))
-    ids = torch.zeros(rows, length, dtype=torch.long)
-    sample = decoding_inputs(ids, torch.ones_like(ids), torch.arange(length).expand(rows, length))
     sliced = "shift_labels" in engine.graph.inputs  # trained with token slices: the loss is computed as theirs
-    try:
-        with warnings.catch_warnings():  # decoding runs without dropout: token slicing's warning on it is not ours
-            warnings.filterwarnings("ignore", message=".*token slices draw their dropout masks")
-            traced = capture_token_slices(model, sample, [length]).full if sliced else capture_model(model, sample)
-    except TraceError as error:
-        raise PipelineError(f"{name} could not be captured for cached decoding: {error}; {_NO_CACHE}") from error
-    if 1 not in traced.shapes.varying("input_ids"):
-        raise PipelineError(
-            f"{name} cannot be exported with a symbolic sequence length, so a one-token step cannot run on its "
-            f"graph; {_NO_CACHE}"
-        )
-    if not _has_attention(traced):
-        raise PipelineError(
-            f"{name}'s graph has no scaled_dot_product_attention call to keep keys and values for; {_NO_CACHE}"
-        )
+    if "logits" not in engine.model_outputs.outputs:
+        raise PipelineError(f"{name}'s graph returns no `logits` to decode from; {_NO_CACHE}")
+    traced = _capture(model, engine, sliced)
     cursors = {stage: SliceCursor() for stage in engine.modules}
     node_stage = {node: spec.stage_index for spec in engine.specs for node in spec.nodes}
     variant = build_variant(
@@ -171,8 +157,6 @@ def _build(engine: PipelineEngine, model: nn.Module) -> DecodingStages:
     for stage, module in variant.modules.items():
         use_prefix_attention(module, cursors[stage])
         module.train(False)
-    if "logits" not in engine.model_outputs.outputs:
-        raise PipelineError(f"{name}'s graph returns no `logits` to decode from; {_NO_CACHE}")
     logits = engine.model_outputs.outputs["logits"].value
     values = {*engine.transfers, logits}
     sizes = [size for stage in engine.modules for size in variant.specs[stage].size_inputs]
@@ -185,3 +169,32 @@ def _has_attention(traced: TracedModel) -> bool:
         getattr(module, "op", None) is torch.ops.aten.scaled_dot_product_attention.default
         for module in traced.graph_module.modules()
     )
+
+
+def _capture(model: nn.Module, engine: PipelineEngine, sliced: bool) -> TracedModel:
+    """``model`` captured with ``position_ids`` and a symbolic length (once per model and kind of labels)."""
+    name = type(model).__name__
+    captures = _CAPTURED.setdefault(model, {})
+    if sliced in captures:
+        return captures[sliced]
+    planned = engine.graph.inputs["input_ids"].shape or (2, 4)
+    rows, length = max(2, int(planned[0])), max(3, int(planned[1]))
+    ids = torch.zeros(rows, length, dtype=torch.long)
+    sample = decoding_inputs(ids, torch.ones_like(ids), torch.arange(length).expand(rows, length))
+    try:
+        with warnings.catch_warnings():  # decoding runs without dropout: token slicing's warning on it is not ours
+            warnings.filterwarnings("ignore", message=".*token slices draw their dropout masks")
+            traced = capture_token_slices(model, sample, [length]).full if sliced else capture_model(model, sample)
+    except TraceError as error:
+        raise PipelineError(f"{name} could not be captured for cached decoding: {error}; {_NO_CACHE}") from error
+    if 1 not in traced.shapes.varying("input_ids"):
+        raise PipelineError(
+            f"{name} cannot be exported with a symbolic sequence length, so a one-token step cannot run on its "
+            f"graph; {_NO_CACHE}"
+        )
+    if not _has_attention(traced):
+        raise PipelineError(
+            f"{name}'s graph has no scaled_dot_product_attention call to keep keys and values for; {_NO_CACHE}"
+        )
+    captures[sliced] = traced = replace(traced, per_shape=None)  # it would hold the model: never run per shape
+    return traced

@@ -32,7 +32,7 @@ from hf_ftpipe.runtime.shapes import MicrobatchShapes, ShapeBook
 from hf_ftpipe.runtime.stage import StageSpec, build_stage_module
 from hf_ftpipe.runtime.stage_variants import StageVariant, build_variant
 
-__all__ = ["TokenSlicing"]
+__all__ = ["TokenSlicing", "use_prefix_attention"]
 
 
 class TokenSlicing:
@@ -166,7 +166,7 @@ class TokenSlicing:
         for stage, whole_module in modules.items():
             tensors = {**whole.tensors, **dict(whole_module.named_parameters()), **dict(whole_module.named_buffers())}
             module = build_stage_module(whole.graph_module, specs[stage], whole.canonical_names, tensors, device)
-            _use_prefix_attention(module, self.cursors[stage])
+            use_prefix_attention(module, self.cursors[stage])
             built[stage] = module.to(device)
         names = {name: name for name in whole.cost_graph.graph.nodes}
         return StageVariant(traced=whole, specs=list(specs), to_variant=names, modules=built)
@@ -193,11 +193,11 @@ class TokenSlicing:
             extra_inputs=DERIVED_INPUTS,
         )
         for stage, module in variant.modules.items():
-            _use_prefix_attention(module, self.cursors[stage])
+            use_prefix_attention(module, self.cursors[stage])
         return variant
 
 
-def _use_prefix_attention(module: fx.GraphModule, cursor: SliceCursor) -> None:
+def use_prefix_attention(module: fx.GraphModule, cursor: SliceCursor) -> None:
     """Replace each traced attention call of ``module`` by one over the sequence's earlier slices."""
     for node in module.graph.nodes:
         if node.op != "call_module":

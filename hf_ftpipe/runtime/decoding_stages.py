@@ -1,0 +1,200 @@
+"""A causal LM's pipeline stages for decoding with a key/value cache, on the planned stages' weights.
+
+The planned graph of a run without token slicing computes its position ids from the length of
+the batch it is given: a one-token step would sit at position 0. Decoding runs a second capture
+that takes ``position_ids`` (the positions ``model.generate`` computes from the attention mask,
+left padding included) with a symbolic length, matched op by op onto the planned partition
+(`hf_ftpipe.runtime.stage_variants`, as token slices are), its attention calls made
+`PrefixAttention` over each stage's kept keys and values (`hf_ftpipe.runtime.token_slicing`). The
+capture is taken with placeholder labels (every one ``-100``) so the loss stage hands on what its
+planned stage does; the loss it computes is not read.
+"""
+
+from __future__ import annotations
+
+import warnings
+import weakref
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from hf_ftpipe.errors import PipelineError, TraceError
+from hf_ftpipe.graph.padding import IGNORE_INDEX
+from hf_ftpipe.graph.token_slices import DERIVED_INPUTS, capture_token_slices, sequence_inputs
+from hf_ftpipe.graph.trace import TracedModel, capture_model
+from hf_ftpipe.runtime.prefix_attention import SliceCursor
+from hf_ftpipe.runtime.shapes import ShapeBook
+from hf_ftpipe.runtime.stage_variants import StageVariant, build_variant
+from hf_ftpipe.runtime.token_slicing import use_prefix_attention
+
+if TYPE_CHECKING:
+    from hf_ftpipe.runtime.engine import PipelineEngine
+
+__all__ = ["DecodingStages", "check_cacheable", "decoding_stages", "decoding_inputs"]
+
+_NO_CACHE = "generate without the pipeline's key/value cache (every new token then runs the whole prefix again)"
+
+
+@dataclass
+class DecodingStages:
+    """This rank's stages for decoding steps, and what a step needs to know to run them."""
+
+    variant: StageVariant
+    """The decoding capture's stages, on the planned stages' weights; values named as in the planned graph."""
+    cursors: dict[int, SliceCursor]
+    """Per own stage: the keys and values (and offset) its attention layers work on."""
+    book: ShapeBook
+    """Shapes of the values that cross ranks and the sizes the stages read, per step shape (decoding graph's names)."""
+    logits: str
+    """The planned graph's value the model returns as ``logits``."""
+    sliced: bool
+    """Whether the planned graph was captured for token slices, which take their labels shifted and
+    counted (`hf_ftpipe.graph.token_slices.sequence_inputs`); the decoding graph then takes them too."""
+
+    def inputs(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor
+    ) -> dict[str, torch.Tensor]:
+        """A step's inputs for the decoding graph."""
+        inputs = decoding_inputs(input_ids, attention_mask, position_ids)
+        return sequence_inputs(inputs) if self.sliced else inputs
+
+
+_BUILT: weakref.WeakKeyDictionary[PipelineEngine, DecodingStages | PipelineError] = weakref.WeakKeyDictionary()
+"""One capture per engine, or the reason it cannot be cached: ``model.generate`` makes a decoder per
+call, and an export takes seconds."""
+_CAPTURED: weakref.WeakKeyDictionary[nn.Module, dict[bool, TracedModel]] = weakref.WeakKeyDictionary()
+"""The decoding capture per model (and whether its labels are shifted): it reads no weight."""
+
+
+def check_cacheable(model: nn.Module) -> None:
+    """Refuse a model whose keys and values the pipeline cannot keep, naming why.
+
+    Raises:
+        `PipelineError`: an encoder-decoder; a model that is not a causal LM; attention that is not
+            ``scaled_dot_product_attention``; dynamic-NTK RoPE or a sliding window (which attention
+            over the kept keys does not apply).
+    """
+    config, name = getattr(model, "config", None), type(model).__name__
+    if getattr(config, "is_encoder_decoder", False):
+        raise PipelineError(
+            f"{name} is an encoder-decoder: the pipeline keeps keys and values for causal LMs (GPT-2-, "
+            f"Llama-style) only, since its decoder's cross-attention reads the encoder's output; {_NO_CACHE}"
+        )
+    if not name.endswith(("ForCausalLM", "LMHeadModel")):
+        raise PipelineError(f"{name} is not a causal LM (…ForCausalLM, …LMHeadModel); {_NO_CACHE}")
+    implementation = getattr(config, "_attn_implementation", None)
+    if implementation != "sdpa":
+        raise PipelineError(
+            f"{name} runs attention with {implementation!r}; the pipeline's key/value cache replaces each "
+            'scaled_dot_product_attention call, so load the model with `attn_implementation="sdpa"`, or '
+            f"{_NO_CACHE}"
+        )
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    if isinstance(rope, Mapping) and "dynamic" in (rope.get("rope_type"), rope.get("type")):
+        raise PipelineError(
+            f"{name} uses dynamic-NTK RoPE scaling, which rescales by the longest position each call sees: "
+            f"a cached step would be rotated unlike the whole sequence; {_NO_CACHE}"
+        )
+    window = getattr(config, "sliding_window", None)
+    if window is not None and getattr(config, "use_sliding_window", True) is not False:
+        raise PipelineError(
+            f"{name} attends within a sliding window of {window} tokens, which the pipeline's key/value cache "
+            f"does not apply; {_NO_CACHE}"
+        )
+
+
+def decoding_inputs(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """What the decoding graph takes for ``input_ids`` (``attention_mask`` at their length):
+    labels that are all ``-100``, so no label is read."""
+    labels = torch.full_like(input_ids, IGNORE_INDEX)
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids, "labels": labels}
+
+
+def decoding_stages(engine: PipelineEngine, model: nn.Module) -> DecodingStages:
+    """The engine's stages for decoding, captured from ``model`` on first use and kept per engine.
+
+    Raises:
+        `PipelineError`: the model cannot be cached (`check_cacheable`), cannot be exported with a
+            symbolic length, or its decoding graph does not map onto the planned stages.
+    """
+    built = _BUILT.get(engine)
+    if built is None:
+        try:
+            check_cacheable(model)
+            built = _build(engine, model)
+        except PipelineError as error:
+            built = error
+        _BUILT[engine] = built
+    if isinstance(built, PipelineError):
+        raise PipelineError(str(built))
+    return built
+
+
+def _build(engine: PipelineEngine, model: nn.Module) -> DecodingStages:
+    name = type(model).__name__
+    sliced = "shift_labels" in engine.graph.inputs  # trained with token slices: the loss is computed as theirs
+    if "logits" not in engine.model_outputs.outputs:
+        raise PipelineError(f"{name}'s graph returns no `logits` to decode from; {_NO_CACHE}")
+    traced = _capture(model, engine, sliced)
+    cursors = {stage: SliceCursor() for stage in engine.modules}
+    node_stage = {node: spec.stage_index for spec in engine.specs for node in spec.nodes}
+    variant = build_variant(
+        engine.graph,
+        traced,
+        engine.specs,
+        node_stage,
+        engine.modules,
+        engine.device,
+        where="in cached decoding",
+        fix=_NO_CACHE,
+        extra_inputs=DERIVED_INPUTS,
+    )
+    for stage, module in variant.modules.items():
+        use_prefix_attention(module, cursors[stage])
+        module.train(False)
+    logits = engine.model_outputs.outputs["logits"].value
+    values = {*engine.transfers, logits}
+    sizes = [size for stage in engine.modules for size in variant.specs[stage].size_inputs]
+    book = ShapeBook(traced.shapes, traced.cost_graph, [variant.to_variant[v] for v in values], sizes)
+    return DecodingStages(variant, cursors, book, logits, sliced)
+
+
+def _has_attention(traced: TracedModel) -> bool:
+    return any(
+        getattr(module, "op", None) is torch.ops.aten.scaled_dot_product_attention.default
+        for module in traced.graph_module.modules()
+    )
+
+
+def _capture(model: nn.Module, engine: PipelineEngine, sliced: bool) -> TracedModel:
+    """``model`` captured with ``position_ids`` and a symbolic length (once per model and kind of labels)."""
+    name = type(model).__name__
+    captures = _CAPTURED.setdefault(model, {})
+    if sliced in captures:
+        return captures[sliced]
+    planned = engine.graph.inputs["input_ids"].shape or (2, 4)
+    rows, length = max(2, int(planned[0])), max(3, int(planned[1]))
+    ids = torch.zeros(rows, length, dtype=torch.long)
+    sample = decoding_inputs(ids, torch.ones_like(ids), torch.arange(length).expand(rows, length))
+    try:
+        with warnings.catch_warnings():  # decoding runs without dropout: token slicing's warning on it is not ours
+            warnings.filterwarnings("ignore", message=".*token slices draw their dropout masks")
+            traced = capture_token_slices(model, sample, [length]).full if sliced else capture_model(model, sample)
+    except TraceError as error:
+        raise PipelineError(f"{name} could not be captured for cached decoding: {error}; {_NO_CACHE}") from error
+    if 1 not in traced.shapes.varying("input_ids"):
+        raise PipelineError(
+            f"{name} cannot be exported with a symbolic sequence length, so a one-token step cannot run on its "
+            f"graph; {_NO_CACHE}"
+        )
+    if not _has_attention(traced):
+        raise PipelineError(
+            f"{name}'s graph has no scaled_dot_product_attention call to keep keys and values for; {_NO_CACHE}"
+        )
+    captures[sliced] = traced = replace(traced, per_shape=None)  # it would hold the model: never run per shape
+    return traced

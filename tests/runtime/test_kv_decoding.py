@@ -1,0 +1,108 @@
+"""Decoding a causal LM through the pipeline with each stage's keys and values kept on its rank gives
+the logits of the eager model with a `DynamicCache`: left-padded prompts of different lengths, a
+prefill, one-token steps and a beam-search reorder, on two gloo ranks with one stage each and
+with Mixed-Pipe's non-adjacent stages on one rank (stages [0, 1, 1, 0])."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from hf_ftpipe.errors import PipelineError
+from hf_ftpipe.runtime.decoding_stages import check_cacheable
+
+from distributed import run_ranks, values_or_raise
+from models import VOCAB, tiny_batch, tiny_model
+from placements import contiguous_placement
+
+ROWS = 4
+PROMPT = 6
+PADDING = [2, 0, 3, 1]
+"""Left padding of each row: prompts of 4, 6, 3 and 5 tokens."""
+REORDERS = [None, None, [1, 0, 3, 3], None]
+"""Before each one-token step: the beam-search reorder, if any (rows 1 and 3 take two rows each)."""
+MAX_LENGTH = PROMPT + len(REORDERS) + 2
+PLANS = {"one stage per rank": ([0, 1], 2), "mixed": ([0, 1, 1, 0], 3)}
+"""Stage → rank, and micro-batches the rows are split into (3: rows of 2, 1 and 1)."""
+
+
+def prompts() -> tuple[torch.Tensor, torch.Tensor]:
+    ids = torch.randint(3, VOCAB, (ROWS, PROMPT), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones(ROWS, PROMPT, dtype=torch.long)
+    for row, pad in enumerate(PADDING):
+        mask[row, :pad] = 0
+    return ids, mask
+
+
+def positions(mask: torch.Tensor, new: int) -> torch.Tensor:
+    """The new tokens' positions as ``model.generate`` counts them (0 at left padding)."""
+    return (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)[:, -new:]
+
+
+def decode(step, reorder) -> list[torch.Tensor]:
+    """Prefill, then a greedy token per row per step, reordering rows where `REORDERS` says."""
+    ids, mask = prompts()
+    logits = [step(ids, mask, positions(mask, PROMPT))]
+    for beams in REORDERS:
+        if beams is not None:
+            reorder(torch.tensor(beams))
+        token = logits[-1][:, -1].argmax(-1, keepdim=True)
+        mask = torch.cat([mask, torch.ones(ROWS, 1, dtype=torch.long)], dim=1)
+        logits.append(step(token, mask, positions(mask, 1)))
+    return logits
+
+
+def pipeline_run(rank: int, world_size: int) -> dict:
+    from hf_ftpipe.graph.trace import capture_model
+    from hf_ftpipe.runtime import PipelineEngine
+    from hf_ftpipe.runtime.kv_decoding import KVDecoder
+
+    model = tiny_model("gpt2")
+    traced = capture_model(model, tiny_batch("gpt2", 2))
+    results = {}
+    for name, (stage_rank, num_microbatches) in PLANS.items():
+        placement = contiguous_placement(traced.cost_graph, stage_rank)
+        engine = PipelineEngine(traced, placement, num_microbatches=num_microbatches)
+        decoder = KVDecoder(engine, model=model, rows=ROWS, max_length=MAX_LENGTH)
+        lengths = []
+
+        def step(ids, mask, position_ids, decoder=decoder, lengths=lengths):
+            logits = decoder.forward(ids, mask, position_ids)
+            lengths.append(decoder.seq_length)
+            return logits
+
+        results[name] = decode(step, decoder.reorder), lengths
+        decoder.close()
+    return results
+
+
+def reference() -> list[torch.Tensor]:
+    model = tiny_model("gpt2").eval()
+    cache = DynamicCache(config=model.config)
+
+    @torch.no_grad()
+    def step(ids, mask, position_ids):
+        return model(input_ids=ids, attention_mask=mask, position_ids=position_ids, cache=cache).logits
+
+    return decode(step, cache.reorder_cache)
+
+
+def test_cached_decoding_equals_the_eager_model_with_a_dynamic_cache() -> None:
+    expected = reference()
+    for rank_results in values_or_raise(run_ranks(pipeline_run, 2)):
+        for name, (logits, lengths) in rank_results.items():
+            assert lengths == [PROMPT + step for step in range(len(REORDERS) + 1)], name
+            assert [tuple(t.shape) for t in logits] == [tuple(t.shape) for t in expected], name
+            for step, (got, want) in enumerate(zip(logits, expected, strict=True)):
+                assert torch.allclose(got, want, atol=1e-5, rtol=1e-5), (name, step, (got - want).abs().max())
+
+
+def test_an_encoder_decoder_is_refused_with_the_reason() -> None:
+    with pytest.raises(PipelineError) as error:
+        check_cacheable(tiny_model("t5"))
+    assert str(error.value) == (
+        "T5ForConditionalGeneration is an encoder-decoder: the pipeline keeps keys and values for causal LMs "
+        "(GPT-2-, Llama-style) only, since its decoder's cross-attention reads the encoder's output; generate "
+        "without the pipeline's key/value cache (every new token then runs the whole prefix again)"
+    )

@@ -26,6 +26,7 @@ from torch import nn
 from transformers.trainer_pt_utils import find_batch_size, nested_truncate
 
 from hf_ftpipe.graph.padding import IGNORE_INDEX
+from hf_ftpipe.runtime.kv_decoding import KVDecoder
 from hf_ftpipe.runtime.microbatches import microbatch_rows
 from hf_ftpipe.trainer.generation import pipeline_generate
 from hf_ftpipe.trainer.generation_randomness import rank0_random_state
@@ -130,8 +131,17 @@ class PipeEvaluation:
                 kwargs.pop("streamer", None)  # rank 0 streams the tokens every rank generates
             with rank0_random_state(self.args.device, self.watchdog):
                 return pipeline_generate(
-                    self.model, self._pipeline_logits, self.engine.graph.inputs, self.args.device, **kwargs
+                    self.model,
+                    self._pipeline_logits,
+                    self.engine.graph.inputs,
+                    self.args.device,
+                    decoder_for=self._key_value_cache,
+                    **kwargs,
                 )
+
+    def _key_value_cache(self, rows: int, max_length: int) -> KVDecoder:
+        """A causal LM's keys and values kept on each stage's rank, for generation (`hf_ftpipe.runtime.kv_decoding`)."""
+        return KVDecoder(self.engine, model=self.model, rows=rows, max_length=max_length)
 
     def _generated_tokens(self, inputs: dict[str, Any], gen_kwargs: dict[str, Any]) -> torch.Tensor:
         """`Seq2SeqTrainer.prediction_step`'s ``model.generate(**inputs, **gen_kwargs)``: a batch's

@@ -28,6 +28,7 @@ two agree, and the logits moved back. Attention sees the same real tokens at the
 from __future__ import annotations
 
 import copy
+import dataclasses
 import inspect
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -40,55 +41,104 @@ from transformers.modeling_outputs import BaseModelOutput, CausalLMOutputWithPas
 
 from hf_ftpipe.errors import PipelineError
 from hf_ftpipe.graph.cost_graph import InputInfo
+from hf_ftpipe.runtime.kv_decoding import KVDecoder
+from hf_ftpipe.trainer.generation_settings import resolved_generation_config
+from hf_ftpipe.trainer.pipeline_cache import PipelineCache
+from hf_ftpipe.trainer.run_log import get_logger
 
-__all__ = ["LogitsOf", "pipeline_generate"]
+__all__ = ["DecoderFor", "LogitsOf", "pipeline_generate"]
+
+logger = get_logger(__name__)
 
 LogitsOf = Callable[[dict[str, torch.Tensor]], torch.Tensor]
 """Runs the pipeline on a batch of the traced graph's inputs and returns its logits, ``(rows,
 length, vocab)``, identical on every rank (`PipeEvaluation._pipeline_logits`)."""
 
+DecoderFor = Callable[[int, int], KVDecoder]
+"""Makes the pipeline's key/value cache for ``rows`` rows of up to ``max_length`` tokens (`KVDecoder`),
+or raises `PipelineError` naming why the model cannot be cached."""
+
 _DECODER_INPUTS = ("labels", "decoder_input_ids", "decoder_attention_mask")
+_CACHE_FIELDS = {f.name for f in dataclasses.fields(CausalLMOutputWithPast)}
+_CACHE_INPUT = "cache" if "cache" in _CACHE_FIELDS else "past_key_values"
+"""Where ``generate`` keeps the cache, passes it to the forward and reads it back from the output: ``cache``
+from transformers 5.24, ``past_key_values`` before."""
 
 
 def pipeline_generate(
-    model: nn.Module, logits_of: LogitsOf, traced: Mapping[str, InputInfo], device: torch.device, **kwargs: Any
+    model: nn.Module,
+    logits_of: LogitsOf,
+    traced: Mapping[str, InputInfo],
+    device: torch.device,
+    decoder_for: DecoderFor | None = None,
+    **kwargs: Any,
 ) -> Any:
-    """``model.generate(**kwargs)``, with every forward run by ``logits_of`` (every rank must call it
+    """``model.generate(**kwargs)``, with every forward run by the pipeline (every rank must call it
     alike; the random state is the caller's business: `rank0_random_state`).
 
     Args:
         model: the Hugging Face model (its config and generation settings; its weights are not used).
-        logits_of: runs the pipeline (`LogitsOf`).
+        logits_of: runs the pipeline on whole sequences (`LogitsOf`).
         traced: the inputs the pipeline was traced with (``engine.graph.inputs``).
         device: where the pipeline takes its inputs (``generate`` may move them to the model's device).
+        decoder_for: makes a causal LM's key/value cache on the stages (`DecoderFor`); with ``use_cache``
+            (``generate``'s default) a causal LM decodes with it, one token's work per stage for each new
+            token. A model it cannot cache generates without, with a warning naming why.
         kwargs: ``generate``'s arguments.
     """
-    config = model.config
     kwargs = dict(kwargs)
     if kwargs.get("inputs") is not None:  # generate's positional `inputs`: the model's main input
         kwargs[getattr(model, "main_input_name", "input_ids")] = kwargs.pop("inputs")
     kwargs["synced_gpus"] = False  # every rank already runs every step: nothing to keep in step
-    if config.is_encoder_decoder:
-        forward = _EncoderDecoderForward(model, logits_of, traced, device, kwargs)
+    decoder = None
+    if model.config.is_encoder_decoder:
+        forward: Callable[..., Any] = _EncoderDecoderForward(model, logits_of, traced, device, kwargs)
         kwargs["encoder_outputs"] = BaseModelOutput(last_hidden_state=forward.row_indices)
-        _without_cache(kwargs)
     else:
         forward = _CausalForward(logits_of, traced, device)
-        _without_cache(kwargs)
-    with _forward_replaced(model, forward):
-        return model.generate(**kwargs)
+        decoder = _cache_for(model, decoder_for, kwargs) if decoder_for is not None else None
+    if decoder is None:
+        _set_generation(kwargs, use_cache=False)
+    else:  # generate's own cache would be made beside ours: none of its making
+        _set_generation(kwargs, use_cache=True, cache_implementation=None)
+        kwargs[_CACHE_INPUT] = PipelineCache(decoder)
+    try:
+        with _forward_replaced(model, forward):
+            return model.generate(**kwargs)
+    finally:
+        if decoder is not None:
+            decoder.close()
 
 
-def _without_cache(kwargs: dict[str, Any]) -> None:
-    """``use_cache=False`` where ``generate`` reads it: in the ``generation_config`` given, else a keyword
-    (transformers 5.24 warns of a keyword beside a ``generation_config``)."""
+def _cache_for(model: nn.Module, decoder_for: DecoderFor, kwargs: dict[str, Any]) -> KVDecoder | None:
+    """The stages' key/value cache for ``model.generate(**kwargs)``: as many rows as it decodes together
+    (the batch times its beams or sequences per prompt) and as long as they may grow; ``None`` where
+    ``use_cache`` is off or the model cannot be cached (warned, with the reason)."""
+    settings = resolved_generation_config(model, kwargs)
+    prompt = kwargs.get(getattr(model, "main_input_name", "input_ids"))
+    if not settings.use_cache or not isinstance(prompt, torch.Tensor) or prompt.dim() != 2:
+        return None
+    rows = prompt.shape[0] * max(settings.num_beams or 1, settings.num_return_sequences or 1)
+    new_tokens = settings.max_new_tokens
+    max_length = prompt.shape[1] + new_tokens if new_tokens is not None else settings.max_length
+    try:
+        return decoder_for(rows, max(max_length, prompt.shape[1] + 1))
+    except PipelineError as error:
+        logger.warning("generating without a key/value cache (each new token reruns the whole sequence): %s", error)
+        return None
+
+
+def _set_generation(kwargs: dict[str, Any], **settings: Any) -> None:
+    """Generation ``settings`` where ``generate`` reads them: in the ``generation_config`` given, else as
+    keywords (transformers 5.24 warns of keywords beside a ``generation_config``)."""
     given = kwargs.get("generation_config")
     if isinstance(given, GenerationConfig):
         kwargs["generation_config"] = copy.deepcopy(given)
-        kwargs["generation_config"].use_cache = False
-        kwargs.pop("use_cache", None)
+        for name, value in settings.items():
+            setattr(kwargs["generation_config"], name, value)
+            kwargs.pop(name, None)
     else:
-        kwargs["use_cache"] = False
+        kwargs.update(settings)
 
 
 @contextmanager
@@ -192,9 +242,14 @@ class _CausalForward:
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
+        cache: PipelineCache | None = None,
+        past_key_values: PipelineCache | None = None,
         **ignored: Any,
     ) -> CausalLMOutputWithPast:
+        cache = cache if cache is not None else past_key_values
         input_ids = input_ids.to(self.device)
+        if cache is not None:
+            return self._decode(cache, input_ids, attention_mask, position_ids)
         mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(self.device)
         batch = {"input_ids": input_ids}
         if "position_ids" in self.traced:
@@ -215,6 +270,24 @@ class _CausalForward:
         if order is not None:
             logits = logits.gather(1, torch.argsort(order, dim=1)[..., None].expand_as(logits))
         return CausalLMOutputWithPast(logits=logits)
+
+    def _decode(
+        self,
+        cache: PipelineCache,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        position_ids: torch.Tensor | None,
+    ) -> CausalLMOutputWithPast:
+        """The new tokens only (the prompt, then one per row per step), through the stages' caches."""
+        rows, new = input_ids.shape
+        length = cache.get_seq_length() + new
+        # generate drops a mask of all ones; the cache takes the mask of every token so far
+        mask = torch.ones(rows, length, dtype=torch.long, device=self.device)
+        if attention_mask is not None:
+            mask = attention_mask.to(self.device)
+        positions = _positions(mask)[:, -new:] if position_ids is None else position_ids.to(self.device)
+        logits = cache.decoder.forward(input_ids, mask, positions)  # (rows, new, vocab), on every rank
+        return CausalLMOutputWithPast(logits=logits, **{_CACHE_INPUT: cache})
 
 
 def _positions(mask: torch.Tensor) -> torch.Tensor:

@@ -1,7 +1,8 @@
 """Generation settings and prompts that ``model.generate`` on one process and `PipeTrainer.generate`
 (or the driver over an eager twin) must agree on, token for token: greedy search, beam search with
 a length penalty, early stopping and two sequences returned per prompt, and sampling with top-k,
-top-p and a temperature from one seed."""
+top-p and a temperature from one seed; a causal LM with its key/value cache kept on the stages (generate's
+default) and without (``uncached``)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ CASES: dict[str, dict[str, Any]] = {
         "num_return_sequences": 2,
     },
     "sampling": {"max_new_tokens": 5, "do_sample": True, "top_k": 10, "top_p": 0.9, "temperature": 0.7},
+    "uncached": {"max_new_tokens": 5, "num_beams": 2, "use_cache": False},
 }
 
 
@@ -58,14 +60,33 @@ def generate_cases(kind: str, generate: Callable[..., torch.Tensor], seed: int =
 
 def generate_on_every_rank(trainer: Any, kind: str, folder: str) -> None:
     """`PipeTrainer.generate` on every case (rank r seeded ``SEED + r``: only rank 0's state may matter);
-    each rank writes what it got to ``folder/generated_rank{r}.pt``."""
+    each rank writes what it got to ``folder/generated_rank{r}.pt``, with how many whole-sequence forwards
+    each case ran through the pipeline (none where the stages' key/value cache decodes)."""
     import os
 
     import torch.distributed as dist
 
     rank = dist.get_rank()
     os.makedirs(folder, exist_ok=True)
-    results = generate_cases(kind, trainer.generate, seed=SEED + rank)
+    whole_sequence = trainer._pipeline_logits
+    forwards: dict[str, int] = {}
+
+    def counted(**kwargs: Any) -> torch.Tensor:
+        case = next(name for name, settings in CASES.items() if all(kwargs.get(k) == v for k, v in settings.items()))
+        forwards[case] = 0
+
+        def logits_of(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+            forwards[case] += 1
+            return whole_sequence(batch)
+
+        trainer._pipeline_logits = logits_of
+        try:
+            return trainer.generate(**kwargs)
+        finally:
+            del trainer._pipeline_logits
+
+    results = generate_cases(kind, counted, seed=SEED + rank)
+    results["whole_sequence_forwards"] = forwards
     torch.save(results, f"{folder}/generated_rank{rank}.pt")
 
 
@@ -83,3 +104,8 @@ def assert_generated_like_one_process(folder: Any, kind: str, model: torch.nn.Mo
     torch.manual_seed(SEED + 1)
     assert torch.equal(ranks[1]["after_sampling"], torch.rand(4))
     assert expected["beams"].shape[0] == 6 and len({tuple(r) for r in expected["sampling"].tolist()}) > 1
+    # GPT-2 decodes through the stages' caches unless told not to; T5 has none
+    forwards = ranks[0]["whole_sequence_forwards"]
+    assert {name for name, count in forwards.items() if count == 0} == (
+        {"greedy", "beams", "sampling"} if kind == "gpt2" else set()
+    ), forwards

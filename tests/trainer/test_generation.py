@@ -7,9 +7,11 @@ test_any_batch.py (``PipeTrainer.generate``)."""
 from __future__ import annotations
 
 import copy
+import inspect
 
 import pytest
 import torch
+from transformers import DynamicCache
 
 from hf_ftpipe.errors import PipelineError
 from hf_ftpipe.graph.cost_graph import InputInfo
@@ -30,6 +32,39 @@ def traced_inputs(kind: str, label_length: int | None = None) -> dict[str, Input
     return inputs
 
 
+class EagerDecoder:
+    """The stages' key/value cache's stand-in (`KVDecoder`'s contract): a copy of the model with a
+    `DynamicCache`, recording the shapes of each call and the beam reorders."""
+
+    def __init__(self, model: torch.nn.Module, rows: int, max_length: int) -> None:
+        self.model, self.rows, self.max_length = copy.deepcopy(model), rows, max_length
+        self.cache, self.seq_length, self.calls, self.reorders, self.closed = DynamicCache(), 0, [], 0, False
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor):
+        assert (
+            attention_mask.shape == (self.rows, self.seq_length + input_ids.shape[1])
+            and input_ids.shape[0] == self.rows
+        )
+        self.calls.append(tuple(input_ids.shape))
+        cache_name = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
+        output = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=True,
+            **{cache_name: self.cache},
+        )
+        self.seq_length += input_ids.shape[1]
+        return output.logits
+
+    def reorder(self, beam_idx: torch.Tensor) -> None:
+        self.cache.reorder_cache(beam_idx)
+        self.reorders += 1
+
+    def close(self) -> None:
+        self.closed = True
+
+
 class Twin:
     """The pipeline's stand-in: a copy of the model, recording each batch it is fed."""
 
@@ -39,6 +74,28 @@ class Twin:
     def __call__(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         self.batches.append({name: value.clone() for name, value in batch.items()})
         return self.model(**batch).logits
+
+
+def test_gpt2_decodes_through_the_stages_cache_one_token_a_step() -> None:
+    model = tiny_model("gpt2").eval()
+    decoders = []
+
+    def decoder_for(rows: int, max_length: int) -> EagerDecoder:
+        decoders.append(EagerDecoder(model, rows, max_length))
+        return decoders[-1]
+
+    expected = generate_cases("gpt2", model.generate)
+    twin = Twin(model)
+    got = generate_cases(
+        "gpt2", lambda **kw: pipeline_generate(model, twin, traced_inputs("gpt2"), CPU, decoder_for, **kw)
+    )
+    for name in [*CASES, "after_sampling"]:
+        assert torch.equal(got[name], expected[name]), name
+    assert not twin.batches  # no whole-sequence forward: every one went through the cache
+    greedy, beams, sampling = decoders
+    assert (greedy.rows, greedy.max_length, beams.rows, sampling.rows) == (3, 6 + 5, 3 * 3, 3)
+    assert greedy.calls == [(3, 6)] + [(3, 1)] * 4  # the prompt, then one token a step (the 5th ends it)
+    assert beams.reorders == len(beams.calls) and all(d.closed for d in decoders)  # after every step
 
 
 @pytest.mark.parametrize("kind", ["t5", "gpt2"])

@@ -19,10 +19,14 @@ it. There is no key/value cache for them: T5's relative position bias and cross-
 fit the pipeline's prefix attention yet, so each new token costs a whole forward (the encoder and
 the decoder prefix again).
 
-Causal LMs (GPT-2, Llama): the forward gets the whole sequence so far. A graph traced without
-``position_ids`` numbers positions 0, 1, ... itself, where ``generate`` numbers a left-padded row
-from its first real token; so each row's real tokens are moved to its front (in order), where the
-two agree, and the logits moved back. Attention sees the same real tokens at the same positions.
+Causal LMs (GPT-2, Llama) keep a key/value cache on the stages (`hf_ftpipe.runtime.kv_decoding`):
+``generate`` holds a `PipelineCache` that the forward hands the prompt, then each new token, so a new
+token costs one token's work per stage; beam search reorders the stages' rows through it. With
+``use_cache=False``, or for a model the stages cannot cache (warned with the reason), the forward
+gets the whole sequence so far instead. A graph traced without ``position_ids`` numbers positions
+0, 1, ... itself, where ``generate`` numbers a left-padded row from its first real token; so each
+row's real tokens are moved to its front (in order), where the two agree, and the logits moved
+back. Attention sees the same real tokens at the same positions.
 """
 
 from __future__ import annotations

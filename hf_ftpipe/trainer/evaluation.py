@@ -25,6 +25,7 @@ import torch
 from torch import nn
 from transformers.trainer_pt_utils import find_batch_size, nested_truncate
 
+from hf_ftpipe.errors import PipelineError
 from hf_ftpipe.graph.padding import IGNORE_INDEX
 from hf_ftpipe.runtime.kv_decoding import KVDecoder
 from hf_ftpipe.runtime.microbatches import microbatch_rows
@@ -122,6 +123,11 @@ class PipeEvaluation:
         with self.failing_together("generating"):
             check_pipeline_generation(self.model, kwargs)
             if self.engine is None:
+                if self.train_dataset is None and self.eval_dataset is None:
+                    raise PipelineError(
+                        "generate builds the pipeline from a training batch (the shapes it is planned for), but the "
+                        "trainer has no `train_dataset` or `eval_dataset`: pass one, or train or evaluate first"
+                    )
                 data = self.get_train_dataloader() if self.train_dataset is not None else self.get_eval_dataloader()
                 self._ensure_engine(self._first_batch(data))
             kwargs = {name: self._prepare_input(v) if isinstance(v, torch.Tensor) else v for name, v in kwargs.items()}

@@ -95,8 +95,9 @@ def pipeline_generate(
         kwargs[getattr(model, "main_input_name", "input_ids")] = kwargs.pop("inputs")
     kwargs["synced_gpus"] = False  # every rank already runs every step: nothing to keep in step
     decoder = None
+    forward: _EncoderDecoderForward | _CausalForward
     if model.config.is_encoder_decoder:
-        forward: Callable[..., Any] = _EncoderDecoderForward(model, logits_of, traced, device, kwargs)
+        forward = _EncoderDecoderForward(model, logits_of, traced, device, kwargs)
         kwargs["encoder_outputs"] = BaseModelOutput(last_hidden_state=forward.row_indices)
     else:
         forward = _CausalForward(logits_of, traced, device)

@@ -63,6 +63,7 @@ def generate_on_every_rank(trainer: Any, kind: str, folder: str) -> None:
     each rank writes what it got to ``folder/generated_rank{r}.pt``, with how many whole-sequence forwards
     each case ran through the pipeline (none where the stages' key/value cache decodes)."""
     import os
+    import time
 
     import torch.distributed as dist
 
@@ -85,8 +86,10 @@ def generate_on_every_rank(trainer: Any, kind: str, folder: str) -> None:
         finally:
             del trainer._pipeline_logits
 
+    start = time.perf_counter()
     results = generate_cases(kind, counted, seed=SEED + rank)
     results["whole_sequence_forwards"] = forwards
+    results["wall_s"] = time.perf_counter() - start  # what these cases add to the job
     torch.save(results, f"{folder}/generated_rank{rank}.pt")
 
 

@@ -91,7 +91,8 @@ def test_gpt2_decodes_through_the_stages_cache_one_token_a_step() -> None:
     )
     for name in [*CASES, "after_sampling"]:
         assert torch.equal(got[name], expected[name]), name
-    assert not twin.batches  # no whole-sequence forward: every one went through the cache
+    # whole sequences only for the `uncached` case (2 beams of 3 prompts); the others through the cache
+    assert twin.batches and {b["input_ids"].shape[0] for b in twin.batches} == {6}
     greedy, beams, sampling = decoders
     assert (greedy.rows, greedy.max_length, beams.rows, sampling.rows) == (3, 6 + 5, 3 * 3, 3)
     assert greedy.calls == [(3, 6)] + [(3, 1)] * 4  # the prompt, then one token a step (the 5th ends it)

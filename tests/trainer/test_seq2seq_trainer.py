@@ -6,10 +6,12 @@ batch runs. Its generated tokens (greedy at evaluate, beams at predict) against 
 from __future__ import annotations
 
 import pytest
+import torch
 from datasets import Dataset
 from transformers import GenerationConfig
 
 from hf_ftpipe import PipeSeq2SeqTrainer, PipeSeq2SeqTrainingArguments
+from hf_ftpipe.errors import PipelineError
 
 from models import tiny_model
 
@@ -52,3 +54,13 @@ def test_beams_from_the_arguments_and_the_generation_config_are_kept(tmp_path) -
     made = trainer(tmp_path, generation_config=GenerationConfig(num_beams=4, decoder_start_token_id=0, pad_token_id=0))
     made._use_gen_kwargs({"do_sample": True})
     assert made._gen_kwargs == {"do_sample": True} and made.model.generation_config.num_beams == 4
+
+
+def test_generate_without_a_pipeline_or_data_to_build_one_says_what_to_pass(tmp_path) -> None:
+    made = trainer(tmp_path)
+    prompt = {"input_ids": torch.tensor([[5, 6, 1]])}
+    with pytest.raises(ValueError, match=r"`num_beam_groups=2` \(group beam search\)"):
+        made.generate(**prompt, num_beams=4, num_beam_groups=2)  # refused before anything is built
+    with pytest.raises(PipelineError, match="the trainer has no `train_dataset` or `eval_dataset`: pass one"):
+        made.generate(**prompt, num_beams=2)
+    assert made.engine is None

@@ -244,13 +244,18 @@ class _CausalForward:
     def __call__(
         self,
         *,
-        input_ids: torch.Tensor,
+        input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
         cache: PipelineCache | None = None,
         past_key_values: PipelineCache | None = None,
         **ignored: Any,
     ) -> CausalLMOutputWithPast:
+        if input_ids is None:
+            raise PipelineError(
+                "generation through the pipeline starts from token ids: the pipeline was traced on `input_ids`, "
+                "not `inputs_embeds`; pass `input_ids`"
+            )
         cache = cache if cache is not None else past_key_values
         input_ids = input_ids.to(self.device)
         if cache is not None:
@@ -301,14 +306,17 @@ def _positions(mask: torch.Tensor) -> torch.Tensor:
 
 
 def _check_positions(mask: torch.Tensor, position_ids: torch.Tensor | None) -> None:
-    """A graph that numbers positions itself takes only ``generate``'s numbering (real tokens from 0)."""
+    """A graph that numbers positions itself takes only ``generate``'s numbering of left-padded rows
+    (each real token at the count of real tokens before it)."""
     if position_ids is None:
         return
     position_ids = position_ids.to(mask.device)
     real = mask == 1
     if not bool((position_ids[real] == _positions(mask)[real]).all()):
         raise PipelineError(
-            "generate was given `position_ids` other than each row's real tokens numbered from 0, but the pipeline "
-            "was traced without `position_ids` (its graph numbers positions itself): drop `position_ids`, or "
-            "trace on batches that carry them"
+            "generate numbers some tokens at other positions than the count of real tokens before them (it does "
+            "so after right padding, or with `position_ids` given), but the pipeline was traced without "
+            "`position_ids` (its graph numbers positions itself) and generates here without a key/value cache: "
+            "pad the prompts on the left (`tokenizer.padding_side = 'left'`) and drop `position_ids`, or generate "
+            "with the cache (`use_cache=True`)"
         )

@@ -18,7 +18,7 @@ from hf_ftpipe.graph.cost_graph import InputInfo
 from hf_ftpipe.trainer.generation import pipeline_generate
 
 from generation_cases import CASES, generate_cases, prompts
-from models import TARGET, tiny_model
+from models import TARGET, tiny_batch, tiny_model
 
 CPU = torch.device("cpu")
 
@@ -140,7 +140,9 @@ def test_gpt2_rows_are_fed_with_their_real_tokens_first() -> None:
 def test_positions_a_graph_without_position_ids_cannot_take_are_refused() -> None:
     model = tiny_model("gpt2").eval()
     batch = prompts("gpt2")
-    with pytest.raises(PipelineError, match="`position_ids` other than each row's real tokens numbered from 0"):
+    with pytest.raises(
+        PipelineError, match="generate numbers some tokens at other positions than the count of real tokens"
+    ):
         pipeline_generate(
             model,
             Twin(model),
@@ -151,3 +153,24 @@ def test_positions_a_graph_without_position_ids_cannot_take_are_refused() -> Non
             position_ids=torch.arange(6).expand(3, 6),
         )
     assert "forward" not in model.__dict__
+
+
+def test_a_training_batch_as_seq2seq_trainer_passes_it_generates_as_generate_does() -> None:
+    """`Seq2SeqTrainer.prediction_step` on a decoder-only model: ``generate(**batch)`` with the labels and the
+    collator's right padding (the tokens returned begin with the prompt); through the stages' cache, which
+    takes generate's positions as they are."""
+    model = tiny_model("gpt2").eval()
+    batch = tiny_batch("gpt2", 3)  # row 0 right-padded by 2, labels -100 there
+    with torch.no_grad():
+        expected = model.generate(**batch, max_length=12, num_beams=2)
+        got = pipeline_generate(
+            model,
+            Twin(model),
+            traced_inputs("gpt2"),
+            CPU,
+            lambda r, n: EagerDecoder(model, r, n),
+            **batch,
+            max_length=12,
+            num_beams=2,
+        )
+    assert torch.equal(got, expected) and torch.equal(got[:, :8], batch["input_ids"])

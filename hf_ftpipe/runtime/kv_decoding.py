@@ -89,7 +89,11 @@ class KVDecoder:
 
     @torch.no_grad()
     def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        logits_to_keep: int = 0,
     ) -> torch.Tensor:
         """The logits of the ``n`` new positions, ``(rows, n, vocab)``, on every rank.
 
@@ -97,6 +101,9 @@ class KVDecoder:
             input_ids: ``(rows, n)``, the new tokens (the prompt at the first call).
             attention_mask: ``(rows, seq_length + n)``, the mask of every token so far (0 at padding).
             position_ids: ``(rows, n)``, the new tokens' positions.
+            logits_to_keep: as the model's own: only the last ``logits_to_keep`` positions' logits are
+                handed to the other ranks and returned (0: all); ``generate`` reads only the last, and
+                a prompt's logits for every position are rows × length × vocabulary floats.
         """
         n = int(input_ids.shape[-1])
         end = self.seq_length + n
@@ -119,7 +126,7 @@ class KVDecoder:
                 self._run(action, pieces[action.microbatch_index], shapes[action.microbatch_index], outputs)
             except Exception as error:
                 self._fail(action, error)
-        logits = self._logits(outputs, n)
+        logits = self._logits(outputs, min(n, logits_to_keep) if logits_to_keep > 0 else n)
         self.engine.messenger.flush()
         if self.seq_length == 0 and self._sequences:
             logger.debug("rank %d keeps %.1f MB of keys and values", self.engine.rank, self.cache_bytes / 2**20)
@@ -211,11 +218,12 @@ class KVDecoder:
                 outputs[(value, m)] = tensor
 
     def _logits(self, outputs: dict[tuple[str, int], torch.Tensor], n: int) -> torch.Tensor:
-        """The logits of every row, broadcast from the rank that computed them."""
+        """The last ``n`` positions' logits of every row, broadcast from the rank that computed them."""
         engine = self.engine
         output = engine.model_outputs.outputs["logits"]
         if output.rank == engine.rank:
-            logits = torch.cat([outputs[(output.value, m)] for m in range(len(self._bounds))]).to(output.dtype)
+            pieces = [outputs[(output.value, m)][:, -n:] for m in range(len(self._bounds))]
+            logits = torch.cat(pieces).to(output.dtype)
         else:
             vocab = engine.graph.node(output.value)["output_shapes"][0][-1]
             logits = torch.empty((self.rows, n, vocab), dtype=output.dtype, device=engine.device)

@@ -29,6 +29,7 @@ from hf_ftpipe.errors import PipelineError
 from hf_ftpipe.runtime.decoding_stages import DecodingStages, decoding_stages
 from hf_ftpipe.runtime.microbatches import microbatch_rows
 from hf_ftpipe.runtime.prefix_attention import SequenceKV
+from hf_ftpipe.runtime.shapes import MicrobatchShapes
 from hf_ftpipe.schedules.actions import Action
 from hf_ftpipe.schedules.orders import ScheduleGPipe
 
@@ -184,7 +185,9 @@ class KVDecoder:
                 "make the KVDecoder with the longest length generation may reach"
             )
 
-    def _run(self, action: Action, piece: dict, shapes: object, outputs: dict[tuple[str, int], torch.Tensor]) -> None:
+    def _run(
+        self, action: Action, piece: dict, shapes: MicrobatchShapes, outputs: dict[tuple[str, int], torch.Tensor]
+    ) -> None:
         engine, stages = self.engine, self.stages
         s, m = action.stage_index, action.microbatch_index
         spec, module = stages.variant.specs[s], stages.variant.modules[s]
@@ -192,17 +195,17 @@ class KVDecoder:
         for value in spec.received:
             if (value, m) not in outputs:
                 transfer = engine.transfers[value]
-                shape = shapes.values[stages.variant.to_variant[value]]  # type: ignore[attr-defined]
+                shape = shapes.values[stages.variant.to_variant[value]]
                 outputs[(value, m)] = engine.messenger.recv(
                     shape,
                     transfer.dtype,
                     engine.device,
                     transfer.source_rank,
                     self._tag(value, m),
-                    f"{value} of row group {m}",
+                    f"{value} of micro-batch {m}",
                 )
             received.append(outputs[(value, m)])
-        sizes = shapes.sizes  # type: ignore[attr-defined]
+        sizes = shapes.sizes
         args = [*[piece[name] for name in spec.batch_inputs], *[sizes[name] for name in spec.size_inputs], *received]
         stages.cursors[s].point(self._sequences[(s, m)], self.seq_length)
         autocast = torch.autocast(
@@ -213,7 +216,9 @@ class KVDecoder:
         for value, tensor in zip(spec.sent, results, strict=True):
             transfer = engine.transfers.get(value)
             for peer in transfer.reader_ranks if transfer is not None else ():
-                engine.messenger.send(tensor.to(transfer.dtype), peer, self._tag(value, m), f"{value} of row group {m}")
+                engine.messenger.send(
+                    tensor.to(transfer.dtype), peer, self._tag(value, m), f"{value} of micro-batch {m}"
+                )
             if value == stages.logits or any(engine.stage_rank[c] == engine.rank for c in spec.consumers[value]):
                 outputs[(value, m)] = tensor
 
@@ -233,7 +238,9 @@ class KVDecoder:
         return self.engine.transfers[value].value_id * self.engine.num_microbatches + m
 
     def _fail(self, action: Action, error: Exception) -> None:
-        context = f"[rank {self.engine.rank}, stage {action.stage_index}] decoding row group {action.microbatch_index}"
+        context = (
+            f"[rank {self.engine.rank}, stage {action.stage_index}] decoding micro-batch {action.microbatch_index}"
+        )
         if isinstance(error, PipelineError):
             detail = str(error).removeprefix(f"[rank {self.engine.rank}] ")
             message = report = f"{context}: {detail}"

@@ -29,6 +29,7 @@ from hf_ftpipe.errors import PipelineError
 from hf_ftpipe.runtime.decoding_stages import DecodingStages, decoding_stages
 from hf_ftpipe.runtime.microbatches import microbatch_rows
 from hf_ftpipe.runtime.prefix_attention import SequenceKV
+from hf_ftpipe.runtime.shapes import MicrobatchShapes
 from hf_ftpipe.schedules.actions import Action
 from hf_ftpipe.schedules.orders import ScheduleGPipe
 
@@ -89,7 +90,11 @@ class KVDecoder:
 
     @torch.no_grad()
     def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        logits_to_keep: int = 0,
     ) -> torch.Tensor:
         """The logits of the ``n`` new positions, ``(rows, n, vocab)``, on every rank.
 
@@ -97,6 +102,9 @@ class KVDecoder:
             input_ids: ``(rows, n)``, the new tokens (the prompt at the first call).
             attention_mask: ``(rows, seq_length + n)``, the mask of every token so far (0 at padding).
             position_ids: ``(rows, n)``, the new tokens' positions.
+            logits_to_keep: as the model's own: only the last ``logits_to_keep`` positions' logits are
+                handed to the other ranks and returned (0: all); ``generate`` reads only the last, and
+                a prompt's logits for every position are rows × length × vocabulary floats.
         """
         n = int(input_ids.shape[-1])
         end = self.seq_length + n
@@ -119,7 +127,7 @@ class KVDecoder:
                 self._run(action, pieces[action.microbatch_index], shapes[action.microbatch_index], outputs)
             except Exception as error:
                 self._fail(action, error)
-        logits = self._logits(outputs, n)
+        logits = self._logits(outputs, min(n, logits_to_keep) if logits_to_keep > 0 else n)
         self.engine.messenger.flush()
         if self.seq_length == 0 and self._sequences:
             logger.debug("rank %d keeps %.1f MB of keys and values", self.engine.rank, self.cache_bytes / 2**20)
@@ -177,7 +185,9 @@ class KVDecoder:
                 "make the KVDecoder with the longest length generation may reach"
             )
 
-    def _run(self, action: Action, piece: dict, shapes: object, outputs: dict[tuple[str, int], torch.Tensor]) -> None:
+    def _run(
+        self, action: Action, piece: dict, shapes: MicrobatchShapes, outputs: dict[tuple[str, int], torch.Tensor]
+    ) -> None:
         engine, stages = self.engine, self.stages
         s, m = action.stage_index, action.microbatch_index
         spec, module = stages.variant.specs[s], stages.variant.modules[s]
@@ -185,17 +195,17 @@ class KVDecoder:
         for value in spec.received:
             if (value, m) not in outputs:
                 transfer = engine.transfers[value]
-                shape = shapes.values[stages.variant.to_variant[value]]  # type: ignore[attr-defined]
+                shape = shapes.values[stages.variant.to_variant[value]]
                 outputs[(value, m)] = engine.messenger.recv(
                     shape,
                     transfer.dtype,
                     engine.device,
                     transfer.source_rank,
                     self._tag(value, m),
-                    f"{value} of row group {m}",
+                    f"{value} of micro-batch {m}",
                 )
             received.append(outputs[(value, m)])
-        sizes = shapes.sizes  # type: ignore[attr-defined]
+        sizes = shapes.sizes
         args = [*[piece[name] for name in spec.batch_inputs], *[sizes[name] for name in spec.size_inputs], *received]
         stages.cursors[s].point(self._sequences[(s, m)], self.seq_length)
         autocast = torch.autocast(
@@ -206,16 +216,19 @@ class KVDecoder:
         for value, tensor in zip(spec.sent, results, strict=True):
             transfer = engine.transfers.get(value)
             for peer in transfer.reader_ranks if transfer is not None else ():
-                engine.messenger.send(tensor.to(transfer.dtype), peer, self._tag(value, m), f"{value} of row group {m}")
+                engine.messenger.send(
+                    tensor.to(transfer.dtype), peer, self._tag(value, m), f"{value} of micro-batch {m}"
+                )
             if value == stages.logits or any(engine.stage_rank[c] == engine.rank for c in spec.consumers[value]):
                 outputs[(value, m)] = tensor
 
     def _logits(self, outputs: dict[tuple[str, int], torch.Tensor], n: int) -> torch.Tensor:
-        """The logits of every row, broadcast from the rank that computed them."""
+        """The last ``n`` positions' logits of every row, broadcast from the rank that computed them."""
         engine = self.engine
         output = engine.model_outputs.outputs["logits"]
         if output.rank == engine.rank:
-            logits = torch.cat([outputs[(output.value, m)] for m in range(len(self._bounds))]).to(output.dtype)
+            pieces = [outputs[(output.value, m)][:, -n:] for m in range(len(self._bounds))]
+            logits = torch.cat(pieces).to(output.dtype)
         else:
             vocab = engine.graph.node(output.value)["output_shapes"][0][-1]
             logits = torch.empty((self.rows, n, vocab), dtype=output.dtype, device=engine.device)
@@ -225,7 +238,9 @@ class KVDecoder:
         return self.engine.transfers[value].value_id * self.engine.num_microbatches + m
 
     def _fail(self, action: Action, error: Exception) -> None:
-        context = f"[rank {self.engine.rank}, stage {action.stage_index}] decoding row group {action.microbatch_index}"
+        context = (
+            f"[rank {self.engine.rank}, stage {action.stage_index}] decoding micro-batch {action.microbatch_index}"
+        )
         if isinstance(error, PipelineError):
             detail = str(error).removeprefix(f"[rank {self.engine.rank}] ")
             message = report = f"{context}: {detail}"

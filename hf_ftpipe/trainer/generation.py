@@ -249,6 +249,7 @@ class _CausalForward:
         position_ids: torch.Tensor | None = None,
         cache: PipelineCache | None = None,
         past_key_values: PipelineCache | None = None,
+        logits_to_keep: int = 0,
         **ignored: Any,
     ) -> CausalLMOutputWithPast:
         if input_ids is None:
@@ -259,7 +260,7 @@ class _CausalForward:
         cache = cache if cache is not None else past_key_values
         input_ids = input_ids.to(self.device)
         if cache is not None:
-            return self._decode(cache, input_ids, attention_mask, position_ids)
+            return self._decode(cache, input_ids, attention_mask, position_ids, logits_to_keep)
         mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(self.device)
         batch = {"input_ids": input_ids}
         if "position_ids" in self.traced:
@@ -287,8 +288,10 @@ class _CausalForward:
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None,
         position_ids: torch.Tensor | None,
+        logits_to_keep: int,
     ) -> CausalLMOutputWithPast:
-        """The new tokens only (the prompt, then one per row per step), through the stages' caches."""
+        """The new tokens only (the prompt, then one per row per step), through the stages' caches; only
+        the last ``logits_to_keep`` positions' logits (``generate`` asks for 1) cross between ranks."""
         rows, new = input_ids.shape
         length = cache.get_seq_length() + new
         # generate drops a mask of all ones; the cache takes the mask of every token so far
@@ -296,7 +299,7 @@ class _CausalForward:
         if attention_mask is not None:
             mask = attention_mask.to(self.device)
         positions = _positions(mask)[:, -new:] if position_ids is None else position_ids.to(self.device)
-        logits = cache.decoder.forward(input_ids, mask, positions)  # (rows, new, vocab), on every rank
+        logits = cache.decoder.forward(input_ids, mask, positions, logits_to_keep=logits_to_keep)  # on every rank
         return CausalLMOutputWithPast(logits=logits, **{_CACHE_INPUT: cache})
 
 

@@ -38,14 +38,18 @@ class EagerDecoder:
 
     def __init__(self, model: torch.nn.Module, rows: int, max_length: int) -> None:
         self.model, self.rows, self.max_length = copy.deepcopy(model), rows, max_length
-        self.cache, self.seq_length, self.calls, self.reorders, self.closed = DynamicCache(), 0, [], 0, False
+        self.cache, self.seq_length, self.calls, self.kept = DynamicCache(), 0, [], []
+        self.reorders, self.closed = 0, False
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor):
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, logits_to_keep: int = 0
+    ):
         assert (
             attention_mask.shape == (self.rows, self.seq_length + input_ids.shape[1])
             and input_ids.shape[0] == self.rows
         )
         self.calls.append(tuple(input_ids.shape))
+        self.kept.append(logits_to_keep)
         cache_name = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
         output = self.model(
             input_ids=input_ids,
@@ -55,7 +59,7 @@ class EagerDecoder:
             **{cache_name: self.cache},
         )
         self.seq_length += input_ids.shape[1]
-        return output.logits
+        return output.logits[:, -logits_to_keep:]  # 0: all
 
     def reorder(self, beam_idx: torch.Tensor) -> None:
         self.cache.reorder_cache(beam_idx)
@@ -96,6 +100,7 @@ def test_gpt2_decodes_through_the_stages_cache_one_token_a_step() -> None:
     greedy, beams, sampling = decoders
     assert (greedy.rows, greedy.max_length, beams.rows, sampling.rows) == (3, 6 + 5, 3 * 3, 3)
     assert greedy.calls == [(3, 6)] + [(3, 1)] * 4  # the prompt, then one token a step (the 5th ends it)
+    assert set(greedy.kept) == {1}  # generate reads the last position's logits only: only they cross ranks
     assert beams.reorders == len(beams.calls) and all(d.closed for d in decoders)  # after every step
 
 

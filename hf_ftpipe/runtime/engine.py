@@ -364,11 +364,16 @@ class PipelineEngine(Executor, RankWeights):
 
     @torch.no_grad()
     def eval_step(
-        self, batch: Mapping[str, Any], output_names: tuple[str, ...] = ("loss", "logits")
+        self,
+        batch: Mapping[str, Any],
+        output_names: tuple[str, ...] = ("loss", "logits"),
+        position: int | None = None,
     ) -> dict[str, torch.Tensor]:
         """Forward only; returns the requested model outputs, concatenated over micro-batches, on every rank.
 
-        A streaming pipeline is drained first, so evaluation sees the latest weights.
+        A streaming pipeline is drained first, so evaluation sees the latest weights. With ``position``,
+        only that position of each per-token output (its dimension 1) crosses between ranks, kept as a
+        length of 1: a decoder step reads one position of logits that are sequence × vocabulary large.
         """
         self.drain()
         microbatches = self.inputs.split(batch, training=False)
@@ -377,7 +382,9 @@ class PipelineEngine(Executor, RankWeights):
         program = self.programs.flushing(training=False, microbatches=len(microbatches))
         losses = [loss for _, loss in self._run(program, training=False)]
         self._flush()
-        outputs = self.inputs.unpad(self.model_outputs.gather(output_names, self.state, losses, len(microbatches)))
+        outputs = self.model_outputs.gather(output_names, self.state, losses, len(microbatches), position)
+        if position is None:  # one position is already the batch's own: padding follows it
+            outputs = self.inputs.unpad(outputs)
         self._reset_state()
         return outputs
 

@@ -61,10 +61,16 @@ class ModelOutputs:
         self.device = device
 
     def gather(
-        self, names: Sequence[str], state: MicrobatchState, losses: Sequence[torch.Tensor], num_microbatches: int
+        self,
+        names: Sequence[str],
+        state: MicrobatchState,
+        losses: Sequence[torch.Tensor],
+        num_microbatches: int,
+        position: int | None = None,
     ) -> dict[str, torch.Tensor]:
         """The outputs in ``names`` the model has, concatenated over the evaluation's ``num_microbatches``
-        micro-batches (stacked where each is a scalar), on every rank.
+        micro-batches (stacked where each is a scalar), on every rank; with ``position``, of an output with
+        a sequence dimension (dimension 1) only that position, as a length of 1.
 
         ``losses`` are the micro-batches' losses this rank already has (the lowering sends the loss to
         every rank); ``state`` holds the outputs computed here and each micro-batch's shapes.
@@ -80,11 +86,14 @@ class ModelOutputs:
             pieces = []
             for m in range(num_microbatches):
                 local = state.outputs.get((output.value, m)) if output.rank == self.messenger.rank else None
-                tensor = (
-                    local.detach().to(output.dtype, copy=True)
-                    if local is not None
-                    else torch.empty(state.shapes[m].values[output.value], dtype=output.dtype, device=self.device)
-                )
+                shape = tuple(state.shapes[m].values[output.value])
+                at = position if position is not None and len(shape) > 1 else None
+                if local is not None:
+                    local = local.detach() if at is None else local.detach()[:, at : at + 1]
+                    tensor = local.to(output.dtype, copy=True)
+                else:
+                    shape = shape if at is None else (shape[0], 1, *shape[2:])
+                    tensor = torch.empty(shape, dtype=output.dtype, device=self.device)
                 pieces.append(self.messenger.broadcast(tensor, output.rank, name))
             gathered[name] = torch.stack(pieces) if pieces[0].dim() == 0 else torch.cat(pieces)
         return gathered

@@ -170,13 +170,15 @@ class PipeEvaluation:
         pad = next((t for t in (settings.pad_token_id, self.model.config.pad_token_id) if t is not None), IGNORE_INDEX)
         return nn.functional.pad(tokens, (0, max(0, (max_length or 0) - tokens.shape[1])), value=pad)
 
-    def _pipeline_logits(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    def _pipeline_logits(self, batch: dict[str, torch.Tensor], position: int | None = None) -> torch.Tensor:
         """The model's logits for ``batch`` (the traced inputs it lacks filled as every loss ignores
-        them), in pieces of at most the planned mini-batch: ``(rows, length, vocab)`` on every rank."""
+        them), in pieces of at most the planned mini-batch: ``(rows, length, vocab)`` on every rank, or
+        with ``position`` only that position's, ``(rows, 1, vocab)`` (only those cross between ranks)."""
         pieces = []
         for chunk in self._chunks(self._placeholder_labels(batch)):
             real = find_batch_size(chunk)
-            pieces.append(self.engine.eval_step(self._fixed_rows(chunk), output_names=("logits",))["logits"][:real])
+            outputs = self.engine.eval_step(self._fixed_rows(chunk), output_names=("logits",), position=position)
+            pieces.append(outputs["logits"][:real])
         return torch.cat(pieces)
 
     def _chunks(self, inputs: dict[str, Any]) -> Any:

@@ -54,9 +54,10 @@ __all__ = ["DecoderFor", "LogitsOf", "pipeline_generate"]
 
 logger = get_logger(__name__)
 
-LogitsOf = Callable[[dict[str, torch.Tensor]], torch.Tensor]
+LogitsOf = Callable[..., torch.Tensor]
 """Runs the pipeline on a batch of the traced graph's inputs and returns its logits, ``(rows,
-length, vocab)``, identical on every rank (`PipeEvaluation._pipeline_logits`)."""
+length, vocab)``, identical on every rank (`PipeEvaluation._pipeline_logits`); given a ``position``,
+that position's only, ``(rows, 1, vocab)``."""
 
 DecoderFor = Callable[[int, int], KVDecoder]
 """Makes the pipeline's key/value cache for ``rows`` rows of up to ``max_length`` tokens (`KVDecoder`),
@@ -231,8 +232,9 @@ class _EncoderDecoderForward:
         batch["labels"] = labels
         if "decoder_attention_mask" in self.traced:
             batch["decoder_attention_mask"] = torch.ones_like(labels)
-        logits = self.logits_of(batch)  # (rows, width, vocab); position i sees decoder tokens 0..i only
-        return Seq2SeqLMOutput(logits=logits[:, :length])  # generate moves them to its tokens' device
+        # position i sees decoder tokens 0..i only; generate reads the last one's logits alone
+        logits = self.logits_of(batch, position=length - 1)  # (rows, 1, vocab)
+        return Seq2SeqLMOutput(logits=logits)  # generate moves them to its tokens' device
 
 
 class _CausalForward:

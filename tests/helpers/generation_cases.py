@@ -76,9 +76,9 @@ def generate_on_every_rank(trainer: Any, kind: str, folder: str) -> None:
         case = next(name for name, settings in CASES.items() if all(kwargs.get(k) == v for k, v in settings.items()))
         forwards[case] = 0
 
-        def logits_of(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        def logits_of(batch: dict[str, torch.Tensor], position: int | None = None) -> torch.Tensor:
             forwards[case] += 1
-            return whole_sequence(batch)
+            return whole_sequence(batch, position=position)
 
         trainer._pipeline_logits = logits_of
         try:

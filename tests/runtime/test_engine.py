@@ -73,7 +73,7 @@ def eval_run(rank: int, world_size: int):
     batch = tiny_batch("t5", MICROBATCH * NUM_MICROBATCHES)
     traced = capture_model(model, {name: value[:MICROBATCH] for name, value in batch.items()})
     engine = PipelineEngine(traced, contiguous_placement(traced.cost_graph, [0, 1]), num_microbatches=NUM_MICROBATCHES)
-    return engine.eval_step(batch)
+    return engine.eval_step(batch), engine.eval_step(batch, output_names=("loss", "logits"), position=2)
 
 
 def test_eval_step_returns_loss_and_logits_on_every_rank() -> None:
@@ -82,9 +82,13 @@ def test_eval_step_returns_loss_and_logits_on_every_rank() -> None:
     batch = tiny_batch("t5", MICROBATCH * NUM_MICROBATCHES)
     with torch.no_grad():
         pieces = [model(**{k: v[m * MICROBATCH : (m + 1) * MICROBATCH] for k, v in batch.items()}) for m in range(2)]
-    for outputs in results:
-        torch.testing.assert_close(outputs["logits"], torch.cat([p.logits for p in pieces]), atol=1e-5, rtol=0)
+    logits = torch.cat([p.logits for p in pieces])
+    for outputs, one_position in results:
+        torch.testing.assert_close(outputs["logits"], logits, atol=1e-5, rtol=0)
         torch.testing.assert_close(outputs["loss"], torch.stack([p.loss for p in pieces]), atol=1e-5, rtol=0)
+        # a decoder step's read: position 2 of the logits alone crosses between ranks; the loss is whole
+        torch.testing.assert_close(one_position["logits"], logits[:, 2:3], atol=1e-5, rtol=0)
+        torch.testing.assert_close(one_position["loss"], outputs["loss"], atol=0, rtol=0)
 
 
 def recompute_run(rank: int, world_size: int, schedule: str):

@@ -75,9 +75,10 @@ class Twin:
     def __init__(self, model: torch.nn.Module) -> None:
         self.model, self.batches = copy.deepcopy(model), []
 
-    def __call__(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    def __call__(self, batch: dict[str, torch.Tensor], position: int | None = None) -> torch.Tensor:
         self.batches.append({name: value.clone() for name, value in batch.items()})
-        return self.model(**batch).logits
+        logits = self.model(**batch).logits
+        return logits if position is None else logits[:, position : position + 1]
 
 
 def test_gpt2_decodes_through_the_stages_cache_one_token_a_step() -> None:

@@ -28,6 +28,7 @@ from torch import nn
 from transformers import Trainer
 
 from hf_ftpipe.errors import PipelineError
+from hf_ftpipe.graph.peft_models import check_peft_model, is_peft_model
 from hf_ftpipe.graph.token_slices import SlicedModel
 from hf_ftpipe.plan import Partition
 from hf_ftpipe.runtime import PipelineEngine, Watchdog
@@ -109,6 +110,8 @@ class PipeTrainer(PipeTrainingSteps, PipeEvaluation, PipeCheckpointing, PipeData
         self._watchdog: Watchdog | None = None
         if args.output_dir:  # Trainer creates it on rank 0 only, with a bare OSError if it cannot
             check_output_dir(args.output_dir)
+        if is_peft_model(model):  # before any rank builds anything: a method we do not train is refused
+            check_peft_model(model)
         with self.failing_together("setting up PipeTrainer"):
             super().__init__(model=model, args=args, **kwargs)
         self.engine: PipelineEngine | None = None
@@ -247,6 +250,12 @@ class PipeTrainer(PipeTrainingSteps, PipeEvaluation, PipeCheckpointing, PipeData
         """Where a model built with empty weights reads them from (None: the model has its weights)."""
         if not any(p.is_meta for p in self.model.parameters()):
             return None
+        if is_peft_model(self.model):
+            raise PipelineError(
+                "the PeftModel has empty (meta) weights: its checkpoints hold the adapter alone, not the base "
+                "model's weights under the PeftModel's names; load the base model with its weights, then apply "
+                "peft (`release_unused_weights` frees, on each rank, the weights of stages other ranks run)"
+            )
         if self.args.weights_path:
             return self.args.weights_path
         if self._resume_from:  # the checkpoint being resumed holds the whole model

@@ -1,0 +1,59 @@
+"""PipeTrainer (2 ranks) on LoRA models, for the comparison with plain `Trainer` in test_lora.py.
+
+Every case of `lora_runs.CASES` in one launch. Per case, each rank writes ``OUTPUT/<case>/rank{r}.pt``:
+the logged history, its parameters that have a gradient buffer and those the optimizer holds
+(names, and how many have optimizer state), the largest change of any of its frozen weights, and
+its adapter weights; rank 0 writes the folder `save_model()` wrote into ``OUTPUT/<case>/model``.
+``lora_runs.RESUMED`` is then trained again from its ``checkpoint-2`` into ``OUTPUT/<case>-resumed``.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+from lora_runs import CASES, RESUMED, setup
+
+
+def record(trainer, initial: dict[str, torch.Tensor]) -> dict:
+    """What this rank holds after training (see the module docstring)."""
+    engine = trainer.engine
+    params = dict(engine.named_parameters())
+    frozen = [name for name, p in params.items() if not p.requires_grad]
+    state = trainer.optimizer.state
+    held = {id(p) for group in trainer.optimizer.param_groups for p in group["params"]}
+    return {
+        "history": trainer.state.log_history,
+        "with_grad": sorted(name for name, p in params.items() if p.grad is not None),
+        "in_optimizer": sorted(name for name, p in params.items() if id(p) in held),
+        "with_state": sum(1 for p in params.values() if state.get(p)),
+        "num_params": len(params),
+        "frozen": len(frozen),
+        "frozen_change": max((params[n].detach() - initial[n]).abs().max().item() for n in frozen),
+        "adapter": {name: p.detach().clone() for name, p in params.items() if p.requires_grad},
+    }
+
+
+def train(case: str, output: Path, resume: str | None = None) -> None:
+    from hf_ftpipe import PipeTrainer
+
+    parts = setup(case, str(output), pipe=True)
+    initial = {name: p.detach().clone() for name, p in parts["model"].named_parameters()}
+    trainer = PipeTrainer(**parts)
+    trainer.train(resume_from_checkpoint=resume)
+    result = record(trainer, initial)
+    trainer.save_model(str(output / "model"))
+    torch.save(result, output / f"rank{trainer.engine.rank}.pt")
+
+
+def main(output_dir: str) -> None:
+    for case in CASES:
+        train(case, Path(output_dir) / case)
+    resumed = Path(output_dir) / RESUMED
+    train(RESUMED, Path(output_dir) / f"{RESUMED}-resumed", resume=str(resumed / "checkpoint-2"))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

@@ -21,7 +21,7 @@ from torch import nn
 
 from hf_ftpipe.errors import TraceError
 
-__all__ = ["TESTED_PEFT", "check_peft_model", "export_target", "is_peft_model", "peft_version_note"]
+__all__ = ["TESTED_PEFT", "apply_lora", "check_peft_model", "export_target", "is_peft_model", "peft_version_note"]
 
 TESTED_PEFT = ((0, 21, 2), (1, 0, 0))
 """The ``peft`` releases the suite runs against: at least the first, below the second (pyproject's ``[peft]``)."""
@@ -72,6 +72,35 @@ def export_target(model: nn.Module) -> nn.Module:
         return model
     check_peft_model(model)
     return model.get_base_model()
+
+
+def apply_lora(model: nn.Module, r: int, target_modules: list[str] | None = None) -> nn.Module:
+    """``model`` (on the meta device is enough) with LoRA adapters of rank ``r``, for planning.
+
+    Args:
+        model (`nn.Module`): a Hugging Face model, e.g. from `load_model_for_planning`.
+        r (`int`): the adapters' rank.
+        target_modules (`list[str]`, *optional*): the names of the modules to adapt (peft's
+            ``LoraConfig.target_modules``); default: peft's own for the model type (T5: ``q``, ``v``;
+            GPT-2: ``c_attn``).
+
+    Raises:
+        `TraceError`: peft is not installed, ``r`` is not a positive integer, or peft refuses the targets.
+    """
+    if isinstance(r, bool) or not isinstance(r, int) or r < 1:
+        raise TraceError(f"the LoRA rank must be a positive integer, got {r!r}")
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError as error:
+        raise TraceError("planning a LoRA model needs peft: `pip install 'hf_ftpipe[peft]'`") from error
+    try:
+        return get_peft_model(model, LoraConfig(r=r, lora_alpha=2 * r, lora_dropout=0.0, target_modules=target_modules))
+    except ValueError as error:  # peft's own message names the targets it could not find
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise TraceError(
+            f"cannot put LoRA adapters on {type(model).__name__}: {first}; name the modules to adapt "
+            "(`--lora-targets`, peft's `target_modules`)" + peft_version_note()
+        ) from error
 
 
 def peft_version_note() -> str:

@@ -77,6 +77,9 @@ def export_target(model: nn.Module) -> nn.Module:
 def apply_lora(model: nn.Module, r: int, target_modules: list[str] | None = None) -> nn.Module:
     """``model`` (on the meta device is enough) with LoRA adapters of rank ``r``, for planning.
 
+    The ``PeftModel`` subclass follows the model's head (a causal LM: ``PeftModelForCausalLM``, as
+    ``task_type="CAUSAL_LM"`` makes it), so that a plan made here fits a script that passes that task.
+
     Args:
         model (`nn.Module`): a Hugging Face model, e.g. from `load_model_for_planning`.
         r (`int`): the adapters' rank.
@@ -93,14 +96,35 @@ def apply_lora(model: nn.Module, r: int, target_modules: list[str] | None = None
         from peft import LoraConfig, get_peft_model
     except ImportError as error:
         raise TraceError("planning a LoRA model needs peft: `pip install 'hf_ftpipe[peft]'`") from error
+    config = LoraConfig(
+        r=r, lora_alpha=2 * r, lora_dropout=0.0, target_modules=target_modules, task_type=_task_type(model)
+    )
     try:
-        return get_peft_model(model, LoraConfig(r=r, lora_alpha=2 * r, lora_dropout=0.0, target_modules=target_modules))
+        return get_peft_model(model, config)
     except ValueError as error:  # peft's own message names the targets it could not find
         first = (str(error).strip().splitlines() or [type(error).__name__])[0]
         raise TraceError(
             f"cannot put LoRA adapters on {type(model).__name__}: {first}; name the modules to adapt "
             "(`--lora-targets`, peft's `target_modules`)" + peft_version_note()
         ) from error
+
+
+def _task_type(model: nn.Module) -> str | None:
+    """peft's ``task_type`` for ``model``'s head, so that the planned model is the ``PeftModel`` subclass
+    a training script makes (its class is part of the plan's key): ``None`` where peft has none."""
+    name = type(model).__name__
+    if getattr(getattr(model, "config", None), "is_encoder_decoder", False):
+        return "SEQ_2_SEQ_LM"
+    for suffix, task in (
+        ("ForCausalLM", "CAUSAL_LM"),
+        ("LMHeadModel", "CAUSAL_LM"),
+        ("ForSequenceClassification", "SEQ_CLS"),
+        ("ForTokenClassification", "TOKEN_CLS"),
+        ("ForQuestionAnswering", "QUESTION_ANS"),
+    ):
+        if name.endswith(suffix):
+            return task
+    return None
 
 
 def peft_version_note() -> str:

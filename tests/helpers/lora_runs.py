@@ -50,6 +50,7 @@ def setup(case: str, output_dir: str, pipe: bool) -> dict[str, Any]:
         output_dir=output_dir,
         use_cpu=True,
         per_device_train_batch_size=4,
+        per_device_eval_batch_size=4,
         max_steps=STEPS,
         optim="adamw_torch",
         learning_rate=3e-2,
@@ -68,4 +69,9 @@ def setup(case: str, output_dir: str, pipe: bool) -> dict[str, Any]:
         args = PipeTrainingArguments(num_microbatches=2, pipeline_schedule=schedule, partitioner="params", **common)
     else:
         args = TrainingArguments(**common)
-    return {"model": lora_model(kind), "args": args, "train_dataset": make_data(kind, 16, seed=1)}
+    return {
+        "model": lora_model(kind),
+        "args": args,
+        "train_dataset": make_data(kind, 16, seed=1),
+        "eval_dataset": make_data(kind, 6, seed=2),  # a short last batch
+    }

@@ -2,8 +2,8 @@
 
 Every case of `lora_runs.CASES` in one launch. Per case, each rank writes ``OUTPUT/<case>/rank{r}.pt``:
 the logged history, its parameters that have a gradient buffer and those the optimizer holds
-(names, and how many have optimizer state), the largest change of any of its frozen weights, and
-its adapter weights; rank 0 writes the folder `save_model()` wrote into ``OUTPUT/<case>/model``.
+(names, and how many have optimizer state), the largest change of any of its frozen weights, its
+adapter weights and `evaluate()`'s metrics; rank 0 writes the folder `save_model()` wrote into ``OUTPUT/<case>/model``.
 ``lora_runs.RESUMED`` is then trained again from its ``checkpoint-2`` into ``OUTPUT/<case>-resumed``.
 """
 
@@ -44,6 +44,7 @@ def train(case: str, output: Path, resume: str | None = None) -> None:
     trainer = PipeTrainer(**parts)
     trainer.train(resume_from_checkpoint=resume)
     result = record(trainer, initial)
+    result["evaluate"] = trainer.evaluate()
     trainer.save_model(str(output / "model"))
     torch.save(result, output / f"rank{trainer.engine.rank}.pt")
 

@@ -3,7 +3,7 @@
 One torchrun launch (lora_job.py) trains a tiny GPT-2 and T5 with LoRA adapters under gpipe and
 1f1b on 2 ranks; this process trains the same models with plain `Trainer` (once per model: the
 schedules make the same update) and compares every logged loss and gradient norm, every adapter
-weight, the frozen base weights (unchanged), what has a gradient and optimizer state (the
+weight, `evaluate()`, the frozen base weights (unchanged), what has a gradient and optimizer state (the
 adapter's weights only), and the saved folder (the same files; ``PeftModel.from_pretrained``
 loads it and its tensors equal `Trainer`'s). A run resumed from the GPT-2 1f1b run's
 checkpoint-2 ends where the uninterrupted run ended.
@@ -23,7 +23,7 @@ from transformers import Trainer
 from distributed import REPO, torchrun
 from lora_runs import CASES, RESUMED, STEPS, model_of, setup
 from models import tiny_model
-from trainer_comparison import TOLERANCE, assert_steps_close, logged_steps
+from trainer_comparison import TOLERANCE, assert_metrics_close, assert_steps_close, logged_steps
 
 ADAPTER = "adapter_model.safetensors"
 
@@ -60,6 +60,7 @@ def trainer_results(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str],
                 "num_params": len(params),
                 "with_state": sum(1 for p in params.values() if trainer.optimizer.state.get(p)),
                 "model": output / "model",
+                "evaluate": trainer.evaluate(),
             }
         return done[kind]
 
@@ -76,6 +77,7 @@ def test_lora_pipeline_equals_trainer(
     reference = trainer_results(case)
     assert len(logged_steps(reference["history"])) == STEPS
     assert_steps_close(ranks[0]["history"], reference["history"])
+    assert_metrics_close(ranks[0]["evaluate"], reference["evaluate"], "evaluate()")
 
     # Every adapter weight once (no weight is shared across ranks), equal to Trainer's.
     adapter = {name: value for rank in ranks for name, value in rank["adapter"].items()}

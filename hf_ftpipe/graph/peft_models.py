@@ -15,13 +15,23 @@ imported only when a model comes from it (it is an optional dependency, ``hf_ftp
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from torch import nn
 
 from hf_ftpipe.errors import TraceError
 
-__all__ = ["TESTED_PEFT", "apply_lora", "check_peft_model", "export_target", "is_peft_model", "peft_version_note"]
+__all__ = [
+    "TESTED_PEFT",
+    "apply_lora",
+    "check_peft_model",
+    "export_target",
+    "is_peft_model",
+    "naming_untested_peft",
+    "peft_version_note",
+]
 
 TESTED_PEFT = ((0, 21, 2), (1, 0, 0))
 """The ``peft`` releases the suite runs against: at least the first, below the second (pyproject's ``[peft]``)."""
@@ -144,3 +154,15 @@ def peft_version_note() -> str:
         f" (peft {version or 'of unknown version'} is outside the releases hf_ftpipe is tested with, "
         f"peft{tested}: install one of those, `pip install 'hf_ftpipe[peft]'`)"
     )
+
+
+@contextmanager
+def naming_untested_peft(model: nn.Module) -> Iterator[None]:
+    """A `TraceError` of a ``peft`` model whose release is outside the tested range says so (`peft_version_note`)."""
+    try:
+        yield
+    except TraceError as error:
+        note = peft_version_note() if is_peft_model(model) else ""
+        if not note:
+            raise
+        raise TraceError(f"{error}{note}") from error

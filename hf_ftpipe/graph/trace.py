@@ -27,7 +27,7 @@ from hf_ftpipe.graph.dynamic_shapes import ShapeFormulas, dynamic_shapes_spec
 from hf_ftpipe.graph.measure import measure_graph
 from hf_ftpipe.graph.modes import make_mode_aware
 from hf_ftpipe.graph.mutations import fuse_mutations
-from hf_ftpipe.graph.peft_models import export_target, is_peft_model, peft_version_note
+from hf_ftpipe.graph.peft_models import export_target, naming_untested_peft
 from hf_ftpipe.graph.shape_capture import ShapeCapture, fixed_sizes
 
 __all__ = ["TracedModel", "trace_model", "capture_model"]
@@ -96,7 +96,7 @@ def capture_model(
     exported = export_target(model)  # a LoRA PeftModel: the model holding its adapters (graph.peft_models)
     inputs = _export_inputs(exported, sample_inputs)
     name = type(model).__name__
-    with _weights_on_meta(model), _without_cache(exported):
+    with _weights_on_meta(model), _without_cache(exported), naming_untested_peft(model):
         graph_module, refused = (
             _export_any_shape(exported, inputs) if dynamic else (_export(exported, inputs, None), None)
         )
@@ -266,8 +266,7 @@ def _export(model: nn.Module, inputs: dict[str, Any], dynamic_shapes: tuple[Any,
         with without_partial_graph():
             program = torch.export.export(model, (), kwargs=inputs, strict=False, dynamic_shapes=dynamic_shapes)
     except Exception as error:  # torch raises many unrelated types here
-        note = peft_version_note() if is_peft_model(model) else ""
-        raise TraceError(explain_export_failure(model, error) + note) from error
+        raise TraceError(explain_export_failure(model, error)) from error
     finally:
         model.train(was_training)
     graph_module = program.module()

@@ -9,7 +9,7 @@ import pytest
 from peft import IA3Config, LoraConfig, PromptTuningConfig, get_peft_model
 
 from hf_ftpipe.errors import TraceError
-from hf_ftpipe.graph.peft_models import check_peft_model, export_target, peft_version_note
+from hf_ftpipe.graph.peft_models import check_peft_model, export_target, naming_untested_peft, peft_version_note
 
 from models import tiny_model
 
@@ -52,3 +52,7 @@ def test_a_peft_release_outside_the_tested_range_is_named(monkeypatch: pytest.Mo
     note = peft_version_note()
     assert "peft 0.13.0 is outside the releases hf_ftpipe is tested with, peft>=0.21.2,<1" in note
     assert "hf_ftpipe[peft]" in note
+    model = get_peft_model(tiny_model("gpt2"), LoraConfig(r=2, target_modules=["c_attn"]))
+    with pytest.raises(TraceError, match=r"cannot trace X: it failed \(peft 0\.13\.0 is outside"):
+        with naming_untested_peft(model):  # what a failing capture of this model raises through
+            raise TraceError("cannot trace X: it failed")

@@ -44,3 +44,11 @@ def test_a_lora_plan_needs_less_memory_than_full_fine_tuning(tmp_path: Path) -> 
 def test_lora_targets_without_a_rank_is_exit_status_2() -> None:
     code, out, err = run("partition", "gpt2-xl", *SETUP, "--lora-targets", "c_attn")
     assert code == 2 and out == "" and "--lora-targets needs --lora-r" in err
+
+
+def test_lora_targets_the_model_lacks_are_exit_status_2_naming_them(tmp_path: Path) -> None:
+    config = tmp_path / "tiny-gpt2.json"
+    config.write_text(tiny_model("gpt2").config.to_json_string())
+    code, out, err = run("partition", str(config), *SETUP, "--lora-r", "4", "--lora-targets", "q_proj")
+    assert code == 2 and out == "", err
+    assert "cannot put LoRA adapters on GPT2LMHeadModel" in err and "q_proj" in err and "--lora-targets" in err

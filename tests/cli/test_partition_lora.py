@@ -1,5 +1,5 @@
-"""`hf-ftpipe partition --lora-r`: a LoRA model planned from a config, its frozen base charged no
-gradients and no optimizer state."""
+"""`hf-ftpipe partition --lora-r` / `--lora-targets`: a LoRA model planned from a config, and the
+mistakes in asking for one."""
 
 from __future__ import annotations
 
@@ -25,20 +25,16 @@ def run(*argv: str) -> tuple[int, str, str]:
 
 
 @pytest.mark.slow
-def test_a_lora_plan_needs_less_memory_than_full_fine_tuning(tmp_path: Path) -> None:
+def test_a_lora_plan_is_of_the_peft_model_a_script_makes(tmp_path: Path) -> None:
+    """The class a causal LM's ``task_type="CAUSAL_LM"`` makes (it is part of the plan's key); what the
+    plan charges for it: tests/costmodel/test_frozen_weights.py."""
     config = tmp_path / "tiny-gpt2.json"
     config.write_text(tiny_model("gpt2").config.to_json_string())
-    plans = {}
-    for name, extra in (("full", []), ("lora", ["--lora-r", "4", "--lora-targets", "c_attn", "c_fc"])):
-        code, out, err = run("partition", str(config), *SETUP, "--partitioner", "seq-dp", *extra)
-        assert code == 0, err
-        plans[name] = json.loads(out)
-    assert plans["lora"]["model_class"] == "PeftModelForCausalLM" and plans["full"]["model_class"] == "GPT2LMHeadModel"
-    full, lora = (sum(g["memory_gib"] for g in plans[name]["gpus"]) for name in ("full", "lora"))
-    # 29,568 base weights of 4 B: their AdamW moments alone are 231 KiB, and their gradients are no
-    # longer created in the backward; the 2,304 adapter weights (27 KiB with their moments) and their
-    # activations come on top. The planner's figure: 297 KiB less (torch 2.13, transformers 5.24).
-    assert 250 * 1024 < (full - lora) * 2**30 < 2 * 29_568 * 4 + 29_568 * 4
+    argv = ["partition", str(config), *SETUP, "--partitioner", "seq-dp", "--lora-r", "4", "--lora-targets", "c_attn"]
+    code, out, err = run(*argv)
+    assert code == 0, err
+    summary = json.loads(out)
+    assert summary["model_class"] == "PeftModelForCausalLM" and summary["num_gpus"] == len(summary["gpus"]) == 2
 
 
 def test_lora_targets_without_a_rank_is_exit_status_2() -> None:

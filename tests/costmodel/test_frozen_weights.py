@@ -70,3 +70,6 @@ def test_lora_gpt2_plan_charges_the_adapter_alone():
     gpus = plan.predicted.gpus
     assert sum(g.optimizer_bytes for g in gpus) == 2 * adapter_bytes  # AdamW: two moments of the adapter only
     assert sum(g.weights_bytes for g in gpus) >= graph.param_bytes() > 10 * adapter_bytes
+    # Full fine-tuning of the same model would also charge the base weights' moments: 2 × 4 B × 29,568.
+    assert graph.param_bytes(trainable_only=True) == adapter_bytes
+    assert graph.param_bytes() - adapter_bytes == 29_568 * 4

@@ -3,8 +3,9 @@
 `Trainer` saves a ``PeftModel`` with its own ``save_pretrained``: ``adapter_model.safetensors``
 (the adapter's weights, under ``peft``'s names, the adapter name left out) and
 ``adapter_config.json``, which ``PeftModel.from_pretrained(base_model, folder)`` loads. PipeTrainer
-gathers the stages' weights into the model on rank 0 first (`PipeTrainer.sync_model`), then lets
-`Trainer` write it the same way, so checkpoints and `save_model()` folders hold the adapter only.
+gathers the stages' trained weights (the adapter; the frozen base never changes) into the model on
+rank 0 first (`PipeTrainer.sync_model`), then lets `Trainer` write it the same way, so checkpoints
+and `save_model()` folders hold the adapter only.
 
 On resume the frozen base weights are the ones the model was built with (training never changes
 them); each rank reads the adapter into its copy of the model with ``peft``'s own loader (its

@@ -1,9 +1,10 @@
 """PipeTrainer (2 ranks) on LoRA models, for the comparison with plain `Trainer` in test_lora.py.
 
 Every case of `lora_runs.CASES` in one launch. Per case, each rank writes ``OUTPUT/<case>/rank{r}.pt``:
-the logged history, its parameters that have a gradient buffer and those the optimizer holds
-(names, and how many have optimizer state), the largest change of any of its frozen weights, its
-adapter weights and `evaluate()`'s metrics; rank 0 writes the folder `save_model()` wrote into ``OUTPUT/<case>/model``.
+the logged history, its parameters that had a gradient before an optimizer step and those the
+optimizer holds (names, and how many have optimizer state), the largest change of any of its
+frozen weights, its adapter weights and `evaluate()`'s metrics; rank 0 writes the folder
+`save_model()` wrote into ``OUTPUT/<case>/model``.
 ``lora_runs.RESUMED`` is then trained again from its ``checkpoint-2`` into ``OUTPUT/<case>-resumed``.
 """
 
@@ -11,13 +12,27 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
+from transformers import TrainerCallback
 
 from lora_runs import CASES, RESUMED, setup
 
 
-def record(trainer, initial: dict[str, torch.Tensor]) -> dict:
+class GradientBuffers(TrainerCallback):
+    """The names of this rank's parameters that hold a gradient before any optimizer step."""
+
+    def __init__(self) -> None:
+        self.trainer = None
+        self.names: set[str] = set()
+
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        params = self.trainer.engine.named_parameters()
+        self.names |= {name for name, param in params if param.grad is not None}
+
+
+def record(trainer, initial: dict[str, torch.Tensor], gradients: GradientBuffers) -> dict:
     """What this rank holds after training (see the module docstring)."""
     engine = trainer.engine
     params = dict(engine.named_parameters())
@@ -26,7 +41,7 @@ def record(trainer, initial: dict[str, torch.Tensor]) -> dict:
     held = {id(p) for group in trainer.optimizer.param_groups for p in group["params"]}
     return {
         "history": trainer.state.log_history,
-        "with_grad": sorted(name for name, p in params.items() if p.grad is not None),
+        "with_grad": sorted(gradients.names),
         "in_optimizer": sorted(name for name, p in params.items() if id(p) in held),
         "with_state": sum(1 for p in params.values() if state.get(p)),
         "num_params": len(params),
@@ -41,9 +56,11 @@ def train(case: str, output: Path, resume: str | None = None) -> None:
 
     parts = setup(case, str(output), pipe=True)
     initial = {name: p.detach().clone() for name, p in parts["model"].named_parameters()}
-    trainer = PipeTrainer(**parts)
+    gradients = GradientBuffers()
+    trainer = PipeTrainer(**parts, callbacks=[gradients])
+    gradients.trainer = trainer
     trainer.train(resume_from_checkpoint=resume)
-    result = record(trainer, initial)
+    result = record(trainer, initial, gradients)
     result["evaluate"] = trainer.evaluate()
     trainer.save_model(str(output / "model"))
     torch.save(result, output / f"rank{trainer.engine.rank}.pt")

@@ -44,7 +44,6 @@ def record(trainer, initial: dict[str, torch.Tensor], gradients: GradientBuffers
         "with_grad": sorted(gradients.names),
         "in_optimizer": sorted(name for name, p in params.items() if id(p) in held),
         "with_state": sum(1 for p in params.values() if state.get(p)),
-        "num_params": len(params),
         "frozen": len(frozen),
         "frozen_change": max((params[n].detach() - initial[n]).abs().max().item() for n in frozen),
         "adapter": {name: p.detach().clone() for name, p in params.items() if p.requires_grad},

@@ -57,7 +57,6 @@ def trainer_results(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str],
             done[kind] = {
                 "history": trainer.state.log_history,
                 "adapter": {n: p.detach().clone() for n, p in params.items() if p.requires_grad},
-                "num_params": len(params),
                 "with_state": sum(1 for p in params.values() if trainer.optimizer.state.get(p)),
                 "model": output / "model",
                 "evaluate": trainer.evaluate(),
@@ -84,7 +83,8 @@ def test_lora_pipeline_equals_trainer(
     assert sum(len(rank["adapter"]) for rank in ranks) == len(adapter) == len(reference["adapter"])
     for name, value in reference["adapter"].items():
         torch.testing.assert_close(adapter[name], value, **TOLERANCE, msg=name)
-    assert any(("lora_A" in n) and value.abs().sum() > 0 for n, value in adapter.items())
+    # B starts at zero: trained, every B moved (else the comparison above could hold for untrained adapters)
+    assert all(value.abs().sum() > 0 for n, value in adapter.items() if "lora_B" in n)
 
     for rank in ranks:
         assert rank["frozen"] > 0 and rank["frozen_change"] == 0.0, "a frozen base weight changed"

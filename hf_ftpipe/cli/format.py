@@ -252,6 +252,8 @@ def setup_line(args: argparse.Namespace, graph: CostGraph, profile: GPUProfile) 
     """``hf-ftpipe compare``'s first line: the model, the GPUs and the options it was planned with."""
     shape = f"{args.seq_len}" + (f"/{args.target_len}" if args.target_len else "")
     extras = ", recompute" if args.recompute else ""
+    if getattr(args, "lora_r", None) is not None:
+        extras += f", LoRA r={args.lora_r}" + (f" on {' '.join(args.lora_targets)}" if args.lora_targets else "")
     return (
         f"{args.model} ({graph.model_class}, {graph.num_nodes} ops) on {profile.count} × {profile.name} "
         f"({profile.memory_bytes / GiB:.1f} GiB, {args.headroom:.0%} kept free); micro-batch {args.batch_size} "

@@ -59,6 +59,19 @@ def add_partition_commands(commands: Any) -> None:
         command.add_argument("--dtype", help="compute dtype for the costs, e.g. bfloat16 (default: the weights')")
         command.add_argument("--recompute", action="store_true", help="plan with activation recomputation")
         command.add_argument(
+            "--lora-r",
+            type=int,
+            metavar="R",
+            help="plan LoRA fine-tuning: adapters of rank R (peft), the base weights frozen (no gradients, "
+            "no optimizer state); needs hf_ftpipe[peft]",
+        )
+        command.add_argument(
+            "--lora-targets",
+            nargs="+",
+            metavar="MODULE",
+            help="with --lora-r: the modules to adapt (default: peft's for the model type, e.g. T5 q v)",
+        )
+        command.add_argument(
             "--headroom", type=float, default=0.1, help="fraction of GPU memory kept free (default: 0.1)"
         )
         command.add_argument(
@@ -164,6 +177,8 @@ class _Request:
         self.args = args
         if getattr(args, "partitioner", "auto") not in available_partitioners():
             raise PartitionError(f"unknown partitioner {args.partitioner!r}; choose one of {available_partitioners()}")
+        if args.lora_targets and args.lora_r is None:
+            raise PartitionError("--lora-targets needs --lora-r (the adapters' rank)")
         for name in ("gpus", "batch_size", "seq_len", "num_microbatches"):
             if getattr(args, name) < 1:
                 raise PartitionError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
@@ -189,6 +204,10 @@ class _Request:
         inputs = sample_inputs_for(
             model, args.batch_size, args.seq_len, args.target_len, attention_mask=args.attention_mask
         )
+        if args.lora_r is not None:  # after the inputs, which follow the model's own class
+            from hf_ftpipe.graph.peft_models import apply_lora
+
+            model = apply_lora(model, args.lora_r, args.lora_targets)
         graph = trace_model(model, inputs)
         print(
             f"traced {graph.model_class} ({graph.num_nodes} ops) in {time.perf_counter() - started:.1f} s",

@@ -39,6 +39,7 @@ from hf_ftpipe.costmodel.memory_rules import (
     saved_bytes,
     sliced_saved_bytes,
     stage_rules,
+    weight_versions_of,
 )
 from hf_ftpipe.costmodel.options import MemoryOptions, Optimizer, Schedule, TokenSlices, check_choice, check_positive
 from hf_ftpipe.errors import PartitionError
@@ -113,7 +114,7 @@ class StageMemory:
         weights = gradients = optimizer = 0
         for name, versions in versions_of.items():
             info = self.graph.params[name]
-            weights += info.bytes * versions
+            weights += info.bytes * weight_versions_of(info.requires_grad, info.is_buffer, versions)
             if info.requires_grad:
                 gradients += info.bytes if persist_of[name] else 0
                 optimizer += optimizer_state_bytes(self.optimizer, info.shape, info.bytes)

@@ -47,6 +47,7 @@ __all__ = [
     "saved_bytes",
     "sliced_saved_bytes",
     "stage_rules",
+    "weight_versions_of",
 ]
 
 _ATTENTION_OP = "aten.scaled_dot_product_attention"
@@ -73,6 +74,17 @@ _VIEW_OPS = frozenset(
     )
 )
 """Ops whose output shares its input's storage (``contiguous`` of a contiguous tensor included)."""
+
+
+def weight_versions_of(requires_grad: bool, is_buffer: bool, versions: int) -> int:
+    """How many versions of one weight a stage keeping ``versions`` holds.
+
+    A frozen parameter (``requires_grad=False``: a LoRA model's base weights) is never updated, so
+    no update copies it while a micro-batch still reads it (`hf_ftpipe.runtime.versions` copies on
+    write): one version under every schedule. Buffers are charged as trainable weights are, as
+    before frozen weights were planned for (a few bytes in the models we plan).
+    """
+    return versions if requires_grad or is_buffer else 1
 
 
 def optimizer_state_bytes(optimizer: str, shape: tuple[int, ...], num_bytes: int) -> int:

@@ -2,13 +2,15 @@
 
 ``CostGraph`` is plain data, read by the planner without torch; capturing needs torch, so the
 capture names are imported on first use. ``load_model_for_planning`` builds a model to trace from
-its config alone (the paper's models ship with the package: ``shipped_models()``).
+its config alone (the paper's models ship with the package: ``shipped_models()``), and
+``apply_lora`` puts LoRA adapters on it (``peft``) to plan LoRA fine-tuning.
 """
 
 from hf_ftpipe._lazy import lazy_getattr
 
 _HOMES = {
     "CostGraph": "hf_ftpipe.graph.cost_graph",
+    "apply_lora": "hf_ftpipe.graph.peft_models",
     "InputInfo": "hf_ftpipe.graph.cost_graph",
     "ParamInfo": "hf_ftpipe.graph.cost_graph",
     "match_ops": "hf_ftpipe.graph.alignment",

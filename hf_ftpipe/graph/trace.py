@@ -27,6 +27,7 @@ from hf_ftpipe.graph.dynamic_shapes import ShapeFormulas, dynamic_shapes_spec
 from hf_ftpipe.graph.measure import measure_graph
 from hf_ftpipe.graph.modes import make_mode_aware
 from hf_ftpipe.graph.mutations import fuse_mutations
+from hf_ftpipe.graph.peft_models import export_target, naming_untested_peft
 from hf_ftpipe.graph.shape_capture import ShapeCapture, fixed_sizes
 
 __all__ = ["TracedModel", "trace_model", "capture_model"]
@@ -92,15 +93,18 @@ def capture_model(
     the graph is exported at the ``planned`` sizes, the one the plan is made on. The graph is measured
     at ``planned`` (default: the sample's shapes).
     """
-    inputs = _export_inputs(model, sample_inputs)
+    exported = export_target(model)  # a LoRA PeftModel: the model holding its adapters (graph.peft_models)
+    inputs = _export_inputs(exported, sample_inputs)
     name = type(model).__name__
-    with _weights_on_meta(model), _without_cache(model):
-        graph_module, refused = _export_any_shape(model, inputs) if dynamic else (_export(model, inputs, None), None)
+    with _weights_on_meta(model), _without_cache(exported), naming_untested_peft(model):
+        graph_module, refused = (
+            _export_any_shape(exported, inputs) if dynamic else (_export(exported, inputs, None), None)
+        )
         shapes = _formulas(graph_module, inputs, name)
         fixed = fixed_sizes(shapes, inputs) if dynamic else ()
         if fixed and planned is not None and any(planned[n][d] != inputs[n].shape[d] for n, d in fixed if n in planned):
             inputs = _planned_inputs(inputs, planned, None)  # the plan is made on the graph of the planned sizes
-            graph_module = _export_at(model, inputs, fixed, dynamic=refused is None)
+            graph_module = _export_at(exported, inputs, fixed, dynamic=refused is None)
             shapes = _formulas(graph_module, inputs, name)
             fixed = fixed_sizes(shapes, inputs)
         canonical = _canonical_names(model, graph_module)

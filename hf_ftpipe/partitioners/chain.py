@@ -16,6 +16,7 @@ from hf_ftpipe.costmodel.memory_rules import (
     optimizer_state_bytes,
     saved_bytes,
     stage_rules,
+    weight_versions_of,
 )
 from hf_ftpipe.costmodel.profiles import GPUProfile
 from hf_ftpipe.partitioners.contiguous import ContiguousPlanner
@@ -30,7 +31,9 @@ class _Tables:
 
     cost_s: np.ndarray
     weights: np.ndarray
-    """Distinct parameter and buffer bytes (one weight version)."""
+    """Distinct parameter and buffer bytes (one weight version), frozen parameters left out."""
+    frozen: np.ndarray
+    """Distinct frozen parameter bytes: one version under every schedule (`weight_versions_of`)."""
     grads: np.ndarray
     """Gradient bytes of the distinct trainable parameters."""
     state: np.ndarray
@@ -110,12 +113,14 @@ class Chain:
             for name in graph.node(n)["params"]:
                 uses.setdefault(name, set()).add(block[n])
         weights_t, grads_t, state_t = _Rectangles(num_blocks), _Rectangles(num_blocks), _Rectangles(num_blocks)
+        frozen_t = _Rectangles(num_blocks)
         for name, blocks in uses.items():
             info = graph.params[name]
             state = optimizer_state_bytes(request.optimizer, info.shape, info.bytes)
             previous = -1
+            versioned = weight_versions_of(info.requires_grad, info.is_buffer, 2) == 2  # frozen: one copy
             for x in sorted(blocks):  # [a, b) holds it when its first use ≥ a is < b
-                weights_t.add(previous + 1, x, x + 1, num_blocks, info.bytes)
+                (weights_t if versioned else frozen_t).add(previous + 1, x, x + 1, num_blocks, info.bytes)
                 if info.requires_grad:
                     grads_t.add(previous + 1, x, x + 1, num_blocks, info.bytes)
                     state_t.add(previous + 1, x, x + 1, num_blocks, state)
@@ -128,6 +133,7 @@ class Chain:
         self.tables = _Tables(
             cost_s=cost_s,
             weights=weights_t.table(),
+            frozen=frozen_t.table(),
             grads=grads_t.table(),
             state=state_t.table(),
             saved=saved_prefix[None, :] - saved_prefix[:, None],
@@ -165,7 +171,7 @@ class Chain:
         # memory_rules.backward_bytes, for every candidate at once
         created = 0.0 if rules.persist else np.maximum(0.0, grads - saved)
         backward = (saved if recompute else 0.0) + 2 * t.largest_operand[at] + created
-        params = t.weights[at] * rules.versions + t.state[at] + (grads if rules.persist else 0.0)
+        params = t.weights[at] * rules.versions + t.frozen[at] + t.state[at] + (grads if rules.persist else 0.0)
         return params + per_microbatch * rules.in_flight + backward
 
     def piece_memory(self, depth: int) -> np.ndarray:

@@ -40,13 +40,19 @@ class RankWeights:
         """This rank's weights and buffers under the model's own (canonical) names, constants left out."""
         return rank_state_dict(self.modules, self.graph)
 
-    def gather_state_dict(self, dst: int = 0) -> dict[str, torch.Tensor] | None:
+    def gather_state_dict(self, dst: int = 0, trainable_only: bool = False) -> dict[str, torch.Tensor] | None:
         """The whole model's weights on rank ``dst`` (CPU tensors, canonical names); ``None`` elsewhere.
 
-        Every rank must call it. A streaming pipeline is drained first.
+        With ``trainable_only``, the parameters that train alone (a LoRA model's adapter: its frozen
+        base never changes). Every rank must call it, alike. A streaming pipeline is drained first.
         """
         self.drain()
-        names = [name for name in self.weight_sync.holders if self.graph.params[name].in_state_dict]
+        params = self.graph.params
+        names = [
+            name
+            for name in self.weight_sync.holders
+            if params[name].in_state_dict and (params[name].requires_grad or not trainable_only)
+        ]
         return self.weight_sync.gather(self.state_dict(), names, dst)
 
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:

@@ -23,6 +23,7 @@ from hf_ftpipe.errors import CheckpointError, PipelineError
 from hf_ftpipe.runtime.weights import checkpoint_files
 from hf_ftpipe.trainer.checkpoint_folders import TRAINER_STATE, is_complete, numbered
 from hf_ftpipe.trainer.checkpoint_format import check_optimizer_state
+from hf_ftpipe.trainer.peft_checkpoints import ADAPTER_WEIGHTS, has_adapter
 
 __all__ = ["check_readable", "check_resumable"]
 
@@ -44,9 +45,11 @@ def check_resumable(folder: str | os.PathLike) -> None:
     try:
         checkpoint_files(folder)
     except PipelineError as error:
-        raise CheckpointError(
-            f"{where}: it holds no model weights (model.safetensors or its sharded index); {fix}"
-        ) from error
+        if not has_adapter(folder):  # a LoRA model's checkpoint holds its adapter alone
+            raise CheckpointError(
+                f"{where}: it holds no model weights (model.safetensors or its sharded index, or a LoRA "
+                f"adapter's {ADAPTER_WEIGHTS}); {fix}"
+            ) from error
     if not is_complete(folder):
         raise CheckpointError(
             f"{where}: it has no {TRAINER_STATE}, which a checkpoint gets last (saving was interrupted, or it is "

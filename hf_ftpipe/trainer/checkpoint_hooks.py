@@ -2,7 +2,8 @@
 
 `Trainer` saves and loads one process's model and optimizer; here every rank saves its own stages'
 optimizer state by parameter name and reads back whatever any partition wrote (the formats are in
-`hf_ftpipe.trainer.checkpoint_format`), rank 0 adds the scheduler and the partition. A checkpoint
+`hf_ftpipe.trainer.checkpoint_format`; a LoRA model's weights are its adapter,
+`hf_ftpipe.trainer.peft_checkpoints`), rank 0 adds the scheduler and the partition. A checkpoint
 is written under a temporary name and renamed by rank 0 once every rank has written its share
 (`hf_ftpipe.trainer.checkpoint_folders`), so ``checkpoint-N`` only ever names a whole one.
 """
@@ -19,9 +20,11 @@ from transformers.trainer import SCHEDULER_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from hf_ftpipe.errors import CheckpointError, PipelineError
+from hf_ftpipe.graph.peft_models import is_peft_model
 from hf_ftpipe.runtime import PipelineEngine
 from hf_ftpipe.trainer import checkpoint_format as checkpoint
 from hf_ftpipe.trainer.checkpoint_folders import TRAINER_STATE, StagedCheckpoint, rotate_complete
+from hf_ftpipe.trainer.peft_checkpoints import load_adapter_weights
 from hf_ftpipe.trainer.run_log import get_logger
 
 __all__ = ["PipeCheckpointing"]
@@ -116,7 +119,7 @@ class PipeCheckpointing:
         if self._built_from == resume_from_checkpoint:
             return  # the pipeline was built from this checkpoint's weights
         with self.failing_together(f"reading its stages' weights from {resume_from_checkpoint}"):
-            count = checkpoint.load_engine_weights(engine, resume_from_checkpoint)
+            count = self._load_weights(engine, resume_from_checkpoint)
         logger.info("rank %d read %d weights from %s", engine.rank, count, resume_from_checkpoint)
 
     def _load_optimizer_and_scheduler(self, checkpoint_dir: str | None) -> None:
@@ -153,7 +156,13 @@ class PipeCheckpointing:
         best = self.state.best_model_checkpoint
         logger.info("loading the best model from %s (score: %s)", best, self.state.best_metric)
         with self.failing_together(f"loading the best model from {best}"):
-            checkpoint.load_engine_weights(self._engine_for("loading the best model"), best)
+            self._load_weights(self._engine_for("loading the best model"), best)
+
+    def _load_weights(self, engine: PipelineEngine, folder: str) -> int:
+        """This rank's weights from a checkpoint: the whole model's, or a LoRA model's adapter."""
+        if is_peft_model(self.model):
+            return load_adapter_weights(engine, self.model, folder)
+        return checkpoint.load_engine_weights(engine, folder)
 
     def _engine_for(self, doing: str) -> PipelineEngine:
         if self.engine is None:

@@ -28,6 +28,7 @@ from torch import nn
 from transformers import Trainer
 
 from hf_ftpipe.errors import PipelineError
+from hf_ftpipe.graph.peft_models import check_peft_model, is_peft_model
 from hf_ftpipe.graph.token_slices import SlicedModel
 from hf_ftpipe.plan import Partition
 from hf_ftpipe.runtime import PipelineEngine, Watchdog
@@ -109,6 +110,8 @@ class PipeTrainer(PipeTrainingSteps, PipeEvaluation, PipeCheckpointing, PipeData
         self._watchdog: Watchdog | None = None
         if args.output_dir:  # Trainer creates it on rank 0 only, with a bare OSError if it cannot
             check_output_dir(args.output_dir)
+        if is_peft_model(model):  # before any rank builds anything: a method we do not train is refused
+            check_peft_model(model)
         with self.failing_together("setting up PipeTrainer"):
             super().__init__(model=model, args=args, **kwargs)
         self.engine: PipelineEngine | None = None
@@ -247,6 +250,12 @@ class PipeTrainer(PipeTrainingSteps, PipeEvaluation, PipeCheckpointing, PipeData
         """Where a model built with empty weights reads them from (None: the model has its weights)."""
         if not any(p.is_meta for p in self.model.parameters()):
             return None
+        if is_peft_model(self.model):
+            raise PipelineError(
+                "the PeftModel has empty (meta) weights: its checkpoints hold the adapter alone, not the base "
+                "model's weights under the PeftModel's names; load the base model with its weights, then apply "
+                "peft (`release_unused_weights` frees, on each rank, the weights of stages other ranks run)"
+            )
         if self.args.weights_path:
             return self.args.weights_path
         if self._resume_from:  # the checkpoint being resumed holds the whole model
@@ -309,16 +318,17 @@ class PipeTrainer(PipeTrainingSteps, PipeEvaluation, PipeCheckpointing, PipeData
     def predict(self, *args: Any, **kwargs: Any) -> Any:
         return super().predict(*args, **kwargs)
 
-    def sync_model(self) -> None:
+    def sync_model(self, trainable_only: bool = False) -> None:
         """Put the pipeline's current weights into ``self.model`` on rank 0 (all ranks must call it).
 
         `train()` does it at its end and `save_model()` before writing, so rank 0's ``trainer.model``
         is the trained model, usable as any transformers model. On other ranks it keeps only the
-        weights of their own stages.
+        weights of their own stages. ``trainable_only``: the weights that train alone (what a
+        ``PeftModel`` saves); others' frozen weights may stay empty on rank 0.
         """
         if self.engine is None:
             return
-        state = self.engine.gather_state_dict(dst=0)
+        state = self.engine.gather_state_dict(dst=0, trainable_only=trainable_only)
         if state is None:
             return
         missing, unexpected = self.model.load_state_dict(state, strict=False, assign=True)
@@ -326,7 +336,7 @@ class PipeTrainer(PipeTrainingSteps, PipeEvaluation, PipeCheckpointing, PipeData
             raise PipelineError(f"gathered weights unknown to the model: {unexpected[:5]}")
         if hasattr(self.model, "tie_weights"):
             self.model.tie_weights()  # assign=True put new tensors in; re-tie the shared ones
-        still_empty = [name for name, p in self.model.named_parameters() if p.is_meta]
+        still_empty = [] if trainable_only else [name for name, p in self.model.named_parameters() if p.is_meta]
         if still_empty:
             raise PipelineError(f"weights missing after gathering the stages: {still_empty[:5]}")
 
@@ -349,7 +359,8 @@ class PipeTrainer(PipeTrainingSteps, PipeEvaluation, PipeCheckpointing, PipeData
     @_fails_together("writing the model")
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """Write one standard checkpoint (rank 0) holding every stage's trained weights; all ranks must call it."""
-        self.sync_model()
+        # A PeftModel writes its adapter alone (hf_ftpipe.trainer.peft_checkpoints): only the trained weights travel.
+        self.sync_model(trainable_only=is_peft_model(self.model))
         super().save_model(output_dir, _internal_call=_internal_call)
         self.barrier("waiting for rank 0 to write the model")
 

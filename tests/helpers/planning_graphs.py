@@ -53,8 +53,12 @@ class SessionGraphs:
 def cli_traces() -> Iterator[None]:
     """`hf-ftpipe` commands run in this process get the session's graphs, offline."""
 
+    traced = _Request.trace
+
     def trace(request: _Request) -> CostGraph:
         a = request.args
+        if a.lora_r is not None:  # the session's graphs are of the models without adapters
+            return traced(request)
         return planning_graph(
             a.model, a.batch_size, a.seq_len, a.target_len, task=a.task, attention_mask=a.attention_mask
         )

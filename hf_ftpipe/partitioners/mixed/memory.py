@@ -90,7 +90,9 @@ class BlockMemory:
             saved, operand, names = stages.get(self.stage[b], (0, 0, set()))
             stages[self.stage[b]] = (saved + self.saved[b], max(operand, self.operand[b]), names | self.params[b])
         weights = sum(
-            params[p].bytes * v + self.state[p] + (params[p].bytes if persist[p] and params[p].requires_grad else 0)
+            params[p].bytes * memory_rules.weight_versions_of(params[p].requires_grad, params[p].is_buffer, v)
+            + self.state[p]
+            + (params[p].bytes if persist[p] and params[p].requires_grad else 0)
             for p, v in versions.items()
         )
         persist_of_stage = {self.stage[b]: self.persist[b] for b in blocks}

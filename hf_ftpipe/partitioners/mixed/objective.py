@@ -28,6 +28,7 @@ from hf_ftpipe.costmodel.memory_rules import (
     optimizer_state_bytes,
     saved_bytes,
     stage_rules,
+    weight_versions_of,
 )
 from hf_ftpipe.costmodel.profiles import GPUProfile
 from hf_ftpipe.graph.cost_graph import CostGraph
@@ -207,7 +208,8 @@ class IncrementalCost:
             return 0
         info = self.graph.params[p]
         gradient = info.bytes if info.requires_grad and any(self.persist[s] for s in readers) else 0
-        return info.bytes * max(self.versions[s] for s in readers) + self.state[p] + gradient
+        versions = weight_versions_of(info.requires_grad, info.is_buffer, max(self.versions[s] for s in readers))
+        return info.bytes * versions + self.state[p] + gradient
 
     def _producer(self, u: str, sign: int) -> None:
         attrs = self.graph.graph.nodes[u]

@@ -35,13 +35,14 @@ CASES: dict[str, list[str]] = {
     "wic": ["--task_name", "wic", "--adafactor_scale_parameter", "--learning_rate", "1e-3"],
 }
 # docs/examples.md's command, shortened to 4 optimizer steps of 2 accumulated batches of 8 (one flush of
-# 4 micro-batches) with label smoothing; generation greedy and at most 12 tokens, flags passed through.
+# 4 micro-batches; one epoch of the first 64 items) with label smoothing; generation greedy and at most 12 tokens, flags passed through.
 SUMMARIZATION = [
     *cpu_launch_arguments("docs/examples.md", "run_summarization_pipe.py"),
     *("--do_train", "--do_eval", "--do_predict", "--test_file", str(DATA / "news_test.jsonl")),
     *("--max_steps", "4", "--logging_steps", "1", "--per_device_train_batch_size", "8", "--num_microbatches", "2"),
     *("--gradient_accumulation_steps", "2", "--label_smoothing_factor", "0.1"),
-    *("--max_eval_samples", "8", "--max_predict_samples", "8", "--per_device_eval_batch_size", "8"),
+    *("--max_train_samples", "64", "--max_eval_samples", "8", "--max_predict_samples", "8"),
+    *("--per_device_eval_batch_size", "8"),
     *("--generation_max_length", "12", "--generation_num_beams", "1"),
 ]
 COMMON = [

@@ -42,11 +42,12 @@ def reference(run: Path, summarization: ModuleType, tmp_path_factory: pytest.Tem
     (same seed), the tokenizer the run trained and the run's data and flags: trained, then evaluated."""
     tokenizer = AutoTokenizer.from_pretrained(run / "tokenizer")
     model = summarization.tiny_t5(tokenizer, seed=42)
-    # the splits as the run read them: the first 8 validation and test rows (the lengths span them all)
+    # the splits as the run read them: the first 64 training rows, 8 validation and 8 test rows (the
+    # lengths span them all)
     files = {split: str(DATA / f"news_{split}.jsonl") for split in ("train", "validation", "test")}
     raw = load_dataset("json", data_files=files)
-    for split in ("validation", "test"):
-        raw[split] = raw[split].select(range(8))
+    for split, size in (("train", 64), ("validation", 8), ("test", 8)):
+        raw[split] = raw[split].select(range(size))
     data_args = summarization.DataTrainingArguments()
     source, target = summarization.lengths(data_args, tokenizer, raw, "document", "summary", tiny=True)
 
@@ -96,7 +97,7 @@ def reference(run: Path, summarization: ModuleType, tmp_path_factory: pytest.Tem
 
 def test_losses_and_rouge_equal_seq2seq_trainer_on_one_process(run, reference):
     state = _json(run / "trainer_state.json")
-    assert state["global_step"] == 4
+    assert state["global_step"] == 4 and _json(run / "train_results.json")["train_samples"] == 64
     # every step's loss (label-smoothed over 2 accumulated batches), gradient norm and learning rate
     assert_steps_close(state["log_history"], reference.state.log_history)
     evaluation = _json(run / "eval_results.json")

@@ -35,7 +35,7 @@ import functools
 import logging
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,7 +46,6 @@ from transformers import (
     AutoModelForSeq2SeqLM,
     AutoTokenizer,
     DataCollatorForSeq2Seq,
-    EvalPrediction,
     HfArgumentParser,
     PreTrainedTokenizerBase,
     T5Config,
@@ -55,7 +54,6 @@ from transformers import (
 )
 
 from hf_ftpipe import PipeSeq2SeqTrainer, PipeSeq2SeqTrainingArguments
-from hf_ftpipe.metrics import load_metric, split_sentences
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
@@ -65,6 +63,7 @@ from common import (  # noqa: E402
     record_metrics,
     set_up_logging,
 )
+from summarization_pairs import columns, rouge_metrics, tokenize_pairs  # noqa: E402
 
 from local_tokenizer import build_t5_tokenizer  # noqa: E402
 
@@ -72,14 +71,6 @@ logger = logging.getLogger(__name__)
 
 DATA = Path(__file__).resolve().parent / "data"
 SPLITS = ("train", "validation", "test")
-# (text, summary) columns of a few Hub datasets, by the last part of their name; other data: its
-# first two columns, as run_summarization.py reads local files.
-SUMMARY_COLUMNS = {
-    "xsum": ("document", "summary"),
-    "cnn_dailymail": ("article", "highlights"),
-    "samsum": ("dialogue", "summary"),
-    "multi_news": ("document", "summary"),
-}
 
 
 @dataclass
@@ -187,7 +178,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
     raw = load_raw(data_args, model_args)
     limits = (data_args.max_train_samples, data_args.max_eval_samples, data_args.max_predict_samples)
     raw = DatasetDict({split: _first(raw[split], limit) for split, limit in zip(SPLITS, limits) if split in raw})
-    text_column, summary_column = columns(data_args, next(iter(raw.values())).column_names)
+    text_column, summary_column = columns(
+        next(iter(raw.values())).column_names, data_args.dataset_name, data_args.text_column, data_args.summary_column
+    )
     tokenizer, model = load_model(model_args, training_args, raw, text_column, summary_column)
     tiny = model_args.model_name_or_path is None
     source_length, target_length = lengths(data_args, tokenizer, raw, text_column, summary_column, tiny)
@@ -264,21 +257,6 @@ def _file_format(path: str) -> str | None:
     return {".json": "json", ".jsonl": "json", ".csv": "csv"}.get(Path(path).suffix.lower())
 
 
-def columns(data_args: DataTrainingArguments, names: list[str]) -> tuple[str, str]:
-    """The (text, summary) columns: the flags, else the Hub dataset's known ones, else the first two."""
-    known = SUMMARY_COLUMNS.get((data_args.dataset_name or "").rsplit("/", 1)[-1])
-    chosen = []
-    for flag, given, index in (
-        ("text_column", data_args.text_column, 0),
-        ("summary_column", data_args.summary_column, 1),
-    ):
-        name = given or (known[index] if known else (names[index] if len(names) > index else None))
-        if name not in names:
-            raise ValueError(f"`--{flag}` {name!r} is not a column of the data; its columns are {names}")
-        chosen.append(name)
-    return chosen[0], chosen[1]
-
-
 def load_model(
     model_args: ModelArguments, args: PipeSeq2SeqTrainingArguments, raw: DatasetDict, text_column: str, summary: str
 ) -> tuple[PreTrainedTokenizerBase, torch.nn.Module]:
@@ -345,35 +323,6 @@ def lengths(
     return source, target or longest(summary_column)
 
 
-def tokenize_pairs(
-    batch: dict[str, list],
-    tokenizer: PreTrainedTokenizerBase,
-    text_column: str,
-    summary_column: str,
-    prefix: str,
-    max_source_length: int,
-    max_target_length: int,
-    pad_to_max_length: bool,
-    ignore_pad_token_for_loss: bool,
-) -> dict[str, list]:
-    """Tokenize each (document, summary) pair of a ``map`` batch; pairs missing either are left out.
-
-    ``labels`` are the summary's ids; padded to the length with ``--pad_to_max_length``, their
-    padding is -100 when ``ignore_pad_token_for_loss`` (else the pad token, which the loss counts).
-    """
-    pairs = [(text, summary) for text, summary in zip(batch[text_column], batch[summary_column]) if text and summary]
-    padding = "max_length" if pad_to_max_length else False
-    inputs = tokenizer(
-        [prefix + text for text, _ in pairs], max_length=max_source_length, padding=padding, truncation=True
-    )
-    labels = tokenizer(
-        text_target=[summary for _, summary in pairs], max_length=max_target_length, padding=padding, truncation=True
-    ).input_ids
-    if pad_to_max_length and ignore_pad_token_for_loss:
-        labels = [[-100 if token == tokenizer.pad_token_id else token for token in row] for row in labels]
-    return {**inputs, "labels": labels}
-
-
 def data_collator(
     data_args: DataTrainingArguments,
     args: PipeSeq2SeqTrainingArguments,
@@ -387,39 +336,6 @@ def data_collator(
     return DataCollatorForSeq2Seq(
         tokenizer, model=model, label_pad_token_id=label_pad, pad_to_multiple_of=pad_to_multiple_of(args)
     )
-
-
-def decoded(tokenizer: PreTrainedTokenizerBase, ids: np.ndarray) -> list[str]:
-    """Token ids (-100 for padding) as stripped text, one sentence per line, as ROUGE-Lsum reads it.
-
-    run_summarization.py splits sentences with nltk's punkt, which needs a download; offline,
-    `hf_ftpipe.metrics.split_sentences` cuts after ``.``, ``!`` and ``?`` (also after abbreviations).
-    """
-    texts = tokenizer.batch_decode(np.where(ids != -100, ids, tokenizer.pad_token_id), skip_special_tokens=True)
-    return ["\n".join(split_sentences(text.strip())) for text in texts]
-
-
-def rouge_metrics(tokenizer: PreTrainedTokenizerBase) -> Callable[[EvalPrediction], dict[str, float]]:
-    """compute_metrics: ROUGE-1/2/L/Lsum F-measures ×100 (rounded to 4 decimals) of the generated
-    summaries against the labels, Porter-stemmed, and ``gen_len``, the mean count of generated
-    tokens that are not padding, as run_summarization.py reports them."""
-    rouge = load_metric("rouge", keep_in_memory=True)  # no cache files shared by ranks
-
-    def compute(prediction: EvalPrediction) -> dict[str, float]:
-        predictions = prediction.predictions
-        if isinstance(predictions, tuple):
-            predictions = predictions[0]
-        predictions = np.where(predictions != -100, predictions, tokenizer.pad_token_id)
-        scores = rouge.compute(
-            predictions=decoded(tokenizer, predictions),
-            references=decoded(tokenizer, prediction.label_ids),
-            use_stemmer=True,
-        )
-        result = {name: round(float(value) * 100, 4) for name, value in scores.items()}
-        result["gen_len"] = float(np.mean(np.count_nonzero(predictions != tokenizer.pad_token_id, axis=-1)))
-        return result
-
-    return compute
 
 
 def predict(trainer: PipeSeq2SeqTrainer, tokenizer: PreTrainedTokenizerBase, test_data: Dataset) -> None:

@@ -35,7 +35,8 @@ CASES: dict[str, list[str]] = {
     "wic": ["--task_name", "wic", "--adafactor_scale_parameter", "--learning_rate", "1e-3"],
 }
 # docs/examples.md's command, shortened to 4 optimizer steps of 2 accumulated batches of 8 (one flush of
-# 4 micro-batches; one epoch of the first 64 items) with label smoothing; generation greedy and at most 12 tokens, flags passed through.
+# 4 micro-batches; one epoch of the first 64 items) with label smoothing; generation greedy and at most
+# 12 tokens, the flags passed through.
 SUMMARIZATION = [
     *cpu_launch_arguments("docs/examples.md", "run_summarization_pipe.py"),
     *("--do_train", "--do_eval", "--do_predict", "--test_file", str(DATA / "news_test.jsonl")),

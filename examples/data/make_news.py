@@ -3,8 +3,9 @@
 Each document is a short news item of five sentences about one person: what they opened or
 started, where and when, a detail, what people said, and a plan. Its summary is two sentences
 that keep the who, what, where and the plan, in the document's words, so a tiny T5 trained
-for a minute can start to copy the right spans and ROUGE has something to measure; the summary
-has two sentences so that ROUGE-Lsum (sentence by sentence) and ROUGE-L (the whole text) differ.
+for a few seconds learns to copy the right spans and ROUGE has something to measure; the summary
+has two sentences, so ROUGE-Lsum scores it sentence by sentence (equal to ROUGE-L while the
+generated sentences come in the reference's order).
 
 Rows as ``xsum`` has them, ``document`` then ``summary`` (``run_summarization.py`` reads a file's
 first column as the text and the second as the summary unless told otherwise).

@@ -23,6 +23,6 @@ def t5_examples_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
         timeout_s=300,
         env={"HF_HUB_OFFLINE": "1"},  # ROUGE from the shipped rouge_mean, without waiting for the Hub
     )
-    cases = [line for line in job.stdout.splitlines() if line.endswith(" s") and ": " in line]
+    cases = list(dict.fromkeys(line for line in job.stdout.splitlines() if line.endswith(" s") and ": " in line))
     print(f"t5_examples_job.py launch: {time.monotonic() - start:.1f} s ({', '.join(cases)})")
     return out

@@ -1,18 +1,21 @@
 """Task metrics: the project's `evaluate` modules, a loader, and plain functions over them.
 
 Each rule lives once, in a self-contained `evaluate` metric module shipped in this folder
-(``t5_super_glue/``, ``squad_v1/``), so the modules load offline and could be pushed to the Hub as
+(``t5_super_glue/``, ``squad_v1/``, ``rouge_mean/``), so the modules load offline and could be pushed to the Hub as
 they are. :func:`load_metric` returns an `evaluate` module; the plain functions below are the
 modules' own functions (fractions in ``[0, 1]``, not percentages), for code that scores lists
 directly, such as a ``compute_metrics``.
 
-- :func:`load_metric`: ``"squad"`` and ``"super_glue"`` are the Hub's official modules when they
-  can be reached (online or cached); offline, ``"squad"`` falls back to the shipped ``squad_v1``
-  with a warning, while ``"super_glue"`` fails naming ``t5_super_glue`` (its scores are ×100,
-  the official ones fractions). ``"squad_v1"`` and ``"t5_super_glue"`` are always the shipped ones.
+- :func:`load_metric`: ``"squad"``, ``"rouge"`` and ``"super_glue"`` are the Hub's official modules
+  when they can be reached (online or cached); offline, ``"squad"`` falls back to the shipped
+  ``squad_v1`` and ``"rouge"`` to ``rouge_mean`` with a warning, while ``"super_glue"`` fails naming
+  ``t5_super_glue`` (its scores are ×100, the official ones fractions). ``"squad_v1"``,
+  ``"rouge_mean"`` and ``"t5_super_glue"`` are always the shipped ones.
 - SuperGLUE (Wang et al., 2019) as T5 scores it: :func:`accuracy`, :func:`macro_f1` (CB),
   :func:`multirc_f1a_em`.
 - SQuAD v1.1 (Rajpurkar et al., 2016): :func:`normalize_answer`, :func:`squad_em_f1`.
+- ROUGE (Lin, 2004) with Google's ``rouge_score``: :func:`rouge_scores`, and :func:`split_sentences`
+  for ROUGE-Lsum's one sentence per line (a rule, not nltk's punkt: no download).
 - Language modelling: :func:`perplexity`.
 """
 
@@ -24,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hf_ftpipe.errors import HubError
+from hf_ftpipe.metrics.rouge_mean.rouge_mean import rouge_scores, split_sentences
 from hf_ftpipe.metrics.squad_v1.squad_v1 import normalize_answer, squad_em_f1
 from hf_ftpipe.metrics.t5_super_glue.t5_super_glue import accuracy, macro_f1, multirc_f1a_em
 
@@ -37,16 +41,19 @@ __all__ = [
     "multirc_f1a_em",
     "normalize_answer",
     "perplexity",
+    "rouge_scores",
     "shipped_metric_path",
+    "split_sentences",
     "squad_em_f1",
 ]
 
 logger = logging.getLogger(__name__)
 
-_SHIPPED = ("squad_v1", "t5_super_glue")
-# Official Hub module -> the shipped module that takes the same inputs and reports the same scale.
-_FALLBACKS = {"squad": "squad_v1"}
-_OFFICIAL = ("squad", "super_glue")
+_SHIPPED = ("rouge_mean", "squad_v1", "t5_super_glue")
+# Official Hub module -> the shipped module that takes the same inputs and reports the same scale
+# (rouge_mean: the exact mean where the Hub's rouge reports a bootstrap median of it).
+_FALLBACKS = {"rouge": "rouge_mean", "squad": "squad_v1"}
+_OFFICIAL = ("rouge", "squad", "super_glue")
 
 
 def shipped_metric_path(name: str) -> Path:
@@ -61,11 +68,12 @@ def load_metric(name: str, config_name: str | None = None, **kwargs: object) -> 
 
     Args:
         name (`str`):
-            ``"squad"`` or ``"super_glue"``: the official module from the Hub (or evaluate's cache).
-            If it cannot be loaded (offline and not cached, or a dependency such as scikit-learn
-            missing): ``squad`` gives the shipped drop-in ``squad_v1`` with one warning;
-            ``super_glue`` raises `HubError` naming ``t5_super_glue``, which scores on another scale.
-            ``"squad_v1"`` or ``"t5_super_glue"``: the shipped module, by path.
+            ``"squad"``, ``"rouge"`` or ``"super_glue"``: the official module from the Hub (or
+            evaluate's cache). If it cannot be loaded (offline and not cached, or a dependency such
+            as scikit-learn missing): ``squad`` gives the shipped drop-in ``squad_v1`` and ``rouge``
+            gives ``rouge_mean``, with one warning; ``super_glue`` raises `HubError` naming
+            ``t5_super_glue``, which scores on another scale.
+            ``"squad_v1"``, ``"rouge_mean"`` or ``"t5_super_glue"``: the shipped module, by path.
         config_name (`str`, *optional*):
             The task for ``super_glue`` and ``t5_super_glue``: ``boolq``, ``cb``, ``copa``,
             ``multirc``, ``rte`` or ``wic``.

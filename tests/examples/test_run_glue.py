@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from types import ModuleType
 
@@ -15,10 +14,8 @@ from transformers import Adafactor, AutoModelForSeq2SeqLM, AutoTokenizer, DataCo
 from hf_ftpipe import PipeTrainingArguments
 from hf_ftpipe.metrics import load_metric
 
-from distributed import accelerate_launch
 from example_modules import DATA, load_example
 
-HERE = Path(__file__).resolve().parent
 SCORE_KEYS = {"cb": {"accuracy", "f1"}, "multirc": {"exact_match", "f1_a"}}
 
 
@@ -28,14 +25,11 @@ def glue() -> ModuleType:
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One launch of glue_tasks_job.py: main() once per task, results in OUT/<case>/. Its multirc case
-    runs the arguments of docs/examples.md's multirc command (glue_tasks_job.CASES)."""
-    out = tmp_path_factory.mktemp("glue")
-    start = time.monotonic()
-    accelerate_launch(str(HERE / "glue_tasks_job.py"), str(out), timeout_s=240)
-    print(f"glue_tasks_job.py launch: {time.monotonic() - start:.1f} s")
-    return out
+def run(t5_examples_run: Path) -> Path:
+    """The launch of t5_examples_job.py (tests/examples/conftest.py): main() once per task, results in
+    OUT/<case>/. Its multirc case runs the arguments of docs/examples.md's multirc command
+    (t5_examples_job.CASES)."""
+    return t5_examples_run
 
 
 def _results(run: Path, case: str, split: str) -> dict:

@@ -20,7 +20,9 @@ from hf_ftpipe.metrics import (
     multirc_f1a_em,
     normalize_answer,
     perplexity,
+    rouge_scores,
     shipped_metric_path,
+    split_sentences,
     squad_em_f1,
 )
 
@@ -144,6 +146,77 @@ def test_perplexity():
         perplexity(float("nan"))
 
 
+# ROUGE by hand (rouge_score's rules: lowercase, punctuation is a word break; F = 2PR / (P + R)).
+# 1: "the cat sat on the mat" vs "the cat lay on the mat": 6 tokens each.
+#    unigrams shared with multiplicity: the, the, cat, on, mat = 5 -> P = R = 5/6.
+#    bigrams: the-cat, on-the, the-mat of 5 -> 3/5. LCS "the cat on the mat" = 5 -> 5/6; one line: Lsum = L.
+# 2: two sentences, swapped: "the dog ran.\nthe cat sat." vs "the cat sat.\nthe dog ran."
+#    unigrams: all 6 -> 1. bigrams: the-cat, cat-sat, the-dog, dog-ran of 5 (not ran-the / sat-the) -> 4/5.
+#    LCS over the whole text: "the cat sat" or "the dog ran" = 3 of 6 -> 1/2.
+#    Lsum: each reference sentence finds itself among the predicted ones: 3 + 3 of 6 -> 1.
+# 3: "cats running" vs "the cat runs quickly", Porter-stemmed: [cat, run] vs [the, cat, run, quickli].
+#    unigrams: 2 -> P = 1, R = 1/2, F = 2/3. bigram cat-run: P = 1, R = 1/3, F = 1/2. LCS 2: 2/3 (L and Lsum).
+#    Unstemmed, "cats" and "running" match nothing: all 0.
+ROUGE_PAIRS = [
+    ("the cat sat on the mat", "the cat lay on the mat"),
+    ("the dog ran.\nthe cat sat.", "the cat sat.\nthe dog ran."),
+    ("cats running", "the cat runs quickly"),
+]
+ROUGE_BY_HAND = {
+    "rouge1": [5 / 6, 1.0, 2 / 3],
+    "rouge2": [3 / 5, 4 / 5, 1 / 2],
+    "rougeL": [5 / 6, 1 / 2, 2 / 3],
+    "rougeLsum": [5 / 6, 1.0, 2 / 3],
+}
+
+
+def test_rouge_by_hand_per_pair_and_mean():
+    predictions, references = zip(*ROUGE_PAIRS)
+    per_pair = rouge_scores(predictions, references, use_aggregator=False, use_stemmer=True)
+    assert per_pair.keys() == ROUGE_BY_HAND.keys()
+    for name, values in ROUGE_BY_HAND.items():
+        assert per_pair[name] == pytest.approx(values), name
+    mean = rouge_scores(predictions, references, use_stemmer=True)
+    assert mean == {name: pytest.approx(sum(values) / 3) for name, values in ROUGE_BY_HAND.items()}
+    # the exact mean: rouge1 (5/6 + 1 + 2/3) / 3 = 5/6, rougeL (5/6 + 1/2 + 2/3) / 3 = 2/3
+    assert (mean["rouge1"], mean["rougeL"]) == (pytest.approx(5 / 6), pytest.approx(2 / 3))
+    unstemmed = rouge_scores(predictions[2:], references[2:], use_aggregator=False)
+    assert unstemmed == {name: [0.0] for name in ROUGE_BY_HAND}
+
+
+def test_rouge_takes_the_best_of_several_references_and_a_type_list():
+    # pair 1 against a miss and its own reference: the reference that scores best counts, per type
+    scores = rouge_scores(
+        ["the cat sat on the mat"], [["a dog barked", "the cat lay on the mat"]], ["rouge2", "rougeL"]
+    )
+    assert scores == {"rouge2": pytest.approx(3 / 5), "rougeL": pytest.approx(5 / 6)}
+
+
+def test_rouge_rejects_bad_inputs():
+    with pytest.raises(ValueError, match="`predictions` has 2, `references` has 1"):
+        rouge_scores(["a", "b"], ["a"])
+    with pytest.raises(ValueError, match=r"`references\[0\]` is an empty list"):
+        rouge_scores(["a"], [[]])
+
+
+@pytest.mark.parametrize(
+    ("text", "sentences"),
+    [
+        (
+            "Anna opened a bakery. It sells bread!  Is it good? Yes",
+            ["Anna opened a bakery.", "It sells bread!", "Is it good?", "Yes"],
+        ),
+        ('He said "stop." Then (quietly.) he left...  ', ['He said "stop."', "Then (quietly.)", "he left..."]),
+        ("3.5 percent, no break inside numbers.", ["3.5 percent, no break inside numbers."]),
+        ("Dr. Smith came.", ["Dr.", "Smith came."]),  # punkt would keep "Dr. Smith" together
+        ("one\ntwo", ["one\ntwo"]),  # a line break alone ends no sentence
+        ("  ", []),
+    ],
+)
+def test_split_sentences(text, sentences):
+    assert split_sentences(text) == sentences
+
+
 # --- the shipped evaluate modules, loaded by path (offline) ------------------------------------
 
 
@@ -224,6 +297,22 @@ def test_squad_v1_takes_the_hub_squad_inputs(evaluate):
     assert scores == {"exact_match": 50.0, "f1": pytest.approx(100 * 5 / 6)}
 
 
+def test_rouge_mean_takes_the_hub_rouge_inputs(evaluate):
+    rouge = evaluate.load(str(shipped_metric_path("rouge_mean")))
+    predictions, references = zip(*ROUGE_PAIRS)
+    scores = rouge.compute(predictions=list(predictions), references=list(references), use_stemmer=True)
+    assert scores == {name: pytest.approx(sum(values) / 3) for name, values in ROUGE_BY_HAND.items()}
+    # one list of references per prediction, a custom tokenizer, per-pair values
+    scores = rouge.compute(
+        predictions=["The CAT"],
+        references=[["dog", "cat the"]],
+        rouge_types=["rouge1", "rougeL"],
+        use_aggregator=False,
+        tokenizer=str.split,  # case kept: "The" and "CAT" match nothing in "cat the"
+    )
+    assert scores == {"rouge1": [0.0], "rougeL": [0.0]}
+
+
 # --- the loader ---------------------------------------------------------------------------------
 
 
@@ -249,6 +338,7 @@ def test_load_metric_falls_back_offline(tmp_path):
         "squad = load_metric('squad')\n"
         "print(squad.compute(predictions=[{'id': 'q', 'prediction_text': 'the cat'}],"
         " references=[{'id': 'q', 'answers': {'text': ['Cat.'], 'answer_start': [0]}}]))\n"
+        "print(load_metric('rouge').compute(predictions=['the cat sat'], references=['the cat ran']))\n"
         "try:\n"
         "    load_metric('super_glue', 'cb')\n"
         "except Exception as error:\n"
@@ -268,12 +358,15 @@ def test_load_metric_falls_back_offline(tmp_path):
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0] == "{'exact_match': 100.0, 'f1': 100.0}"
+    # "the cat sat" vs "the cat ran": unigrams 2 of 3, bigram the-cat 1 of 2, LCS 2 of 3
+    assert lines[1] == str({"rouge1": 2 / 3, "rouge2": 0.5, "rougeL": 2 / 3, "rougeLsum": 2 / 3})
     # super_glue has no drop-in on its scale: a clear error names the shipped module instead.
-    assert lines[1].startswith("HubError evaluate could not load the official 'super_glue' ("), lines[1]
-    assert lines[1].endswith(
+    assert lines[2].startswith("HubError evaluate could not load the official 'super_glue' ("), lines[1]
+    assert lines[2].endswith(
         "offline, use load_metric('t5_super_glue', 'cb'): the same inputs, scored ×100 as T5 reports them "
         "(the official module gives fractions)"
-    ), lines[1]
+    ), lines[2]
     warnings = [line for line in result.stderr.splitlines() if "hf_ftpipe's shipped" in line]
-    assert len(warnings) == 1, result.stderr
+    assert len(warnings) == 2, result.stderr
     assert "could not load 'squad'" in warnings[0] and "'squad_v1'" in warnings[0]
+    assert "could not load 'rouge'" in warnings[1] and "'rouge_mean'" in warnings[1]

@@ -1,10 +1,11 @@
-"""Run ``examples/run_glue_pipe.py``'s ``main`` once per task in one launch (2 processes), for test_run_glue.py.
+"""Run the T5 examples' ``main`` in one launch (2 processes): ``run_glue_pipe.py`` once per task, then
+``run_summarization_pipe.py``, for test_run_glue.py and test_run_summarization.py.
 
-    accelerate launch --multi_gpu --num_processes 2 --main_process_port 0 tests/examples/glue_tasks_job.py OUT
+    accelerate launch --multi_gpu --num_processes 2 --main_process_port 0 tests/examples/t5_examples_job.py OUT
 
-Each case writes its results to ``OUT/<case>/``: a tiny T5 trained 2 steps on the task's fixture,
-evaluated by generation on its first validation examples. Starting the processes, importing torch
-and setting up the process group once for all tasks keeps the test short.
+Each case writes its results to ``OUT/<case>/``: a tiny T5 trained a few steps on the fixture,
+evaluated by generation. Starting the processes, importing torch and setting up the process group
+once for all of them keeps the tests short.
 """
 
 from __future__ import annotations
@@ -33,6 +34,18 @@ CASES: dict[str, list[str]] = {
     ],
     "wic": ["--task_name", "wic", "--adafactor_scale_parameter", "--learning_rate", "1e-3"],
 }
+# docs/examples.md's command, shortened to 4 optimizer steps of 2 accumulated batches of 8 (one flush of
+# 4 micro-batches; one epoch of the first 64 items) with label smoothing; generation greedy and at most
+# 12 tokens, the flags passed through.
+SUMMARIZATION = [
+    *cpu_launch_arguments("docs/examples.md", "run_summarization_pipe.py"),
+    *("--do_train", "--do_eval", "--do_predict", "--test_file", str(DATA / "news_test.jsonl")),
+    *("--max_steps", "4", "--logging_steps", "1", "--per_device_train_batch_size", "8", "--num_microbatches", "2"),
+    *("--gradient_accumulation_steps", "2", "--label_smoothing_factor", "0.1"),
+    *("--max_train_samples", "64", "--max_eval_samples", "8", "--max_predict_samples", "8"),
+    *("--per_device_eval_batch_size", "8"),
+    *("--generation_max_length", "12", "--generation_num_beams", "1"),
+]
 COMMON = [
     *("--do_train", "--do_eval", "--max_steps", "2", "--max_train_samples", "64", "--max_eval_samples", "8"),
     *("--max_source_length", "32", "--max_target_length", "4", "--logging_steps", "1"),
@@ -57,6 +70,9 @@ def main(out: Path) -> None:
         extra = ["--test_file", str(test_file)] if "--do_predict" in flags else []
         run_glue.main([*COMMON, *flags, *extra, "--output_dir", str(out / case)])
         print(f"{case}: {time.monotonic() - start:.1f} s", flush=True)
+    start = time.monotonic()
+    load_example("run_summarization_pipe").main([*SUMMARIZATION, "--output_dir", str(out / "summarization")])
+    print(f"summarization: {time.monotonic() - start:.1f} s", flush=True)
 
 
 if __name__ == "__main__":

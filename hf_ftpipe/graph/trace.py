@@ -30,7 +30,7 @@ from hf_ftpipe.graph.mutations import fuse_mutations
 from hf_ftpipe.graph.peft_models import export_target, naming_untested_peft
 from hf_ftpipe.graph.shape_capture import ShapeCapture, fixed_sizes
 
-__all__ = ["TracedModel", "trace_model", "capture_model"]
+__all__ = ["TracedModel", "capture_model", "measure_at", "trace_model"]
 
 logger = logging.getLogger(__name__)
 
@@ -137,6 +137,24 @@ def capture_model(
         tensors=tensors,
         shapes=shapes,
         per_shape=per_shape,
+    )
+
+
+def measure_at(model: nn.Module, traced: TracedModel, sample_inputs: Mapping[str, Any]) -> CostGraph:
+    """The `CostGraph` of ``model`` at ``sample_inputs``' shapes, from its capture ``traced`` at others.
+
+    A capture whose batch and sequence sizes all vary is the same graph at every shape (same nodes,
+    names and edges): only the measured sizes differ, so planning at several shapes (a model's tasks,
+    the shipped plans) exports once. A capture with a fixed size holds at its own shape only: the model
+    is traced again.
+    """
+    if traced.per_shape is not None or not traced.graph_module.meta.get("dynamic"):
+        return trace_model(model, sample_inputs)
+    inputs = _export_inputs(export_target(model), sample_inputs)
+    shapes = {name: tuple(value.shape) for name, value in inputs.items() if isinstance(value, torch.Tensor)}
+    measured = _planned_inputs(inputs, shapes, traced.shapes)  # checks they fit the capture
+    return measure_graph(
+        model, traced.graph_module, measured, traced.canonical_names, set(model.state_dict()), traced.shapes
     )
 
 

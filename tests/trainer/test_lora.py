@@ -2,11 +2,12 @@
 
 One torchrun launch (lora_job.py) trains a tiny GPT-2 with LoRA adapters under 1f1b and a tiny T5
 under gpipe on 2 ranks (each schedule, each model once: the two schedules make the same update,
-tests/runtime/test_engine.py); this process trains the same models with plain `Trainer` and compares every logged loss and gradient norm, every adapter
-weight, `evaluate()`, the frozen base weights (unchanged), what has a gradient and optimizer state (the
-adapter's weights only), and the saved folder (the same files; ``PeftModel.from_pretrained``
-loads it and its tensors equal `Trainer`'s). A run resumed from the GPT-2 1f1b run's
-checkpoint-2 ends where the uninterrupted run ended.
+tests/runtime/test_engine.py); this process trains the same models with plain `Trainer` and
+compares every logged loss and gradient norm, every adapter weight, `evaluate()`, the frozen base
+weights (unchanged), what has a gradient and optimizer state (the adapter's weights only), and the
+saved folder (the same files; ``PeftModel.from_pretrained`` loads it and its tensors equal
+`Trainer`'s). A run resumed from the GPT-2 1f1b run's checkpoint-2 ends where the uninterrupted run
+ended.
 """
 
 from __future__ import annotations

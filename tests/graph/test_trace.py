@@ -13,9 +13,10 @@ import torch
 import transformers
 from torch import nn
 
-from hf_ftpipe.errors import TraceError
+from hf_ftpipe.errors import PipelineError, TraceError
 from hf_ftpipe.graph import CostGraph, TracedModel, capture_model, trace_model
 from hf_ftpipe.graph.modes import ModeAwareOp
+from hf_ftpipe.graph.trace import measure_at
 from hf_ftpipe.runtime.stage import StageSpec, build_stage_module, plan_stages
 
 from models import KINDS, tiny_batch, tiny_model
@@ -398,3 +399,16 @@ def test_stages_follow_train_and_eval_modes() -> None:
     # The same seed draws the same dropout masks in the same order as eager training.
     torch.testing.assert_close(trained["loss"], expected_train.loss, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(trained["logits"], expected_train.logits, atol=1e-5, rtol=1e-5)
+
+
+def test_a_capture_measured_at_another_shape_is_the_graph_traced_there(t5_traced: TracedModel) -> None:
+    """`measure_at`: one export serves every shape (planning a model's tasks exports it once)."""
+    model = tiny_model("t5")
+    batch = {name: value[:, :3] if name == "labels" else value for name, value in tiny_batch("t5", 4).items()}
+    remeasured, traced = measure_at(model, t5_traced, batch), trace_model(model, batch)
+    assert remeasured.topological_order() == traced.topological_order()
+    assert dict(remeasured.graph.nodes(data=True)) == dict(traced.graph.nodes(data=True))
+    assert list(remeasured.graph.edges(data=True)) == list(traced.graph.edges(data=True))
+    assert remeasured.inputs == traced.inputs and remeasured.total_flops != t5_traced.cost_graph.total_flops
+    with pytest.raises(PipelineError, match="do not fit the traced model"):
+        measure_at(model, t5_traced, {**batch, "attention_mask": batch["attention_mask"][:, :2]})

@@ -210,7 +210,7 @@ class Executor:
             loss = self.loss_function(m, named, self.state.data[m])
         except KeyError as error:
             name = error.args[0] if error.args else None
-            if name in named or name not in self.graph.output_names:
+            if not isinstance(name, str) or name in named or name not in self.graph.output_names:
                 raise
             raise PipelineError(self._unserved(name, spec.stage_index, sorted(named))) from error
         replaced = list(outputs)

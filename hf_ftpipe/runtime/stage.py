@@ -112,7 +112,7 @@ def _routed_to_loss(graph: CostGraph, node_stage: Mapping[str, int], loss_reads:
     """The values of ``loss_reads`` that another stage than the loss's produces and the loss depends on."""
     outputs = dict(_outputs(graph))
     loss = outputs.get("loss")
-    if loss not in node_stage:
+    if not loss_reads or loss not in node_stage:
         return []
     ancestors = nx.ancestors(graph.graph, loss)
     routed = []

@@ -21,6 +21,7 @@ from transformers import (
     TrainerCallback,
 )
 
+from hf_ftpipe.errors import PartitionError
 from hf_ftpipe.partitioners import partition_seq_greedy, register_partitioner
 
 from generation_cases import generate_on_every_rank
@@ -32,11 +33,16 @@ from qa_subclass import best_spans, gold_examples, question_answering_trainer, s
 LOGITS_APART = "logits-apart"
 """The partitioner of the cases whose loss stage is not where the logits are computed (`logits_apart`)."""
 
+_named_partitioner: list[str | None] = [None]
+"""The partitioner the case being run names (`run` sets it)."""
+
 
 @register_partitioner(LOGITS_APART)
 def logits_apart(graph: Any, *args: Any, **kwargs: Any) -> Any:
     """Three stages on ranks 0, 1, 0: the logits computed on rank 1, the loss (reading a view of them) on
     rank 0, as the default planner's Mixed-Pipe plan for run_clm.py's GPT-2 put them."""
+    if _named_partitioner[0] != LOGITS_APART:  # `auto` runs every registered one: other cases keep their plans
+        raise PartitionError(f"{LOGITS_APART!r} plans only the cases that name it")
     plan = partition_seq_greedy(graph, *args, **kwargs)
     stage_device = [0, 1, 0]
     node_stage = logits_apart_placement(graph, stage_device)
@@ -368,6 +374,7 @@ def run(name: str, output_dir: str, trainer_class: type) -> dict[str, Any]:
     """Train, evaluate, predict (on the rows without labels where the case has labels to drop); the
     results of one run as plain data, with the trained weights."""
     pipe = trainer_class.__name__ == "PipeTrainer"
+    _named_partitioner[0] = CASES[name].pipe_args.get("partitioner")
     parts = setup(name, output_dir, pipe=pipe)
     generate = CASES[name].generate
     if generate is not None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import itertools
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
@@ -105,6 +105,8 @@ class PipelineEngine(Executor, RankWeights):
             how batches of other shapes are bucketed onto graphs traced per shape (`hf_ftpipe.runtime.per_shape`).
         compile (`CompileOptions`, *optional*): ``torch.compile`` every stage module this rank runs, in
             place, names unchanged (`hf_ftpipe.runtime.compiled_stages`); `compiler` keeps the time it took.
+        loss_reads (`Collection[str]`, *optional*): the model outputs `loss_function` will read (``logits``):
+            each is also sent to the loss stage wherever the plan produces it (`plan_stages`).
     """
 
     def __init__(
@@ -125,6 +127,7 @@ class PipelineEngine(Executor, RankWeights):
         watchdog: Watchdog | None = None,
         per_shape: PerShapeOptions | None = None,
         compile: CompileOptions | None = None,
+        loss_reads: Collection[str] = (),
     ) -> None:
         if not dist.is_initialized():
             raise PipelineError(
@@ -148,7 +151,7 @@ class PipelineEngine(Executor, RankWeights):
                 f"processes were started; launch with --num_processes {max(self.stage_rank) + 1} or "
                 "recompute the partition for this number of processes"
             )
-        self.specs = plan_stages(self.graph, placement.node_stage)
+        self.specs = plan_stages(self.graph, placement.node_stage, loss_reads)
         if len(self.specs) != len(self.stage_rank):
             raise PartitionError(f"the partition has {len(self.specs)} stages but places {len(self.stage_rank)}")
         self.local_stages = [s for s, r in enumerate(self.stage_rank) if r == self.rank]

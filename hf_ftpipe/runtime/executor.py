@@ -199,15 +199,33 @@ class Executor:
     ) -> tuple[torch.Tensor, ...]:
         """``outputs`` with the traced loss replaced by `loss_function`'s, from the model outputs this
         stage computes or receives; the backward starts from it."""
-        named = {name: outputs[spec.sent.index(value)] for name, value in spec.model_outputs.items()}
+        named = {}  # in the model's output order: ``outputs[0]`` is the model's first output
         for name, value in zip(self.graph.output_names, self.graph.outputs, strict=False):
-            if name not in named and value in spec.received:
+            if name in spec.model_outputs:
+                named[name] = outputs[spec.sent.index(value)]
+            elif value in spec.received:  # routed here (`plan_stages`'s ``loss_reads``) or read anyway
                 named[name] = leaves[spec.received.index(value)]
         assert self.loss_function is not None
-        loss = self.loss_function(m, named, self.state.data[m])
+        try:
+            loss = self.loss_function(m, named, self.state.data[m])
+        except KeyError as error:
+            name = error.args[0] if error.args else None
+            if not isinstance(name, str) or name in named or name not in self.graph.output_names:
+                raise
+            raise PipelineError(self._unserved(name, spec.stage_index, sorted(named))) from error
         replaced = list(outputs)
         replaced[spec.sent.index(spec.model_outputs["loss"])] = loss
         return tuple(replaced)
+
+    def _unserved(self, name: str, loss_stage: int, served: list[str]) -> str:
+        """Why the loss read output ``name`` in vain: the stage holding it did not send it here."""
+        holder = next((spec.stage_index for spec in self.specs if name in spec.model_outputs), None)
+        where = "no stage" if holder is None else f"stage {holder} (rank {self.stage_rank[holder]})"
+        return (
+            f"the loss computed from the model's outputs read `{name}`, which {where} produces, but the loss "
+            f"stage {loss_stage} was sent only {served}: the pipeline sends it the outputs the loss depends on; "
+            f"compute the loss from those, or compute the part that needs `{name}` inside the model's forward"
+        )
 
     def _backward(self, action: Action) -> None:
         spec, _ = self._stage(action)

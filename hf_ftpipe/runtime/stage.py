@@ -11,9 +11,10 @@ rule for neighbours, non-adjacent stages and stages that share a rank (Mixed-Pip
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
+import networkx as nx
 import torch
 from torch import fx
 
@@ -21,7 +22,7 @@ from hf_ftpipe.errors import PartitionError
 from hf_ftpipe.graph.cost_graph import CostGraph
 from hf_ftpipe.plan.validate import check_stages
 
-__all__ = ["StageSpec", "plan_stages", "build_stage_module"]
+__all__ = ["StageSpec", "build_stage_module", "loss_reads_of", "plan_stages"]
 
 
 @dataclass
@@ -45,9 +46,16 @@ class StageSpec:
     input shapes (`hf_ftpipe.runtime.shapes`); passed after the batch inputs."""
 
 
-def plan_stages(graph: CostGraph, node_stage: Mapping[str, int]) -> list[StageSpec]:
+def plan_stages(graph: CostGraph, node_stage: Mapping[str, int], loss_reads: Collection[str] = ()) -> list[StageSpec]:
     """Derive every stage's inputs and outputs. Raises `PartitionError` on a malformed assignment
-    (``plan.validate.check_stages``, or a value that is not one tensor read across stages)."""
+    (``plan.validate.check_stages``, or a value that is not one tensor read across stages).
+
+    ``loss_reads`` names model outputs (``logits``) that a loss computed from the outputs reads on
+    the loss stage (`hf_ftpipe.trainer.output_loss`): each one produced on another stage is read
+    there too, as if an op of the loss stage read it, so it travels with its shape and its gradient
+    comes back like any other value's (once, if the loss stage reads it anyway). Only the loss's
+    own ancestors can be read so: any other output may be produced after the loss stage.
+    """
     check_stages(graph, node_stage)
     num_stages = max(node_stage.values()) + 1
     specs = [StageSpec(s, [], [], [], []) for s in range(num_stages)]
@@ -72,14 +80,7 @@ def plan_stages(graph: CostGraph, node_stage: Mapping[str, int]) -> list[StageSp
                     f"{producer!r} ({graph.node(producer)['op']}) returns several tensors and is read across "
                     f"stages {source} → {stage}; keep it with its getitem users in one stage"
                 )
-            if producer not in specs[stage].received:
-                specs[stage].received.append(producer)
-            source_spec = specs[source]
-            if producer not in source_spec.consumers:
-                source_spec.sent.append(producer)
-                source_spec.consumers[producer] = []
-            if stage not in source_spec.consumers[producer]:
-                source_spec.consumers[producer].append(stage)
+            _read_across(specs, producer, source, stage)
 
     for output_name, value in zip(graph.output_names, graph.outputs, strict=False):
         if value not in node_stage:
@@ -89,7 +90,50 @@ def plan_stages(graph: CostGraph, node_stage: Mapping[str, int]) -> list[StageSp
             spec.sent.append(value)
             spec.consumers[value] = []
         spec.model_outputs[output_name] = value
+    for value in _routed_to_loss(graph, node_stage, loss_reads):
+        _read_across(specs, value, node_stage[value], node_stage[dict(_outputs(graph))["loss"]])
     return specs
+
+
+def loss_reads_of(graph: CostGraph, specs: Sequence[StageSpec]) -> list[str]:
+    """The model outputs ``specs``' loss stage reads from other stages: the ``loss_reads`` that
+    `plan_stages` was given, as far as they needed routing (to plan another capture alike)."""
+    loss_stage = next((spec for spec in specs if "loss" in spec.model_outputs), None)
+    if loss_stage is None:
+        return []
+    return [name for name, value in _outputs(graph) if value in loss_stage.received]
+
+
+def _outputs(graph: CostGraph) -> list[tuple[str, str]]:
+    return list(zip(graph.output_names, graph.outputs, strict=False))
+
+
+def _routed_to_loss(graph: CostGraph, node_stage: Mapping[str, int], loss_reads: Collection[str]) -> list[str]:
+    """The values of ``loss_reads`` that another stage than the loss's produces and the loss depends on."""
+    outputs = dict(_outputs(graph))
+    loss = outputs.get("loss")
+    if not loss_reads or loss not in node_stage:
+        return []
+    ancestors = nx.ancestors(graph.graph, loss)
+    routed = []
+    for name in loss_reads:
+        value = outputs.get(name)
+        if value in ancestors and node_stage[value] != node_stage[loss] and value not in routed:
+            if len(graph.node(value)["output_shapes"]) == 1:
+                routed.append(value)
+    return routed
+
+
+def _read_across(specs: list[StageSpec], value: str, source: int, stage: int) -> None:
+    """Record that ``stage`` reads ``value``, which ``source`` produces (once, however often it is read)."""
+    if value not in specs[stage].received:
+        specs[stage].received.append(value)
+    source_spec = specs[source]
+    if value not in source_spec.consumers:
+        source_spec.sent.append(value)
+        source_spec.consumers[value] = []
+    if stage not in source_spec.consumers[value]:
+        source_spec.consumers[value].append(stage)
 
 
 def build_stage_module(

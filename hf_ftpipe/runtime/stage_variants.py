@@ -22,7 +22,7 @@ from torch import fx
 from hf_ftpipe.errors import PipelineError
 from hf_ftpipe.graph.alignment import match_ops, op_rows
 from hf_ftpipe.graph.cost_graph import CostGraph
-from hf_ftpipe.runtime.stage import StageSpec, build_stage_module, plan_stages
+from hf_ftpipe.runtime.stage import StageSpec, build_stage_module, loss_reads_of, plan_stages
 
 if TYPE_CHECKING:
     from hf_ftpipe.graph.trace import TracedModel
@@ -88,7 +88,7 @@ def build_variant(
     graph = traced.cost_graph
     to_planned = match_nodes(planned, graph)
     stage_of = _stages(graph, to_planned, node_stage)
-    variant_specs = plan_stages(graph, stage_of)
+    variant_specs = plan_stages(graph, stage_of, loss_reads_of(planned, specs))
     renamed = [_renamed(spec, to_planned, where, fix) for spec in variant_specs]
     for mine, theirs in zip(renamed, specs, strict=True):
         _check_same_boundary(mine, theirs, where, fix, extra_inputs)

@@ -18,7 +18,7 @@ loss counts once, so a loss that sums over tokens and divides by it (as transfor
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -28,7 +28,14 @@ from transformers.utils import ModelOutput
 
 from hf_ftpipe.errors import PipelineError
 
-__all__ = ["ModelOutputsOnly", "check_called", "computes_loss_from_outputs", "method_name", "overrides_compute_loss"]
+__all__ = [
+    "ModelOutputsOnly",
+    "check_called",
+    "computes_loss_from_outputs",
+    "method_name",
+    "outputs_read",
+    "overrides_compute_loss",
+]
 
 _ALLOWED_KEYWORDS = ("num_items_in_batch", "return_dict")
 """What `Trainer.compute_loss` adds to the inputs when it calls the model; they change no output."""
@@ -45,6 +52,20 @@ def computes_loss_from_outputs(trainer: Trainer) -> bool:
     return (
         trainer.label_smoother is not None or trainer.compute_loss_func is not None or overrides_compute_loss(trainer)
     )
+
+
+def outputs_read(trainer: Trainer, output_names: Sequence[str]) -> tuple[str, ...]:
+    """The model outputs of ``output_names`` that ``trainer``'s loss reads on the loss stage, where the
+    pipeline sends them from the stage that computes them (`hf_ftpipe.runtime.stage.plan_stages`).
+
+    Label smoothing reads ``logits`` only (`LabelSmoother` takes ``outputs["logits"]``); a
+    ``compute_loss_func`` or ``compute_loss`` is given every output. None when the loss is the model's.
+    """
+    if not computes_loss_from_outputs(trainer):
+        return ()
+    if trainer.compute_loss_func is None and not overrides_compute_loss(trainer):
+        return tuple(name for name in output_names if name == "logits")
+    return tuple(name for name in output_names if name != "loss")
 
 
 def method_name(trainer: Trainer) -> str:

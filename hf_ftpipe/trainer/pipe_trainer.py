@@ -43,7 +43,7 @@ from hf_ftpipe.trainer.data_randomness import DataRandomness
 from hf_ftpipe.trainer.evaluation import PipeEvaluation
 from hf_ftpipe.trainer.float16 import Float16Training
 from hf_ftpipe.trainer.launch import check_one_writer
-from hf_ftpipe.trainer.output_loss import computes_loss_from_outputs, method_name
+from hf_ftpipe.trainer.output_loss import computes_loss_from_outputs, method_name, outputs_read
 from hf_ftpipe.trainer.per_shape import per_shape_options
 from hf_ftpipe.trainer.plan_sharing import share_partition
 from hf_ftpipe.trainer.planned_shapes import longest_rows, planned_microbatch
@@ -184,6 +184,7 @@ class PipeTrainer(PipeTrainingSteps, PipeEvaluation, PipeCheckpointing, PipeData
             watchdog=self.watchdog,
             per_shape=per_shape_options(self.data_collator, self.processing_class, self.model),
             compile=stage_compile_options(self.args),
+            loss_reads=outputs_read(self, whole.cost_graph.output_names),
         )
         if self.args.release_unused_weights:
             freed = release_foreign_weights(self.model, self.engine.parameters())

@@ -9,7 +9,7 @@ loader's, not a ``max_steps``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -21,10 +21,33 @@ from transformers import (
     TrainerCallback,
 )
 
+from hf_ftpipe.errors import PartitionError
+from hf_ftpipe.partitioners import partition_seq_greedy, register_partitioner
+
 from generation_cases import generate_on_every_rank
 from mlm_runs import SPECIALS, tokenizer
 from models import VOCAB, tiny_model
+from placements import logits_apart_placement
 from qa_subclass import best_spans, gold_examples, question_answering_trainer, span_metrics
+
+LOGITS_APART = "logits-apart"
+"""The partitioner of the cases whose loss stage is not where the logits are computed (`logits_apart`)."""
+
+_named_partitioner: list[str | None] = [None]
+"""The partitioner the case being run names (`run` sets it)."""
+
+
+@register_partitioner(LOGITS_APART)
+def logits_apart(graph: Any, *args: Any, **kwargs: Any) -> Any:
+    """Three stages on ranks 0, 1, 0: the logits computed on rank 1, the loss (reading a view of them) on
+    rank 0, as the default planner's Mixed-Pipe plan for run_clm.py's GPT-2 put them."""
+    if _named_partitioner[0] != LOGITS_APART:  # `auto` runs every registered one: other cases keep their plans
+        raise PartitionError(f"{LOGITS_APART!r} plans only the cases that name it")
+    plan = partition_seq_greedy(graph, *args, **kwargs)
+    stage_device = [0, 1, 0]
+    node_stage = logits_apart_placement(graph, stage_device)
+    return replace(plan, node_stage=node_stage, stage_device=stage_device, partitioner=LOGITS_APART, predicted=None)
+
 
 GENERATING = ("gpt2", "t5")
 """The cases whose trained pipeline also generates with `PipeTrainer.generate` (`generation_cases`)."""
@@ -167,7 +190,8 @@ CASES = {
         steps=2,
         args={"gradient_accumulation_steps": 2, "label_smoothing_factor": 0.1},
     ),
-    # compute_loss_func, and a subclass's compute_loss override (with G = 2), on the model's outputs.
+    # compute_loss_func, and a subclass's compute_loss override (with G = 2), on the model's outputs. GPT-2's
+    # loss stage reads a view of the logits, which another rank computes: the pipeline sends it the logits too.
     "gpt2-loss-func": Case(
         "gpt2",
         "causal",
@@ -177,6 +201,7 @@ CASES = {
         steps=3,
         loss="compute_loss_func",
         args={"optim": "sgd", "learning_rate": 0.1},
+        pipe_args={"partitioner": LOGITS_APART},
     ),
     # torch_compile: each rank compiles its stages through dynamo (backend "eager": aot_eager and inductor cost
     # tens of seconds more here), batches of 4, 4 and 2 rows of different lengths; equal to Trainer uncompiled.
@@ -201,6 +226,20 @@ CASES = {
         steps=2,
         loss="compute_loss",
         args={"gradient_accumulation_steps": 2},
+    ),
+    # Label smoothing (run_clm.py's --label_smoothing_factor) with G = 2 under 1f1b, the logits computed on
+    # rank 1 and the loss on rank 0: the smoothed loss's gradient of the logits goes back to rank 1. Last: a
+    # later case of the same shapes would find its plan in the cache.
+    "gpt2-smoothing": Case(
+        "gpt2",
+        "causal",
+        train_rows=10,
+        batch_size=4,
+        epochs=1,
+        steps=2,
+        schedule="1f1b",
+        args={"gradient_accumulation_steps": 2, "label_smoothing_factor": 0.1, "optim": "sgd", "learning_rate": 0.1},
+        pipe_args={"partitioner": LOGITS_APART},
     ),
 }
 
@@ -335,6 +374,7 @@ def run(name: str, output_dir: str, trainer_class: type) -> dict[str, Any]:
     """Train, evaluate, predict (on the rows without labels where the case has labels to drop); the
     results of one run as plain data, with the trained weights."""
     pipe = trainer_class.__name__ == "PipeTrainer"
+    _named_partitioner[0] = CASES[name].pipe_args.get("partitioner")
     parts = setup(name, output_dir, pipe=pipe)
     generate = CASES[name].generate
     if generate is not None:

@@ -80,10 +80,8 @@ class PipelineEngine(Executor, RankWeights):
         gradient_accumulation_steps (`int`, defaults to 1): ``async`` only: backwards per update.
         batches_per_step (`int`, defaults to 1): ``gpipe``, ``1f1b``: the mini-batches a step may take
             (gradient accumulation), run as one flush of their micro-batches (see `train_step`).
-        recompute (`bool`, defaults to `False`): activation recomputation: a stage keeps only its
-            inputs from forward to backward and runs its forward again just before the backward
-            (``torch.utils.checkpoint``, random state preserved so dropout repeats), trading about a
-            third more compute for the activations of the micro-batches in flight.
+        recompute (`bool`, defaults to `False`): a stage keeps only its inputs from forward to backward
+            and runs its forward again before the backward (random state preserved, so dropout repeats).
         weight_prediction (`bool`, defaults to `False`): ``async`` with a momentum optimizer: run each
             micro-batch on the weights its gradient will be applied to, predicted from the
             optimizer's momentum (`hf_ftpipe.runtime.prediction`); costs one copy of a stage's
@@ -92,13 +90,10 @@ class PipelineEngine(Executor, RankWeights):
         timeout_s (`float`, defaults to 300): the longest wait for any transfer before the step fails.
         weights_path (`str`, *optional*): a checkpoint folder (safetensors) to read this rank's
             weights from, for a model built with empty weights (``accelerate.init_empty_weights``).
-        autocast_dtype (`torch.dtype`, *optional*): mixed precision: run every stage's forward (and
-            its recomputation) under ``torch.autocast`` with this dtype (``torch.bfloat16``, or
-            ``torch.float16`` with `loss_scale` set per step by the caller), as
-            accelerate does for a whole model. Weights, gradients and optimizer state stay in their
-            own dtype. Values cross ranks in the dtype autocast gives them, found before the first
-            step (`hf_ftpipe.runtime.autocast`), so receives can be posted ahead and the pipeline
-            computes exactly what one process under autocast computes.
+        autocast_dtype (`torch.dtype`, *optional*): run every stage's forward (and recomputation)
+            under ``torch.autocast`` to this dtype (float16: `loss_scale` set per step by the caller),
+            as accelerate does for a whole model; values cross ranks in the dtype autocast gives them
+            (`hf_ftpipe.runtime.autocast`), so the pipeline computes what one process would.
         watchdog (`Watchdog`, *optional*): bounds every wait of this rank (``timeout_s`` is then
             the watchdog's); PipeTrainer passes the one that also bounds its own collectives.
         per_shape (`PerShapeOptions`, *optional*): for a model whose export fixes a size batches vary,

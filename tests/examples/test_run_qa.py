@@ -1,4 +1,5 @@
-"""examples/run_qa_pipe.py: windows and answer positions, post-processing on hand-made logits, one real launch."""
+"""examples/run_qa_pipe.py and its qa_features.py: windows and answer positions, post-processing on hand-made
+logits, one real launch."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from example_modules import DATA, EXAMPLES, load_example, regenerate_fixtures
 
 @pytest.fixture(scope="module")
 def qa() -> ModuleType:
-    return load_example("run_qa_pipe")
+    return load_example("qa_features")
 
 
 def _rows(split: str) -> list[dict]:

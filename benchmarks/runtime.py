@@ -37,33 +37,28 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
 import os
-import queue as queue_module
 import sys
-import tempfile
 import time
-import traceback
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from _checks import failed, print_checks, verdict  # noqa: E402
-from _runtime_ranks import (  # noqa: E402
-    ACCUMULATION_STEPS,
-    SYNCHRONOUS,
+from _checks import failed, print_checks  # noqa: E402
+from _gpt2_split import (  # noqa: E402
     GPT2Stage,
     Setup,
     build_model,
     causal_lm_loss,
     first_microbatch,
     make_batch,
-    run_rank,
     split_graph,
     stage_inputs,
 )
+from _rank_processes import run_ranks  # noqa: E402
+from _runtime_ranks import ACCUMULATION_STEPS, SYNCHRONOUS, run_rank  # noqa: E402
+from _runtime_report import BASELINE, MB, checks, failed_row, faster, make_row, print_notes, print_table  # noqa: E402
 
 RUNNERS = (
     "hf_ftpipe/gpipe",
@@ -74,80 +69,6 @@ RUNNERS = (
     "torch/gpipe",
     "torch/1f1b",
 )
-BASELINE = "torch/gpipe"
-MIN_ASYNC_SPEEDUP = 1.15
-MIN_ASYNC_EFFICIENCY = 0.90
-MAX_MEMORY_ERROR = 0.10
-MAX_ACCUMULATION_SLOWDOWN = 0.05
-MB = 2**20
-
-
-# -- rank processes -------------------------------------------------------------------------
-
-
-def _rank_entry(rank: int, setup: Setup, runner: str, rendezvous: str, results: Any) -> None:
-    import torch
-    import torch.distributed as dist
-
-    torch.set_num_threads(setup.threads_per_rank)
-    try:
-        if setup.device == "cuda":
-            torch.cuda.set_device(rank)
-        dist.init_process_group(
-            "nccl" if setup.device == "cuda" else "gloo",
-            init_method=f"file://{rendezvous}",
-            rank=rank,
-            world_size=setup.num_ranks,
-            timeout=timedelta(seconds=120),
-        )
-        results.put((rank, run_rank(rank, setup, runner), None))
-    except BaseException:
-        results.put((rank, None, traceback.format_exc()))
-        raise SystemExit(1) from None
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-
-
-def run_runner(setup: Setup, runner: str, timeout_s: float) -> list[dict[str, Any]]:
-    """Every rank's figures for ``runner``; raises RuntimeError with the first failing rank's traceback."""
-    context = mp.get_context("spawn")
-    results = context.Queue()
-    with tempfile.TemporaryDirectory() as folder:
-        rendezvous = os.path.join(folder, "rendezvous")
-        processes = [
-            context.Process(target=_rank_entry, args=(rank, setup, runner, rendezvous, results))
-            for rank in range(setup.num_ranks)
-        ]
-        for process in processes:
-            process.start()
-        figures: dict[int, dict[str, Any]] = {}
-        errors: dict[int, str] = {}
-        end = time.monotonic() + timeout_s
-        while len(figures) + len(errors) < setup.num_ranks and time.monotonic() < end:
-            try:
-                rank, value, error = results.get(timeout=0.5)
-            except queue_module.Empty:
-                if not any(p.is_alive() for p in processes) and results.empty():
-                    break  # a rank died without a word (killed, or os._exit by a peer's failure)
-                continue
-            if error is None:
-                figures[rank] = value
-            else:
-                errors[rank] = error
-                end = min(end, time.monotonic() + 10.0)  # its peers may be stuck waiting for it
-        for process in processes:
-            process.join(timeout=max(1.0, end - time.monotonic()))
-            if process.is_alive():
-                process.kill()
-                process.join()
-    if errors:  # the first to report is the cause; its peers' errors are mostly "connection closed"
-        rank, error = next(iter(errors.items()))
-        raise RuntimeError(f"rank {rank}: {error.strip()}")
-    if len(figures) < setup.num_ranks:
-        missing = [f"{r} (exit code {processes[r].exitcode})" for r in range(setup.num_ranks) if r not in figures]
-        raise RuntimeError(f"ranks {', '.join(missing)} gave no result: died, or killed after {timeout_s:.0f} s")
-    return [figures[rank] for rank in range(setup.num_ranks)]
 
 
 # -- the split, checked once in this process ------------------------------------------------
@@ -237,167 +158,6 @@ def unsupported_reason(runner: str) -> str | None:
     return None
 
 
-# -- rows, checks, output -------------------------------------------------------------------
-
-
-def make_row(
-    setup: Setup, runner: str, ranks: list[dict[str, Any]], predicted: dict[str, list[float] | None]
-) -> dict[str, Any]:
-    """One runner's figures from every rank's: the slowest rank's step, every rank's memory."""
-    kind, schedule = runner.split("/")
-    step_time_s = max(r["step_time_s"] for r in ranks)
-    slowest_stage_s = max(r["stage_time_s"] for r in ranks)
-    return {
-        "runner": runner,
-        "samples_per_s": round(setup.num_microbatches * setup.microbatch_size / step_time_s, 3),
-        "ratio_vs_torch_gpipe": None,
-        "step_time_ms": round(1000 * step_time_s, 1),
-        "step_cpu_ms": [round(1000 * r["step_cpu_s"], 1) for r in ranks],
-        "efficiency": round(slowest_stage_s * setup.num_microbatches / step_time_s, 3),
-        "stage_time_ms": [round(1000 * r["stage_time_s"], 1) for r in ranks],
-        "peak_memory_mb": [round(r["peak_bytes"] / MB, 1) for r in ranks],
-        "predicted_memory_mb": _rounded(predicted[schedule]) if kind == "hf_ftpipe" else None,
-        "weight_mb": [round(r["weight_bytes"] / MB, 1) for r in ranks],
-        "losses": [None if v is None else round(v, 4) for v in ranks[-1]["losses"]],
-        "error": None,
-    }
-
-
-def _rounded(values: list[float] | None) -> list[float] | None:
-    return None if values is None else [round(v, 1) for v in values]
-
-
-def faster(row: dict[str, Any], other: dict[str, Any]) -> bool:
-    return other["error"] is not None or row["samples_per_s"] > other["samples_per_s"]
-
-
-def failed_row(runner: str, error: str) -> dict:
-    return {"runner": runner, "samples_per_s": None, "peak_memory_mb": None, "efficiency": None, "error": error}
-
-
-def checks(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
-    """(check, verdict) pairs; verdicts are PASS, FAIL or n/a with the figures."""
-    ok_rows = {row["runner"]: row for row in rows if row["error"] is None}
-
-    out = []
-    for schedule in SYNCHRONOUS:
-        name = f"hf_ftpipe/{schedule} >= torch/{schedule}"
-        ours, theirs = ok_rows.get(f"hf_ftpipe/{schedule}"), ok_rows.get(f"torch/{schedule}")
-        if ours is None or theirs is None:
-            out.append((name, "n/a (a runner did not run)"))
-        else:
-            ratio = ours["samples_per_s"] / theirs["samples_per_s"]
-            out.append((name, verdict(ratio >= 1.0, f"{ratio:.2f}x")))
-    ours, baseline = ok_rows.get("hf_ftpipe/async"), ok_rows.get(BASELINE)
-    name = f"hf_ftpipe/async >= {MIN_ASYNC_SPEEDUP}x {BASELINE}"
-    if ours is None or baseline is None:
-        out.append((name, "n/a (a runner did not run)"))
-    else:
-        ratio = ours["samples_per_s"] / baseline["samples_per_s"]
-        out.append((name, verdict(ratio >= MIN_ASYNC_SPEEDUP, f"{ratio:.2f}x")))
-    name = f"hf_ftpipe/gradient_accumulation within {MAX_ACCUMULATION_SLOWDOWN:.0%} of hf_ftpipe/1f1b"
-    accumulating, whole = ok_rows.get("hf_ftpipe/gradient_accumulation"), ok_rows.get("hf_ftpipe/1f1b")
-    if accumulating is None or whole is None:
-        out.append((name, "n/a (a runner did not run)"))
-    else:
-        ratio = accumulating["samples_per_s"] / whole["samples_per_s"]
-        out.append((name, verdict(ratio >= 1 - MAX_ACCUMULATION_SLOWDOWN, f"{ratio:.3f}x")))
-    name = f"hf_ftpipe/async efficiency >= {MIN_ASYNC_EFFICIENCY:.0%}"
-    if ours is None:
-        out.append((name, "n/a"))
-    else:
-        out.append((name, verdict(ours["efficiency"] >= MIN_ASYNC_EFFICIENCY, f"{ours['efficiency']:.0%}")))
-    name = f"hf_ftpipe/async peak memory within {MAX_MEMORY_ERROR:.0%} of the prediction on every rank"
-    if ours is None or ours["predicted_memory_mb"] is None:
-        out.append((name, "n/a"))
-    else:
-        errors = [m / p - 1 for m, p in zip(ours["peak_memory_mb"], ours["predicted_memory_mb"])]
-        figures = ", ".join(f"{e:+.0%}" for e in errors)
-        out.append((name, verdict(all(abs(e) <= MAX_MEMORY_ERROR for e in errors), figures)))
-    return out
-
-
-def _per_rank(values: list[float] | None, digits: int = 0) -> str:
-    return "-" if values is None else " / ".join(f"{v:.{digits}f}" for v in values)
-
-
-def print_table(rows: list[dict[str, Any]]) -> None:
-    header = ["runner", "samples/s", f"vs {BASELINE}", "step ms", "CPU ms", "efficiency", "stage ms", "peak MB"]
-    header.append("predicted MB")
-    table = [[*header, "loss"]]
-    for row in rows:
-        if row["error"] is not None:
-            table.append([row["runner"], row["error"].strip().splitlines()[-1][:160]])
-            continue
-        losses = [f"{v:.3f}" for v in (row["losses"][0], row["losses"][-1]) if v is not None]
-        table.append(
-            [
-                row["runner"],
-                f"{row['samples_per_s']:.2f}",
-                "-" if row["ratio_vs_torch_gpipe"] is None else f"{row['ratio_vs_torch_gpipe']:.2f}x",
-                f"{row['step_time_ms']:.0f}",
-                _per_rank(row["step_cpu_ms"]),
-                f"{row['efficiency']:.0%}",
-                _per_rank(row["stage_time_ms"]),
-                _per_rank(row["peak_memory_mb"]),
-                _per_rank(row["predicted_memory_mb"]),
-                " -> ".join(losses) or "-",
-            ]
-        )
-    # An error row spans the columns after the runner's.
-    widths = [max(len(r[i]) for r in table if i < len(r) and (len(r) > 2 or i == 0)) for i in range(len(table[0]))]
-    for i, r in enumerate(table):
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
-        if i == 0:
-            print("  ".join("-" * w for w in widths))
-
-
-def print_notes(setup: Setup, split: dict[str, Any], rows: list[dict[str, Any]], cores: int, repeats: int) -> None:
-    stages = []
-    for s, params in enumerate(split["stage_params"]):
-        blocks = setup.blocks_of(s)
-        parts = (["embeddings"] if s == 0 else []) + [f"blocks {blocks[0]}-{blocks[-1]}"]
-        parts += ["ln_f + lm_head + loss"] if s == setup.num_ranks - 1 else []
-        stages.append(f"stage {s} = {' + '.join(parts)} ({params / 1e6:.2f} M params)")
-    notes = [
-        f"split: {'; '.join(stages)}.",
-        "  Both runners' stages hold the same parameters and give the model's loss on the first micro-batch "
-        f"({split['loss']:.4f}): checked.",
-        f"ranks: {setup.num_ranks} on {setup.device} ({'NCCL' if setup.device == 'cuda' else 'gloo'}), "
-        f"{setup.threads_per_rank} torch thread(s) each ({cores} cores); fresh processes per runner.",
-        f"step ms: median of {setup.steps} timed steps after {setup.warmup} warm-up, the slowest rank's"
-        + (f", the fastest of {repeats} runs" if repeats > 1 else "")
-        + "; samples/s = micro-batches × micro-batch size / step.",
-        "CPU ms: each rank's process CPU time per step (median; its threads, gloo's included): what a step costs "
-        "when the shared cores make wall-clock times vary.",
-        "stage ms: each rank's stage, forward + backward of one micro-batch with no communication (fastest of "
-        f"{setup.stage_repeats},",
-        "  every rank at once, the runner's own stage modules: exported-graph stages for hf_ftpipe, eager GPT-2 "
-        "blocks for torch).",
-        f"efficiency: slowest stage ms × {setup.num_microbatches} micro-batches / step ms (1 = no bubble and no "
-        "communication cost).",
-    ]
-    if setup.device == "cuda":
-        notes.append("peak MB: torch.cuda.max_memory_allocated per rank over construction, warm-up and timed steps.")
-    else:
-        notes += [
-            "peak MB: the highest total of this rank's live CPU tensor bytes (its weights, moved into fresh storage",
-            "  first, included) from construction to the end of the warm-up steps (streaming schedules drained), from",
-            "  torch.profiler's allocation events (profile_memory=True). Tensors only (no interpreter, libraries,",
-            "  allocator caching or fragmentation), and only those the main thread allocates.",
-        ]
-    notes += [
-        "predicted MB: hf_ftpipe.costmodel.estimate_memory on the same node_stage / stage_device, optimizer 'sgd',",
-        "  the runner's schedule (hf_ftpipe.costmodel.memory_rules): weights × versions + gradients that outlive a",
-        "  backward + (saved activations + values sent) × micro-batches in flight + the largest backward's working",
-        "  set.",
-        "loss: first warm-up step -> last timed step (every runner starts from the same weights and data).",
-    ]
-    if any(row["error"] is None and row["efficiency"] > 1.0 for row in rows):
-        notes.append("WARNING: an efficiency above 100% means the machine was busy while steps or stages were timed.")
-    print("\n" + "\n".join(notes))
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
@@ -470,7 +230,8 @@ def main() -> int:
                 best[runner] = failed_row(runner, reason)
                 continue
             try:
-                row = make_row(setup, runner, run_runner(setup, runner, args.timeout_s), split["predicted_memory_mb"])
+                ranks = run_ranks(setup, run_rank, runner, args.timeout_s)
+                row = make_row(setup, runner, ranks, split["predicted_memory_mb"])
             except Exception as error:
                 row = failed_row(runner, str(error))
             if runner not in best or (row["error"] is None and faster(row, best[runner])):

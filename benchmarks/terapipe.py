@@ -33,14 +33,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-import torch  # noqa: E402
-from _runtime_ranks import Placement, Setup, build_model, make_batch, split_graph  # noqa: E402
+from _gpt2_split import Setup, split_graph  # noqa: E402
+from _rank_processes import run_ranks  # noqa: E402
+from _terapipe_ranks import capture, run_job  # noqa: E402
 
 MB = 2**20
 MIN_SPEEDUP = 1.5
 MAX_MEMORY_ERROR = 0.10
-GRID_LENGTHS = (64, 128, 256, 512, 1024)
-"""Slice lengths timed for the latency fit (with every context that fits the sequence)."""
 
 
 def make_setup(args: argparse.Namespace) -> Setup:
@@ -60,162 +59,7 @@ def make_setup(args: argparse.Namespace) -> Setup:
     )
 
 
-def capture(setup: Setup, slices: tuple[int, ...] | None, dynamic: bool = True) -> tuple[Any, Any]:
-    """The model and what the engine takes: a `TracedModel` unsliced, else a `SlicedModel` (with
-    ``dynamic=False`` a fixed-shape graph per slice length, which the memory prediction reads)."""
-    from hf_ftpipe.graph import capture_model
-    from hf_ftpipe.graph.token_slices import capture_token_slices
-
-    model = build_model(setup)
-    batch = make_batch(setup, 0)
-    if slices is None:
-        return model, capture_model(model, batch)
-    return model, capture_token_slices(model, batch, list(slices), dynamic=dynamic)
-
-
-# -- rank processes -------------------------------------------------------------------------
-
-
-Job = tuple[str, Any]
-"""``("train", slices or None)`` or ``("latency", repeats)``: what the rank processes do."""
-
-
-def _rank_entry(rank: int, setup: Setup, job: Job, rendezvous: str, results: Any) -> None:
-    import traceback
-    from datetime import timedelta
-
-    import torch.distributed as dist
-
-    torch.set_num_threads(setup.threads_per_rank)
-    try:
-        dist.init_process_group(
-            "gloo",
-            init_method=f"file://{rendezvous}",
-            rank=rank,
-            world_size=setup.num_ranks,
-            timeout=timedelta(seconds=120),
-        )
-        kind, argument = job
-        if kind == "latency":
-            results.put((rank, {"samples": time_stage(rank, setup, argument)}, None))
-        else:
-            results.put((rank, run_rank(rank, setup, argument), None))
-    except BaseException:
-        results.put((rank, None, traceback.format_exc()))
-        raise SystemExit(1) from None
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-
-
-def run_runner(setup: Setup, job: Job, timeout_s: float) -> list[dict[str, Any]]:
-    """Every rank's figures; the first failing rank's traceback as a RuntimeError."""
-    import multiprocessing as mp
-    import os
-    import queue
-    import tempfile
-
-    context = mp.get_context("spawn")
-    results = context.Queue()
-    figures: dict[int, dict[str, Any]] = {}
-    with tempfile.TemporaryDirectory() as folder:
-        rendezvous = os.path.join(folder, "rendezvous")
-        processes = [
-            context.Process(target=_rank_entry, args=(rank, setup, job, rendezvous, results))
-            for rank in range(setup.num_ranks)
-        ]
-        for process in processes:
-            process.start()
-        end = time.monotonic() + timeout_s
-        try:
-            while len(figures) < setup.num_ranks and time.monotonic() < end:
-                try:
-                    rank, value, error = results.get(timeout=0.5)
-                except queue.Empty:
-                    if not any(p.is_alive() for p in processes) and results.empty():
-                        break
-                    continue
-                if error is not None:
-                    raise RuntimeError(f"rank {rank}: {error.strip()}")
-                figures[rank] = value
-        finally:
-            for process in processes:
-                process.join(timeout=max(1.0, end - time.monotonic()) if len(figures) == setup.num_ranks else 5.0)
-                if process.is_alive():
-                    process.kill()
-                    process.join()
-    if len(figures) < setup.num_ranks:
-        raise RuntimeError(f"ranks gave no result within {timeout_s:.0f} s")
-    return [figures[rank] for rank in range(setup.num_ranks)]
-
-
-# -- one rank -------------------------------------------------------------------------------
-
-
-def run_rank(rank: int, setup: Setup, slices: list[int] | None) -> dict[str, Any]:
-    """Build the engine (whole sequence when ``slices`` is None), step it, and return this rank's figures."""
-    import gc
-
-    import torch.distributed as dist
-
-    from hf_ftpipe.runtime import PipelineEngine
-    from hf_ftpipe.runtime.peak_memory import PeakMemory
-
-    _, traced = capture(setup, None if slices is None else tuple(slices))
-    whole = traced if slices is None else traced.full
-    placement = Placement(split_graph(whole.cost_graph, setup), [0, 1])
-    batches = [make_batch(setup, step) for step in range(2)]
-    device = torch.device("cpu")
-    gc.collect()
-    dist.barrier()
-    memory = PeakMemory(device)
-    with memory:
-        engine = PipelineEngine(traced, placement, num_microbatches=1, schedule="gpipe", device=device)
-        optimizer = torch.optim.SGD(engine.parameters(), lr=1e-3)
-        memory.own(engine.parameters())
-        for step in range(setup.warmup):
-            engine.train_step(batches[step % 2])
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-    dist.barrier()
-    times, loss = [], None
-    for step in range(setup.steps):
-        start = time.perf_counter()
-        loss = engine.train_step(batches[step % 2])
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        times.append(time.perf_counter() - start)
-    dist.barrier()
-    return {
-        "step_time_s": statistics.median(times),
-        "peak_bytes": memory.peak_bytes(),
-        "loss": float(loss) if isinstance(loss, torch.Tensor) and loss.numel() == 1 else None,
-    }
-
-
-# -- in this process: latency, slicing, prediction -----------------------------------------
-
-
-def time_stage(rank: int, setup: Setup, repeats: int) -> list[tuple[int, int, int, float]]:
-    """This rank's stage timed on the grid of (slice, context) lengths, every rank at the same
-    moment (a barrier per point), as the pipeline runs them: two ranks on one machine share its
-    memory bandwidth, and a stage timed alone is faster than in the pipeline."""
-    import torch.distributed as dist
-
-    from hf_ftpipe.runtime import build_stage_module, plan_stages
-    from hf_ftpipe.runtime.slice_timing import time_slice_grid
-    from hf_ftpipe.runtime.token_slicing import TokenSlicing
-
-    lengths = [*GRID_LENGTHS, setup.seq_len - sum(GRID_LENGTHS)]
-    _, sliced = capture(setup, tuple(lengths), dynamic=False)  # timed per slice length
-    whole = sliced.full
-    node_stage = split_graph(whole.cost_graph, setup)
-    specs = plan_stages(whole.cost_graph, node_stage)
-    cpu = torch.device("cpu")
-    module = build_stage_module(whole.graph_module, specs[rank], whole.canonical_names, whole.tensors, cpu)
-    slicing = TokenSlicing(sliced, specs, node_stage, {rank: module}, cpu)
-    grid = [(s, c) for s in GRID_LENGTHS for c in range(0, setup.seq_len - s + 1, 512)]
-    return time_slice_grid(slicing, rank, make_batch(setup, 0), grid, repeats=repeats, barrier=dist.barrier)
+# -- latency, slicing, prediction ----------------------------------------------------------
 
 
 def measure_latency(setup: Setup, repeats: int, timeout_s: float) -> Any:
@@ -223,7 +67,7 @@ def measure_latency(setup: Setup, repeats: int, timeout_s: float) -> Any:
     the DP takes equal stages, and the slower one (the last, with lm_head and the loss) sets the pace."""
     from hf_ftpipe.costmodel.latency import LatencyKey, LatencySample, SliceLatency
 
-    per_stage = run_runner(setup, ("latency", repeats), timeout_s)
+    per_stage = run_ranks(setup, run_job, ("latency", repeats), timeout_s)
     samples = [
         LatencySample(points[0][0], points[0][1], points[0][2], max(p[3] for p in points))
         for points in zip(*(r["samples"] for r in per_stage))
@@ -261,7 +105,7 @@ def with_engine_cost(latency: Any, setup: Setup, step: int, timeout_s: float) ->
     excess, counts = [], []
     for count in CALIBRATION_SLICES:
         slices = uniform_slices(setup.seq_len, count, step=step)
-        ranks = run_runner(replace(setup, steps=3, warmup=1), ("train", list(slices)), timeout_s)
+        ranks = run_ranks(replace(setup, steps=3, warmup=1), run_job, ("train", list(slices)), timeout_s)
         measured = max(r["step_time_s"] for r in ranks)
         excess.append(measured - step_time_s(latency, [(1, slices)], setup.num_ranks))
         counts.append(count + setup.num_ranks - 1)
@@ -351,7 +195,7 @@ def main() -> int:
             if runner in rows and rows[runner]["error"] is not None:
                 continue
             try:
-                ranks = run_runner(setup, ("train", None if slices is None else list(slices)), args.timeout)
+                ranks = run_ranks(setup, run_job, ("train", None if slices is None else list(slices)), args.timeout)
             except Exception as error:  # the other runners still run
                 rows[runner] = {"runner": runner, "slices": slices, "samples_per_s": None, "error": str(error)}
                 continue

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from any_batch_parts import register_logits_apart
 from any_batch_runs import CASES, run
 
 
@@ -20,6 +21,7 @@ def main(output_dir: str, *names: str) -> None:
     """Run ``names`` (default: every case)."""
     from hf_ftpipe import PipeTrainer
 
+    register_logits_apart()
     for name in names or CASES:
         result = run(name, str(Path(output_dir) / name), PipeTrainer)
         if torch.distributed.get_rank() == 0:

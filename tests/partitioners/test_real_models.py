@@ -1,5 +1,6 @@
 """Partitions of real (tiny) transformers models: made, saved, and refused for another model."""
 
+import functools
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,9 @@ from hf_ftpipe.plan import Partition, PartitionKey, validate_partition
 from models import tiny_batch, tiny_model
 
 
+@functools.cache
 def make(kind: str) -> tuple:
+    """The tiny ``kind`` traced and planned, once per session (the tests only read them)."""
     graph = trace_model(tiny_model(kind), tiny_batch(kind, 2))
     partition = partition_seq_greedy(graph, get_profile("cpu", count=2), num_microbatches=2, microbatch_size=2)
     return graph, partition

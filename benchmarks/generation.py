@@ -26,8 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from _checks import failed, print_checks, verdict
+from _launch import run_for_result
 
 HERE = Path(__file__).resolve().parent
 RUNNERS = ("pipeline_cache", "pipeline_no_cache", "single_process")
@@ -45,26 +44,13 @@ MAX_GROWTH = 1.5
 def launch(folder: Path, runner: str, timeout_s: float) -> dict[str, Any]:
     """Run ``runner`` in fresh processes; its figures. Raises RuntimeError with the first traceback."""
     result = folder / f"result-{runner}.json"
-    result.unlink(missing_ok=True)
     script = [str(HERE / "_generation_rank.py"), str(folder / "config.json"), runner, str(result)]
     if runner == "single_process":
         command = [sys.executable, *script]
     else:
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *script]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HOME": str(folder / "hf_home"), "HF_HUB_OFFLINE": "1"}
-    process = subprocess.Popen(
-        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
-    )
-    try:
-        log, _ = process.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)  # torchrun and the ranks it started
-        log, _ = process.communicate()
-        raise RuntimeError(f"{runner}: no result after {timeout_s:.0f} s:\n{log[-3000:]}") from None
-    if process.returncode != 0 or not result.exists():
-        errors = [line for line in log.splitlines() if "Error: " in line and "ChildFailedError" not in line]
-        raise RuntimeError(f"{runner} exited with {process.returncode}: {errors[0] if errors else log[-3000:]}")
-    return json.loads(result.read_text())
+    return run_for_result(runner, command, env, result, timeout_s)
 
 
 def rows_of(runner: str, figures: dict[str, Any], config: dict[str, Any]) -> list[dict[str, Any]]:

@@ -33,9 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -46,6 +44,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from _checks import failed, print_checks, verdict  # noqa: E402
+from _launch import run_for_result  # noqa: E402
 
 RUNNERS = ("max_length", "dynamic", "dynamic_group_by_length")
 TARGETS = {"dynamic": 1.3, "dynamic_group_by_length": 1.6}
@@ -85,7 +84,6 @@ def launch(folder: Path, runner: str, timeout_s: float) -> list[dict[str, Any]]:
     """Run ``runner`` on 2 fresh ranks; every rank's figures, with ``launched`` (time.time()) added.
     Raises RuntimeError with the first rank's traceback."""
     result = folder / f"result-{runner}.json"
-    result.unlink(missing_ok=True)
     command = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
         str(HERE / "_variable_length_rank.py"), str(folder), runner, str(result),
@@ -98,19 +96,7 @@ def launch(folder: Path, runner: str, timeout_s: float) -> list[dict[str, Any]]:
         "TOKENIZERS_PARALLELISM": "false",
     }
     launched = time.time()
-    process = subprocess.Popen(
-        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
-    )
-    try:
-        log, _ = process.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)  # torchrun and the ranks it started
-        log, _ = process.communicate()
-        raise RuntimeError(f"{runner}: no result after {timeout_s:.0f} s:\n{log[-3000:]}") from None
-    if process.returncode != 0 or not result.exists():
-        start = max(0, log.find("Traceback"))  # the first rank's traceback, not torchrun's summary
-        raise RuntimeError(f"{runner}: torchrun exited with {process.returncode}:\n{log[start : start + 4000]}")
-    ranks = json.loads(result.read_text())
+    ranks = run_for_result(runner, command, env, result, timeout_s)
     for rank in ranks:
         rank["phases"]["launched"] = launched
     return ranks

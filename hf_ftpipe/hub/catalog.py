@@ -60,22 +60,31 @@ _NO_BUDGET_S = math.inf  # `auto` with a budget could skip a partitioner on a sl
 
 
 class GraphCache:
-    """Each setup's traced CostGraph, traced once (setups with equal shapes share one)."""
+    """Each setup's traced CostGraph: each model exported once, measured at each setup's shape
+    (`hf_ftpipe.graph.trace.measure_at`; setups with equal shapes share one graph)."""
 
     def __init__(self, log: Callable[[str], None] | None = None) -> None:
         self._graphs: dict[tuple[str, int, int, int | None], CostGraph] = {}
+        self._captures: dict[str, tuple[Any, Any]] = {}
         self._log = log
 
     def __call__(self, setup: FineTuningTask) -> CostGraph:
-        from hf_ftpipe.graph import trace_model
         from hf_ftpipe.graph.sources import load_model_for_planning, sample_inputs_for
+        from hf_ftpipe.graph.trace import capture_model, measure_at
 
         cache_key = (setup.model, setup.microbatch_size, setup.seq_len, setup.target_len)
         if cache_key not in self._graphs:
             started = time.perf_counter()
-            model = load_model_for_planning(setup.model)
-            inputs = sample_inputs_for(model, setup.microbatch_size, setup.seq_len, setup.target_len)
-            self._graphs[cache_key] = trace_model(model, inputs)
+            if setup.model in self._captures:
+                model, traced = self._captures[setup.model]
+                inputs = sample_inputs_for(model, setup.microbatch_size, setup.seq_len, setup.target_len)
+                self._graphs[cache_key] = measure_at(model, traced, inputs)
+            else:
+                model = load_model_for_planning(setup.model)
+                inputs = sample_inputs_for(model, setup.microbatch_size, setup.seq_len, setup.target_len)
+                traced = capture_model(model, inputs)
+                self._captures[setup.model] = (model, traced)
+                self._graphs[cache_key] = traced.cost_graph
             time_s = time.perf_counter() - started
             if self._log:
                 self._log(f"traced {setup.model} {setup.shape} × {setup.microbatch_size} in {time_s:.1f} s")

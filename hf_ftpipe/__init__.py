@@ -34,6 +34,8 @@ _HOMES = {
     "get_profile": "hf_ftpipe.costmodel",
     "list_profiles": "hf_ftpipe.costmodel",
     "PipelineEngine": "hf_ftpipe.runtime",
+    "SimulationResult": "hf_ftpipe.simulator",
+    "simulate": "hf_ftpipe.simulator",
 }
 __all__ = ["__version__", *sorted(_HOMES)]
 __getattr__ = lazy_getattr(__name__, _HOMES)

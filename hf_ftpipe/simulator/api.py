@@ -1,6 +1,6 @@
 """`simulate`: a plan's schedule, lowered to each rank's program as the runtime lowers it, replayed in time.
 
-The programs come from the runtime's own lowering (`hf_ftpipe.runtime.programs.RankPrograms` on
+The programs come from the runtime's own lowering (`hf_ftpipe.schedules.programs.RankPrograms` on
 the schedule of `hf_ftpipe.schedules.orders.make_schedule`), so what is simulated is what the
 executor runs, SENDs and RECVs included; only the data flow is the stage graph's (one message per
 pair of stages on different ranks, as the estimate counts them) rather than one per traced value.
@@ -19,6 +19,7 @@ from hf_ftpipe.errors import PartitionError
 from hf_ftpipe.graph.cost_graph import CostGraph
 from hf_ftpipe.plan.partition import Partition
 from hf_ftpipe.schedules.orders import StreamingSchedule, make_schedule
+from hf_ftpipe.schedules.programs import RankPrograms
 from hf_ftpipe.schedules.registry import schedule_traits
 from hf_ftpipe.simulator.costs import PipelineCosts, costs_from_prediction, pipeline_costs
 from hf_ftpipe.simulator.replay import Replay, stage_dataflow
@@ -107,8 +108,6 @@ def simulate_costs(
     gradient_accumulation_steps: int = 1,
 ) -> SimulationResult:
     """Simulate ``schedule`` on a pipeline given by its `PipelineCosts` (the tests' toy pipelines)."""
-    from hf_ftpipe.runtime.programs import RankPrograms  # the runtime's lowering; imports torch
-
     if num_microbatches < 1:
         raise PartitionError(f"`num_microbatches` must be at least 1, got {num_microbatches}")
     edges = sorted({(e.source, e.target) for e in costs.edges})

@@ -3,7 +3,7 @@ token slices, and a short batch, run the programs every rank derives alike from 
 
 from __future__ import annotations
 
-from hf_ftpipe.runtime.programs import RankPrograms
+from hf_ftpipe.schedules.programs import RankPrograms
 from hf_ftpipe.schedules import make_schedule
 from hf_ftpipe.schedules.lowering import Dataflow, Route, format_program
 

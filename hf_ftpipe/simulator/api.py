@@ -82,7 +82,7 @@ def simulate(
             microbatch_size=predicted.microbatch_size if predicted else 1,
         )
     else:
-        pipeline = costs_from_prediction(plan, link, schedule=schedule, num_microbatches=num_microbatches)
+        pipeline = costs_from_prediction(plan, link)
         if costs is not None:
             pipeline = _with_node_costs(plan, pipeline, costs)
     result = simulate_costs(

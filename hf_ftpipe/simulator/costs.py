@@ -10,7 +10,8 @@ Two ways to get them, one result (`PipelineCosts`):
 - `costs_from_prediction` from a plan file alone (no model, no trace): the times the plan's
   prediction recorded per stage, the stage graph's bytes (``Prediction.stage_edges``; a gradient
   is counted as large as its activation), and each GPU's predicted activation memory shared among
-  its stages in proportion to their forward time times their micro-batches in flight.
+  its stages in proportion to their forward time times their micro-batches in flight under the
+  planned schedule (static memory, the weights' versions included, stays the planned schedule's).
 
 Messages run over the profile's link: ``latency + bytes / bandwidth`` (`comm_time_s`'s rule);
 stages on one GPU hand values over in memory, for free.
@@ -190,14 +191,15 @@ def pipeline_costs(
     )
 
 
-def costs_from_prediction(plan: Partition, profile: GPUProfile, *, schedule: str, num_microbatches: int) -> PipelineCosts:
+def costs_from_prediction(plan: Partition, profile: GPUProfile) -> PipelineCosts:
     """The costs a plan file carries (its ``predicted`` figures), for a plan without its model.
 
     The prediction holds each stage's forward and backward time and the stage graph's activation
     bytes, but not which of them require grad nor each stage's own activation memory: a gradient
     is taken as large as its activation, and each GPU's predicted ``activation_bytes`` is shared
-    among its stages in proportion to forward time × micro-batches in flight, so a schedule that
-    reaches its in-flight limits peaks at the predicted memory.
+    among its stages in proportion to forward time × micro-batches in flight under the planned
+    schedule, so the planned schedule peaks at the predicted memory. Static memory (weights and
+    their versions, gradients, optimizer state) is the planned schedule's.
     """
     predicted = plan.predicted
     if predicted is None:
@@ -216,13 +218,17 @@ def costs_from_prediction(plan: Partition, profile: GPUProfile, *, schedule: str
     if not edges and len(stage_device) > 1:  # files written before stage_edges: one value along the chain
         edges = _chain_from_stage_bytes(predicted.stages)
         notes.append("messages: the plan records no stage graph; each stage's bytes sent go to the next stage")
-    weights = [_in_flight_weight(s, f, schedule, stage_device, num_microbatches) for s, f in enumerate(forward)]
+    # Per micro-batch, from what the planned schedule holds: a stage's memory per micro-batch is the
+    # model's, whichever schedule is simulated.
+    planned, planned_microbatches = predicted.schedule, predicted.num_microbatches
+    held = [in_flight(planned, s, stage_device, planned_microbatches) for s in range(len(stage_device))]
+    weights = [f * h for f, h in zip(forward, held, strict=True)]
     activation = []
     for s, gpu in enumerate(stage_device):
         total = sum(w for t, w in enumerate(weights) if stage_device[t] == gpu)
         share = weights[s] / total if total > 0 else 0.0
-        per_microbatch = share * predicted.gpus[gpu].activation_bytes if gpu < len(predicted.gpus) else 0.0
-        activation.append(int(per_microbatch / in_flight(schedule, s, stage_device, num_microbatches)))
+        gpu_bytes = predicted.gpus[gpu].activation_bytes if gpu < len(predicted.gpus) else 0
+        activation.append(int(share * gpu_bytes / held[s]))
     static = [g.weights_bytes + g.gradient_bytes + g.optimizer_bytes for g in predicted.gpus]
     notes.append("memory: each GPU's predicted activations shared among its stages by forward time × in flight")
     return PipelineCosts(
@@ -237,10 +243,6 @@ def costs_from_prediction(plan: Partition, profile: GPUProfile, *, schedule: str
         microbatch_size=predicted.microbatch_size,
         notes=notes,
     )
-
-
-def _in_flight_weight(s: int, forward_s: float, schedule: str, stage_device: Sequence[int], num_microbatches: int) -> float:
-    return forward_s * in_flight(schedule, s, stage_device, num_microbatches)
 
 
 def _chain_from_stage_bytes(stages: Sequence) -> list[StageEdge]:

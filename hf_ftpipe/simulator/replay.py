@@ -144,7 +144,9 @@ class Replay:
                         left.discard(r)
                         progressed = True
             if not progressed:
-                stuck = {r: str(programs[r][position[r]]) for r in sorted(left) if position[r] < len(programs.get(r, []))}
+                stuck = {
+                    r: str(programs[r][position[r]]) for r in sorted(left) if position[r] < len(programs.get(r, []))
+                }
                 raise PipelineError(f"the simulated step {step} cannot go on: ranks wait at {stuck} (a lowering bug)")
         self.step_ends_s.append(list(self.clock))
 
@@ -162,7 +164,9 @@ class Replay:
         start = max([self.clock[rank], *needed])  # type: ignore[list-item]
         end = start + self._duration(op)
         self.clock[rank] = end
-        self.events.append(Event(rank, step, op.computation, op.stage_index, op.microbatch_index, op.slice_index, start, end))
+        self.events.append(
+            Event(rank, step, op.computation, op.stage_index, op.microbatch_index, op.slice_index, start, end)
+        )
         self._account(rank, op, start, end)
         taken = 1
         while i + taken < len(program) and isinstance(program[i + taken], Comm) and program[i + taken].kind == "SEND":  # type: ignore[union-attr]
@@ -205,7 +209,17 @@ class Replay:
         key = (comm.value, comm.microbatch_index, comm.slice_index, comm.backward, rank, comm.peer)
         self._arrivals[key] = arrive
         self.messages.append(
-            Message(rank, comm.peer, comm.value, comm.microbatch_index, comm.slice_index, comm.backward, num_bytes, at, arrive)
+            Message(
+                rank,
+                comm.peer,
+                comm.value,
+                comm.microbatch_index,
+                comm.slice_index,
+                comm.backward,
+                num_bytes,
+                at,
+                arrive,
+            )
         )
 
     def _key(self, comm: Comm, rank: int) -> tuple[str, int, int | None, bool, int, int]:

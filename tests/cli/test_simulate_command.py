@@ -71,3 +71,21 @@ def test_the_plot_of_a_shipped_plan_draws_its_bars(tmp_path) -> None:
     for rank in range(result.num_ranks):  # the boxes of a row tile it from 0 to the step's end
         row = [b for b in drawn if b.rank == rank]
         assert sum(b.duration_s for b in row) == pytest.approx(result.step_time_s, rel=1e-6)
+
+
+def test_show_puts_the_simulated_step_beside_the_analytical_one() -> None:
+    expected = simulate(Partition.from_json(PAPER_PLAN))  # the plan's own schedule, async
+    code, out, err = run("show", str(PAPER_PLAN), "--json")
+    assert code == 0, err
+    summary = json.loads(out)
+    assert summary["simulated_step_ms"] == pytest.approx(expected.step_time_s * 1e3)
+    assert summary["analytical_step_ms"] == pytest.approx(8 * summary["step_time_ms"])
+    assert summary["simulated_bubble"] == pytest.approx(expected.bubble_fraction)
+    code, out, err = run("show", str(PAPER_PLAN))
+    assert f"simulated: {expected.step_time_s * 1e3:.1f} ms per step of 8 micro-batches" in out
+
+
+def test_rank_by_is_for_auto_only() -> None:
+    code, _, err = run("partition", "t5-3b", "--gpus", "2", "--gpu-profile", "rtx2080ti", "--batch-size", "1",
+                       "--seq-len", "8", "--partitioner", "seq-dp", "--rank-by", "simulated")  # fmt: skip
+    assert code == 2 and "--rank-by chooses among auto's candidates" in err

@@ -4,11 +4,15 @@ negative (and a flushing step gives back every activation)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hf_ftpipe.plan import Partition
 from hf_ftpipe.schedules.actions import Action, dependencies
-from hf_ftpipe.simulator import PipelineCosts, StageEdge, simulate_costs
+from hf_ftpipe.simulator import PipelineCosts, SimulationResult, StageEdge, pipeline_costs, simulate, simulate_costs
+from tests.helpers.toy_graphs import UNIT, random_dag
 
 EPSILON = 1e-9
 
@@ -53,6 +57,10 @@ def test_simulated_timelines_keep_order_exclusivity_and_memory(case: tuple) -> N
     result = simulate_costs(
         costs, schedule, num_microbatches, num_slices=num_slices, steps=3 if schedule in ("async", "2bw") else 1
     )
+    check_timeline(result, costs, schedule, num_slices)
+
+
+def check_timeline(result: SimulationResult, costs: PipelineCosts, schedule: str, num_slices: int | None) -> None:
     ends = {(e.stage, e.kind, e.microbatch, e.slice): e for e in result.events}
     assert len(ends) == len(result.events), "an action ran twice"
     producers: list[list[int]] = [[] for _ in costs.stage_rank]
@@ -96,3 +104,27 @@ def test_simulated_timelines_keep_order_exclusivity_and_memory(case: tuple) -> N
 
     assert -EPSILON <= result.bubble_fraction <= 1 + EPSILON
     assert all(-EPSILON <= idle for idle in result.idle_s)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    num_ops=st.integers(4, 14),
+    stage_device=st.sampled_from([[0, 1], [0, 1, 2], [0, 1, 1, 0], [1, 0, 1]]),
+    schedule=st.sampled_from(["gpipe", "1f1b", "async", "2bw"]),
+    num_microbatches=st.integers(1, 4),
+)
+def test_plans_on_random_graphs_simulate_within_the_same_bounds(
+    seed: int, num_ops: int, stage_device: list[int], schedule: str, num_microbatches: int
+) -> None:
+    # A random DAG cut into contiguous stages (acyclic), priced by the roofline of a profile with
+    # a 4 B/s link: skip edges, values without gradients and shared weights all occur.
+    graph = random_dag(seed, num_ops)
+    order = graph.topological_order()
+    node_stage = {name: i * len(stage_device) // len(order) for i, name in enumerate(order)}
+    plan = Partition(node_stage=node_stage, stage_device=stage_device, partitioner="test", key=None)
+    profile = dataclasses.replace(UNIT, link_bandwidth_bytes_per_s=4.0, link_latency_s=0.5)
+    costs = pipeline_costs(plan, graph, profile, schedule=schedule, num_microbatches=num_microbatches)
+    result = simulate(plan, schedule, graph=graph, profile=profile, num_microbatches=num_microbatches)
+    check_timeline(result, costs, schedule, None)
+    assert result.step_time_s == simulate_costs(costs, schedule, num_microbatches).step_time_s

@@ -166,6 +166,10 @@ def simulate_costs(
         peak_memory_bytes=[max(b for _, b in points) for points in replay.memory],
         events=replay.events,
         messages=replay.messages,
+        stages=[
+            {"stage": s, "rank": r, "forward_s": costs.forward_s[s], "backward_s": costs.backward_s[s]}
+            for s, r in enumerate(costs.stage_rank)
+        ],
         notes=list(costs.notes),
     )
 

@@ -47,6 +47,9 @@ class SimulationResult:
     peak_memory_bytes: list[int]
     events: list[Event]
     messages: list[Message]
+    stages: list[dict[str, float]] = field(default_factory=list)
+    """Per stage, what it was priced at: ``{"stage", "rank", "forward_s", "backward_s"}`` per
+    micro-batch (backward with recomputation's forward), to set beside measured times."""
     analytical_step_s: float | None = None
     """The cost model's step time for the same plan (``num_microbatches`` × its bottleneck per
     micro-batch: no fill or drain), beside the simulated one when the plan carries a prediction."""

@@ -144,3 +144,17 @@ def test_bandwidth_queues_messages_on_one_link() -> None:
     forwards = [m for m in result.messages if m.value == "h0to1" and not m.backward]
     assert [(m.send_s, m.arrive_s) for m in forwards] == [(1, 3), (2, 5), (3, 7), (4, 9)]
     assert timeline(result)[1].startswith("1F0@3-4 1F1@5-6 1F2@7-8 1F3@9-10 1B0@10-12")
+
+
+def test_token_slices_take_an_equal_share_of_their_stage() -> None:
+    # One sequence in two slices, each 0.5 s forward and 1 s backward: the slices' forwards go in
+    # order, their backwards last slice first, each waiting for the same slice downstream.
+    result = simulate_costs(toy([0, 1]), "gpipe", 1, num_slices=2)
+    assert timeline(result) == {
+        0: "0F0.0@0-0.5 0F0.1@0.5-1 0B0.1@2.5-3.5 0B0.0@3.5-4.5",
+        1: "1F0.0@0.5-1 1F0.1@1-1.5 1B0.1@1.5-2.5 1B0.0@2.5-3.5",
+    }
+    assert result.stages == [
+        {"stage": 0, "rank": 0, "forward_s": 1.0, "backward_s": 2.0},
+        {"stage": 1, "rank": 1, "forward_s": 1.0, "backward_s": 2.0},
+    ]

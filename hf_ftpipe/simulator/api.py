@@ -18,7 +18,7 @@ from hf_ftpipe.costmodel.profiles import GPUProfile, get_profile
 from hf_ftpipe.errors import PartitionError
 from hf_ftpipe.graph.cost_graph import CostGraph
 from hf_ftpipe.plan.partition import Partition
-from hf_ftpipe.schedules.orders import StreamingSchedule, make_schedule
+from hf_ftpipe.schedules.orders import Schedule, StreamingSchedule, make_schedule
 from hf_ftpipe.schedules.programs import RankPrograms
 from hf_ftpipe.schedules.registry import schedule_traits
 from hf_ftpipe.simulator.costs import PipelineCosts, costs_from_prediction, pipeline_costs
@@ -126,16 +126,8 @@ def simulate_costs(
     steps = steps or (STREAMING_STEPS if streaming else 1)
     if steps < 1 or (streaming and steps < 2):
         raise PartitionError(f"`steps` must be at least {2 if streaming else 1} for {schedule!r}, got {steps}")
-    dataflow = stage_dataflow(costs)
+    replay = _replay(costs, order_maker, steps, num_slices)
     ranks = range(costs.num_ranks)
-    programs = {r: RankPrograms(order_maker, dataflow, r) for r in ranks}
-    replay = Replay(costs, dataflow, num_slices)
-    for _ in range(steps):
-        if isinstance(order_maker, StreamingSchedule):
-            order = order_maker.next_step()
-            replay.run_step({r: programs[r].streaming(order) for r in ranks})
-        else:
-            replay.run_step({r: programs[r].flushing(True, num_microbatches, num_slices) for r in ranks})
     ends = [max(per_rank) for per_rank in replay.step_ends_s]
     # A streaming schedule's first step fills the pipeline; the steps after it are the steady
     # stream, whose pattern may repeat over more than one step (Mixed-Pipe): their mean is the step.
@@ -172,6 +164,21 @@ def simulate_costs(
         ],
         notes=list(costs.notes),
     )
+
+
+def _replay(costs: PipelineCosts, order_maker: Schedule, steps: int, num_slices: int | None) -> Replay:
+    """Each step's programs, lowered by the engine's `RankPrograms`, replayed one after the other."""
+    dataflow = stage_dataflow(costs)
+    ranks = range(costs.num_ranks)
+    programs = {r: RankPrograms(order_maker, dataflow, r) for r in ranks}
+    replay = Replay(costs, dataflow, num_slices)
+    for _ in range(steps):
+        if isinstance(order_maker, StreamingSchedule):
+            order = order_maker.next_step()
+            replay.run_step({r: programs[r].streaming(order) for r in ranks})
+        else:
+            replay.run_step({r: programs[r].flushing(True, order_maker.num_microbatches, num_slices) for r in ranks})
+    return replay
 
 
 def _profile(plan: Partition, profile: GPUProfile | str | None) -> GPUProfile:

@@ -93,6 +93,10 @@ class PipelineCosts:
                 raise PartitionError(f"`{name}` has {len(values)} entries for {num_stages} stages")
             if values is not None and any(v < 0 or not math.isfinite(v) for v in values):
                 raise PartitionError(f"`{name}` must be finite and non-negative, got {values}")
+        if self.static_bytes is not None and len(self.static_bytes) != self.num_ranks:
+            raise PartitionError(f"`static_bytes` has {len(self.static_bytes)} entries for {self.num_ranks} ranks")
+        if self.loss_stage is not None and not 0 <= self.loss_stage < num_stages:
+            raise PartitionError(f"`loss_stage` {self.loss_stage} is outside stages 0..{num_stages - 1}")
         for edge in self.edges:
             if not 0 <= edge.source < edge.target < num_stages:
                 raise PartitionError(f"stage edge {edge.source}->{edge.target} is outside stages 0..{num_stages - 1}")

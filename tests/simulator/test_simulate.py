@@ -14,6 +14,7 @@ from hf_ftpipe.costmodel.estimate import estimate
 from hf_ftpipe.costmodel.op_time import NodeCost, node_costs
 from hf_ftpipe.errors import PartitionError
 from hf_ftpipe.plan import Partition, PartitionKey
+from hf_ftpipe.simulator import PipelineCosts, StageEdge
 from tests.helpers.toy_graphs import UNIT, chain
 
 SHIPPED = Path(__file__).resolve().parents[2] / "partitions" / "t5-3b" / "rtx2080ti-x8-wic.json"
@@ -109,3 +110,7 @@ def test_bad_requests_say_what_to_do() -> None:
         hf_ftpipe.simulate(plan)  # "unit" is no built-in profile
     with pytest.raises(PartitionError, match="carries no prediction"):
         hf_ftpipe.simulate(dataclasses.replace(plan, predicted=None), profile=FAST_LINK)
+    with pytest.raises(PartitionError, match="`backward_s` has 1 entries for 2 stages"):
+        PipelineCosts(stage_rank=[0, 1], forward_s=[1.0, 1.0], backward_s=[1.0], edges=[])
+    with pytest.raises(PartitionError, match="stage edge 1->0 is outside"):
+        PipelineCosts(stage_rank=[0, 1], forward_s=[1.0, 1.0], backward_s=[1.0, 1.0], edges=[StageEdge(1, 0, 8, 8)])

@@ -99,7 +99,10 @@ class PipelineCosts:
             raise PartitionError(f"`loss_stage` {self.loss_stage} is outside stages 0..{num_stages - 1}")
         for edge in self.edges:
             if not 0 <= edge.source < edge.target < num_stages:
-                raise PartitionError(f"stage edge {edge.source}->{edge.target} is outside stages 0..{num_stages - 1}")
+                raise PartitionError(
+                    f"stage edge {edge.source}->{edge.target} must go forward between stages 0..{num_stages - 1} "
+                    "(stages are numbered in topological order)"
+                )
         if self.link_latency_s < 0 or self.link_bandwidth_bytes_per_s <= 0:
             raise PartitionError(
                 f"the link needs latency >= 0 and bandwidth > 0, got {self.link_latency_s} s and "

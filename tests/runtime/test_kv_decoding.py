@@ -1,7 +1,11 @@
-"""Decoding a causal LM through the pipeline with each stage's keys and values kept on its rank gives
-the logits of the eager model with a `DynamicCache`: left-padded prompts of different lengths, a
-prefill, one-token steps and a beam-search reorder, on two gloo ranks with one stage each and
-with Mixed-Pipe's non-adjacent stages on one rank (stages [0, 1, 1, 0])."""
+"""Decoding through the pipeline with each stage's keys and values kept on its rank, on two gloo ranks
+with one stage each and with Mixed-Pipe's non-adjacent stages on one rank (stages [0, 1, 1, 0]).
+
+A causal LM gives the logits of the eager model with a `DynamicCache`: left-padded prompts of
+different lengths, a prefill, one-token steps and a beam-search reorder. T5 (`EncoderDecoderKV`)
+generates as ``model.generate`` on one process, token for token: greedy, beams returning two
+sequences each and sampling from a seed, on padded encoder inputs of different lengths (in the same
+launch)."""
 
 from __future__ import annotations
 
@@ -13,6 +17,8 @@ from hf_ftpipe.errors import PipelineError
 from hf_ftpipe.runtime.decoding_stages import check_cacheable
 
 from distributed import run_ranks, values_or_raise
+from generation_cases import CASES, SEED
+from generation_cases import prompts as generation_prompts
 from models import VOCAB, tiny_batch, tiny_model
 from placements import contiguous_placement
 
@@ -75,6 +81,50 @@ def pipeline_run(rank: int, world_size: int) -> dict:
 
         results[name] = decode(step, decoder.reorder), lengths
         decoder.close()
+    results["t5"] = t5_generations()
+    return results
+
+
+T5_CASES = {name: CASES[name] for name in ("greedy", "beams", "sampling")}
+
+
+def t5_generations() -> dict[str, dict[str, torch.Tensor]]:
+    """Each of `T5_CASES` generated through the pipeline's cache under each plan (no whole forward)."""
+    from hf_ftpipe.graph.trace import capture_model
+    from hf_ftpipe.runtime import PipelineEngine
+    from hf_ftpipe.runtime.encoder_decoder_decoding import EncoderDecoderKV
+    from hf_ftpipe.trainer.generation import pipeline_generate
+
+    model = tiny_model("t5").eval()
+    traced = capture_model(model, tiny_batch("t5", 2))
+
+    def whole_forward(batch, position=None):
+        raise AssertionError("a whole forward ran: generation did not decode through the stages' cache")
+
+    results = {}
+    for name, (stage_rank, num_microbatches, _) in PLANS.items():
+        placement = contiguous_placement(traced.cost_graph, stage_rank)
+        engine = PipelineEngine(traced, placement, num_microbatches=num_microbatches)
+        decoders = []
+
+        def decoder_for(rows, max_length, engine=engine, decoders=decoders):
+            decoders.append(EncoderDecoderKV(engine, model=model, rows=rows, max_length=max_length))
+            return decoders[-1]
+
+        generated = {}
+        for case, settings in T5_CASES.items():
+            torch.manual_seed(SEED)
+            generated[case] = pipeline_generate(
+                model,
+                whole_forward,
+                traced.cost_graph.inputs,
+                engine.device,
+                decoder_for,
+                **generation_prompts("t5"),
+                **settings,
+            )
+        generated["lengths"] = torch.tensor([d.seq_length for d in decoders])
+        results[name] = generated
     return results
 
 
@@ -91,7 +141,18 @@ def reference() -> list[torch.Tensor]:
 
 def test_cached_decoding_equals_the_eager_model_with_a_dynamic_cache() -> None:
     expected = reference()
+    model = tiny_model("t5").eval()
+    expected_t5 = {}
+    for case, settings in T5_CASES.items():
+        torch.manual_seed(SEED)
+        expected_t5[case] = model.generate(**generation_prompts("t5"), **settings)
+    assert expected_t5["beams"].shape[0] == 6 and expected_t5["greedy"].shape[1] > 2
     for rank_results in values_or_raise(run_ranks(pipeline_run, 2)):
+        for name, generated in rank_results.pop("t5").items():
+            for case, want in expected_t5.items():
+                assert torch.equal(generated[case], want), (name, case, generated[case], want)
+            # each case's decoder ran every token but the last generated (the start token first)
+            assert generated["lengths"].tolist() == [t.shape[1] - 1 for t in expected_t5.values()], name
         for name, (logits, lengths) in rank_results.items():
             kept = PLANS[name][2] or PROMPT
             assert lengths == [PROMPT + step for step in range(len(REORDERS) + 1)], name
@@ -101,11 +162,17 @@ def test_cached_decoding_equals_the_eager_model_with_a_dynamic_cache() -> None:
                 assert torch.allclose(got, want, atol=1e-5, rtol=1e-5), (name, step, (got - want).abs().max())
 
 
-def test_an_encoder_decoder_is_refused_with_the_reason() -> None:
+def test_models_the_cache_cannot_keep_are_refused_with_the_reason() -> None:
     with pytest.raises(PipelineError) as error:
-        check_cacheable(tiny_model("t5"))
+        check_cacheable(tiny_model("bart"))
     assert str(error.value) == (
-        "T5ForConditionalGeneration is an encoder-decoder: the pipeline keeps keys and values for causal LMs "
-        "(GPT-2-, Llama-style) only, since its decoder's cross-attention reads the encoder's output; generate "
-        "without the pipeline's key/value cache (every new token then runs the whole prefix again)"
+        "BartForConditionalGeneration is an encoder-decoder of type 'bart': the pipeline keeps an encoder-decoder's "
+        "keys and values for T5-family models (t5, mt5) only, whose decoder's positions are one relative bias it "
+        "applies to each new token; generate without the pipeline's key/value cache (every new token then runs the "
+        "whole prefix again)"
     )
+    eager = tiny_model("t5")
+    eager.config._attn_implementation = "eager"
+    with pytest.raises(PipelineError, match="T5ForConditionalGeneration runs attention with 'eager'; the pipeline"):
+        check_cacheable(eager)
+    check_cacheable(tiny_model("t5"))  # sdpa: cached

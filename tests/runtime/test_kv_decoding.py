@@ -9,6 +9,8 @@ launch)."""
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 from transformers import DynamicCache
@@ -131,10 +133,12 @@ def t5_generations() -> dict[str, dict[str, torch.Tensor]]:
 def reference() -> list[torch.Tensor]:
     model = tiny_model("gpt2").eval()
     cache = DynamicCache(config=model.config)
+    # transformers 5.24 names it `cache`; 5.23 `past_key_values` (and ignores a `cache` keyword)
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
     @torch.no_grad()
     def step(ids, mask, position_ids):
-        return model(input_ids=ids, attention_mask=mask, position_ids=position_ids, cache=cache).logits
+        return model(input_ids=ids, attention_mask=mask, position_ids=position_ids, **{name: cache}).logits
 
     return decode(step, cache.reorder_cache)
 

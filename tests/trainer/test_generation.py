@@ -193,7 +193,7 @@ def test_a_t5_the_stages_cannot_cache_generates_without_with_the_reason(monkeypa
     warnings = []
     monkeypatch.setattr(generation.logger, "warning", lambda message, *args: warnings.append(message % args))
     twin = Twin(model)
-    settings = CASES["greedy"]
+    settings = {"max_new_tokens": 3, "do_sample": False}
     got = pipeline_generate(
         model, twin, traced_inputs("t5"), CPU, lambda rows, length: check_cacheable(model), **prompts("t5"), **settings
     )

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CachedCrossAttention",
     "CachedSelfAttention",
+    "DECODER_INPUTS",
     "CrossKV",
     "DecoderCursor",
     "EncoderDecoderStages",
@@ -54,7 +55,8 @@ __all__ = [
 
 _SDPA = torch.ops.aten.scaled_dot_product_attention.default
 _ENCODER_INPUTS = ("input_ids", "attention_mask")
-_DECODER_INPUTS = ("labels", "decoder_input_ids", "decoder_attention_mask")
+DECODER_INPUTS = ("labels", "decoder_input_ids", "decoder_attention_mask")
+"""An encoder-decoder's inputs that feed its decoder (or its loss): the rest feed the encoder."""
 
 
 @dataclass
@@ -169,7 +171,7 @@ def _build(engine: PipelineEngine, model: nn.Module) -> EncoderDecoderStages:
     if "input_ids" not in inputs or decoder_input not in inputs:
         raise PipelineError(f"{name}'s graph takes {sorted(inputs)}, without `input_ids` and `labels`; {NO_CACHE}")
     tensors = {input_name for input_name, info in inputs.items() if info.shape is not None}
-    unknown = sorted(tensors - {*_ENCODER_INPUTS, *_DECODER_INPUTS})
+    unknown = sorted(tensors - {*_ENCODER_INPUTS, *DECODER_INPUTS})
     if unknown:
         raise PipelineError(f"{name}'s graph takes {unknown}, which a cached decoding call cannot make; {NO_CACHE}")
     for input_name in ("input_ids", decoder_input):

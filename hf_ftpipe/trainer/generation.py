@@ -48,6 +48,7 @@ from transformers.modeling_outputs import BaseModelOutput, CausalLMOutputWithPas
 
 from hf_ftpipe.errors import PipelineError
 from hf_ftpipe.graph.cost_graph import InputInfo
+from hf_ftpipe.runtime.encoder_decoder_stages import DECODER_INPUTS
 from hf_ftpipe.runtime.kv_decoding import KVDecoder
 from hf_ftpipe.trainer.generation_settings import resolved_generation_config
 from hf_ftpipe.trainer.pipeline_cache import PipelineCache
@@ -67,7 +68,6 @@ DecoderFor = Callable[[int, int], KVDecoder]
 an encoder-decoder's `EncoderDecoderKV`, whose length counts decoder tokens), or raises `PipelineError`
 naming why the model cannot be cached."""
 
-_DECODER_INPUTS = ("labels", "decoder_input_ids", "decoder_attention_mask")
 _CACHE_FIELDS = {f.name for f in dataclasses.fields(CausalLMOutputWithPast)}
 _CACHE_INPUT = "cache" if "cache" in _CACHE_FIELDS else "past_key_values"
 """Where ``generate`` keeps the cache, passes it to the forward and reads it back from the output: ``cache``
@@ -199,7 +199,7 @@ class _EncoderDecoderForward:
         self.encoder_inputs = {
             name: kwargs[name].to(device)
             for name in traced
-            if name not in _DECODER_INPUTS and isinstance(kwargs.get(name), torch.Tensor)
+            if name not in DECODER_INPUTS and isinstance(kwargs.get(name), torch.Tensor)
         }
         main_input = getattr(model, "main_input_name", "input_ids")
         main = kwargs.get(main_input)

@@ -26,8 +26,23 @@ import transformers
 from datasets import Dataset
 
 
-def build_model(config: dict[str, Any]) -> transformers.GPT2LMHeadModel:
+def build_model(config: dict[str, Any]) -> transformers.PreTrainedModel:
     torch.manual_seed(0)
+    if config["model"] == "t5":
+        t5_config = transformers.T5Config(
+            vocab_size=config["vocab"],
+            d_model=config["d_model"],
+            d_ff=4 * config["d_model"],
+            d_kv=config["d_model"] // config["heads"],
+            num_layers=config["layers"],
+            num_decoder_layers=config["layers"],
+            num_heads=config["heads"],
+            dropout_rate=0.0,
+            decoder_start_token_id=0,
+            pad_token_id=0,
+            eos_token_id=1,
+        )
+        return transformers.T5ForConditionalGeneration(t5_config).eval()  # sdpa attention by default
     model_config = transformers.GPT2Config(
         vocab_size=config["vocab"],
         n_positions=config["prompt_length"] + max(config["new_tokens"]) + 8,
@@ -45,13 +60,17 @@ def build_model(config: dict[str, Any]) -> transformers.GPT2LMHeadModel:
 
 
 def prompts(config: dict[str, Any]) -> dict[str, torch.Tensor]:
-    """Left-padded prompts of ``prompt_length`` tokens, each row one real token shorter than the one before."""
+    """Prompts of ``prompt_length`` tokens, each row one real token shorter than the one before: padded on
+    the left for GPT-2, on the right (the encoder's source) for T5."""
     rows, length = config["rows"], config["prompt_length"]
     generator = torch.Generator().manual_seed(1)
     input_ids = torch.randint(3, config["vocab"], (rows, length), generator=generator)
     attention_mask = torch.ones(rows, length, dtype=torch.long)
     for row in range(rows):
-        attention_mask[row, :row] = 0
+        if config["model"] == "t5":
+            attention_mask[row, length - row :] = 0
+        else:
+            attention_mask[row, :row] = 0
     return {"input_ids": input_ids.masked_fill(attention_mask == 0, 0), "attention_mask": attention_mask}
 
 
@@ -83,7 +102,7 @@ def pipeline(config: dict[str, Any], use_cache: bool) -> dict[str, Any] | None:
     torch.set_num_threads(1)
     model = build_model(config)
     batch = prompts(config)
-    rows = [
+    rows = [  # T5's targets: the source again (a length the plan covers; only the shapes matter here)
         {"input_ids": ids, "attention_mask": mask, "labels": ids} for ids, mask in zip(*batch.values(), strict=True)
     ]
     with tempfile.TemporaryDirectory() as folder:

@@ -10,14 +10,17 @@ Runners, each in fresh processes:
 - ``single_process``: ``model.generate`` on one process (one torch thread by default, transformers'
   own cache).
 
-The model is a GPT-2 built from a config (4 layers, d_model 256, 4 heads, vocabulary 2048, no
-dropout, sdpa), 4 left-padded prompts of 32 tokens (32, 31, 30 and 29 real ones), greedy, exactly
-32 and 128 new tokens per row (``min_new_tokens``); the pipeline is planned by ``seq-dp`` for 2
-ranks, 2 micro-batches. Each length is generated ``--repeats`` times after one untimed call;
+The model (``--model``) is a GPT-2 built from a config (4 layers, d_model 256, 4 heads, vocabulary
+2048, no dropout, sdpa) with 4 left-padded prompts of 32 tokens (32, 31, 30 and 29 real ones), or a
+T5 of the same sizes (4 encoder and 4 decoder layers, d_ff 1024) with those prompts padded on the
+right as its encoder's source (the cache: `hf_ftpipe.runtime.encoder_decoder_decoding`); greedy,
+exactly 32 and 128 new tokens per row (``min_new_tokens``); the pipeline is planned by ``seq-dp``
+for 2 ranks, 2 micro-batches. Each length is generated ``--repeats`` times after one untimed call;
 ``tokens/s`` = rows × new tokens / the median call's seconds. The check (issue 26's target): with
 the cache, the time per new token at 128 is within 1.5× of that at 32 (no quadratic growth).
 
     python benchmarks/generation.py              # a table and the check
+    python benchmarks/generation.py --model t5   # the same for T5
     python benchmarks/generation.py --json       # one JSON object per runner and length, one per line
 """
 
@@ -106,6 +109,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", choices=("gpt2", "t5"), default="gpt2", help="the model generating (see above)")
     parser.add_argument("--runners", nargs="+", choices=RUNNERS, default=list(RUNNERS), metavar="RUNNER")
     parser.add_argument("--new-tokens", nargs="+", type=int, default=[32, 128])
     parser.add_argument("--repeats", type=int, default=3, help="timed calls per length (median taken)")
@@ -119,6 +123,7 @@ def main() -> int:
     parser.add_argument("--json", action="store_true", help="one JSON object per runner and length, one per line")
     args = parser.parse_args()
     config = {
+        "model": args.model,
         "layers": 4,
         "d_model": 256,
         "heads": 4,

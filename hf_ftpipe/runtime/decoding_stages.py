@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import warnings
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
-from torch import nn
+from torch import fx, nn
 
 from hf_ftpipe.errors import PipelineError, TraceError
 from hf_ftpipe.graph.padding import IGNORE_INDEX
@@ -27,15 +27,19 @@ from hf_ftpipe.graph.token_slices import DERIVED_INPUTS, capture_token_slices, s
 from hf_ftpipe.graph.trace import TracedModel, capture_model
 from hf_ftpipe.runtime.prefix_attention import SliceCursor
 from hf_ftpipe.runtime.shapes import ShapeBook
+from hf_ftpipe.runtime.stage import StageSpec
 from hf_ftpipe.runtime.stage_variants import StageVariant, build_variant
 from hf_ftpipe.runtime.token_slicing import use_prefix_attention
 
 if TYPE_CHECKING:
     from hf_ftpipe.runtime.engine import PipelineEngine
 
-__all__ = ["DecodingStages", "check_cacheable", "decoding_stages", "decoding_inputs"]
+__all__ = ["NO_CACHE", "DecodingStages", "check_cacheable", "decoding_inputs", "decoding_stages", "once_per_engine"]
 
-_NO_CACHE = "generate without the pipeline's key/value cache (every new token then runs the whole prefix again)"
+NO_CACHE = "generate without the pipeline's key/value cache (every new token then runs the whole prefix again)"
+_CACHED_ENCODER_DECODERS = ("t5", "mt5")
+"""Encoder-decoders whose decoder's positions are one relative bias (decoder block 0's) over its
+self-attention, which a cached step can apply (`hf_ftpipe.runtime.encoder_decoder_stages`)."""
 
 
 @dataclass
@@ -54,6 +58,18 @@ class DecodingStages:
     """Whether the planned graph was captured for token slices, which take their labels shifted and
     counted (`hf_ftpipe.graph.token_slices.sequence_inputs`); the decoding graph then takes them too."""
 
+    @property
+    def specs(self) -> list[StageSpec]:
+        return self.variant.specs
+
+    @property
+    def modules(self) -> dict[int, fx.GraphModule]:
+        return self.variant.modules
+
+    @property
+    def to_variant(self) -> dict[str, str]:
+        return self.variant.to_variant
+
     def inputs(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor
     ) -> dict[str, torch.Tensor]:
@@ -62,7 +78,7 @@ class DecodingStages:
         return sequence_inputs(inputs) if self.sliced else inputs
 
 
-_BUILT: weakref.WeakKeyDictionary[PipelineEngine, DecodingStages | PipelineError] = weakref.WeakKeyDictionary()
+_BUILT: weakref.WeakKeyDictionary[PipelineEngine, Any] = weakref.WeakKeyDictionary()
 """One capture per engine, or the reason it cannot be cached: ``model.generate`` makes a decoder per
 call, and an export takes seconds."""
 _CAPTURED: weakref.WeakKeyDictionary[nn.Module, dict[bool, TracedModel]] = weakref.WeakKeyDictionary()
@@ -72,37 +88,45 @@ _CAPTURED: weakref.WeakKeyDictionary[nn.Module, dict[bool, TracedModel]] = weakr
 def check_cacheable(model: nn.Module) -> None:
     """Refuse a model whose keys and values the pipeline cannot keep, naming why.
 
+    Causal LMs (GPT-2-, Llama-style) and T5-family encoder-decoders (T5, mT5: their decoder's
+    positions are one relative bias, which a cached step can apply) are cached.
+
     Raises:
-        `PipelineError`: an encoder-decoder; a model that is not a causal LM; attention that is not
-            ``scaled_dot_product_attention``; dynamic-NTK RoPE or a sliding window (which attention
-            over the kept keys does not apply).
+        `PipelineError`: another encoder-decoder (BART's learned positions, UMT5's per-layer bias, ...)
+            or a model that is neither; attention that is not ``scaled_dot_product_attention``;
+            dynamic-NTK RoPE or a sliding window (which attention over the kept keys does not apply).
     """
     config, name = getattr(model, "config", None), type(model).__name__
     if getattr(config, "is_encoder_decoder", False):
+        model_type = getattr(config, "model_type", None)
+        if model_type not in _CACHED_ENCODER_DECODERS:
+            raise PipelineError(
+                f"{name} is an encoder-decoder of type {model_type!r}: the pipeline keeps an encoder-decoder's keys "
+                f"and values for T5-family models ({', '.join(_CACHED_ENCODER_DECODERS)}) only, whose decoder's "
+                f"positions are one relative bias it applies to each new token; {NO_CACHE}"
+            )
+    elif not name.endswith(("ForCausalLM", "LMHeadModel")):
         raise PipelineError(
-            f"{name} is an encoder-decoder: the pipeline keeps keys and values for causal LMs (GPT-2-, "
-            f"Llama-style) only, since its decoder's cross-attention reads the encoder's output; {_NO_CACHE}"
+            f"{name} is not a causal LM (…ForCausalLM, …LMHeadModel) or a T5-family encoder-decoder; {NO_CACHE}"
         )
-    if not name.endswith(("ForCausalLM", "LMHeadModel")):
-        raise PipelineError(f"{name} is not a causal LM (…ForCausalLM, …LMHeadModel); {_NO_CACHE}")
     implementation = getattr(config, "_attn_implementation", None)
     if implementation != "sdpa":
         raise PipelineError(
             f"{name} runs attention with {implementation!r}; the pipeline's key/value cache replaces each "
             'scaled_dot_product_attention call, so load the model with `attn_implementation="sdpa"`, or '
-            f"{_NO_CACHE}"
+            f"{NO_CACHE}"
         )
     rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
     if isinstance(rope, Mapping) and "dynamic" in (rope.get("rope_type"), rope.get("type")):
         raise PipelineError(
             f"{name} uses dynamic-NTK RoPE scaling, which rescales by the longest position each call sees: "
-            f"a cached step would be rotated unlike the whole sequence; {_NO_CACHE}"
+            f"a cached step would be rotated unlike the whole sequence; {NO_CACHE}"
         )
     window = getattr(config, "sliding_window", None)
     if window is not None and getattr(config, "use_sliding_window", True) is not False:
         raise PipelineError(
             f"{name} attends within a sliding window of {window} tokens, which the pipeline's key/value cache "
-            f"does not apply; {_NO_CACHE}"
+            f"does not apply; {NO_CACHE}"
         )
 
 
@@ -115,18 +139,21 @@ def decoding_inputs(
     return {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids, "labels": labels}
 
 
-def decoding_stages(engine: PipelineEngine, model: nn.Module) -> DecodingStages:
-    """The engine's stages for decoding, captured from ``model`` on first use and kept per engine.
+_Stages = TypeVar("_Stages")
+
+
+def once_per_engine(engine: PipelineEngine, model: nn.Module, build: Callable[[], _Stages]) -> _Stages:
+    """``build()`` once per engine after `check_cacheable` (``model.generate`` makes a decoder per call,
+    and building takes a while); a refusal is kept too and raised again each time.
 
     Raises:
-        `PipelineError`: the model cannot be cached (`check_cacheable`), cannot be exported with a
-            symbolic length, or its decoding graph does not map onto the planned stages.
+        `PipelineError`: the model cannot be cached, with the reason.
     """
     built = _BUILT.get(engine)
     if built is None:
         try:
             check_cacheable(model)
-            built = _build(engine, model)
+            built = build()
         except PipelineError as error:
             built = error
         _BUILT[engine] = built
@@ -135,11 +162,27 @@ def decoding_stages(engine: PipelineEngine, model: nn.Module) -> DecodingStages:
     return built
 
 
+def decoding_stages(engine: PipelineEngine, model: nn.Module) -> DecodingStages:
+    """A causal LM's stages for decoding, captured from ``model`` on first use and kept per engine.
+
+    Raises:
+        `PipelineError`: the model cannot be cached (`check_cacheable`; an encoder-decoder decodes with
+            `hf_ftpipe.runtime.encoder_decoder_decoding.EncoderDecoderKV`), cannot be exported with a
+            symbolic length, or its decoding graph does not map onto the planned stages.
+    """
+    if getattr(getattr(model, "config", None), "is_encoder_decoder", False):
+        raise PipelineError(
+            f"{type(model).__name__} is an encoder-decoder: decode it with EncoderDecoderKV "
+            "(hf_ftpipe.runtime.encoder_decoder_decoding), not KVDecoder"
+        )
+    return once_per_engine(engine, model, lambda: _build(engine, model))
+
+
 def _build(engine: PipelineEngine, model: nn.Module) -> DecodingStages:
     name = type(model).__name__
     sliced = "shift_labels" in engine.graph.inputs  # trained with token slices: the loss is computed as theirs
     if "logits" not in engine.model_outputs.outputs:
-        raise PipelineError(f"{name}'s graph returns no `logits` to decode from; {_NO_CACHE}")
+        raise PipelineError(f"{name}'s graph returns no `logits` to decode from; {NO_CACHE}")
     traced = _capture(model, engine, sliced)
     cursors = {stage: SliceCursor() for stage in engine.modules}
     node_stage = {node: spec.stage_index for spec in engine.specs for node in spec.nodes}
@@ -151,7 +194,7 @@ def _build(engine: PipelineEngine, model: nn.Module) -> DecodingStages:
         engine.modules,
         engine.device,
         where="in cached decoding",
-        fix=_NO_CACHE,
+        fix=NO_CACHE,
         extra_inputs=DERIVED_INPUTS,
     )
     for stage, module in variant.modules.items():
@@ -186,15 +229,15 @@ def _capture(model: nn.Module, engine: PipelineEngine, sliced: bool) -> TracedMo
             warnings.filterwarnings("ignore", message=".*token slices draw their dropout masks")
             traced = capture_token_slices(model, sample, [length]).full if sliced else capture_model(model, sample)
     except TraceError as error:
-        raise PipelineError(f"{name} could not be captured for cached decoding: {error}; {_NO_CACHE}") from error
+        raise PipelineError(f"{name} could not be captured for cached decoding: {error}; {NO_CACHE}") from error
     if 1 not in traced.shapes.varying("input_ids"):
         raise PipelineError(
             f"{name} cannot be exported with a symbolic sequence length, so a one-token step cannot run on its "
-            f"graph; {_NO_CACHE}"
+            f"graph; {NO_CACHE}"
         )
     if not _has_attention(traced):
         raise PipelineError(
-            f"{name}'s graph has no scaled_dot_product_attention call to keep keys and values for; {_NO_CACHE}"
+            f"{name}'s graph has no scaled_dot_product_attention call to keep keys and values for; {NO_CACHE}"
         )
     captures[sliced] = traced = replace(traced, per_shape=None)  # it would hold the model: never run per shape
     return traced

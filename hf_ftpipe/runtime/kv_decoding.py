@@ -20,25 +20,45 @@ from __future__ import annotations
 
 import logging
 import traceback
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Protocol
 
 import torch
-from torch import nn
+from torch import fx, nn
 
 from hf_ftpipe.errors import PipelineError
-from hf_ftpipe.runtime.decoding_stages import DecodingStages, decoding_stages
+from hf_ftpipe.runtime.decoding_stages import decoding_stages
 from hf_ftpipe.runtime.microbatches import microbatch_rows
-from hf_ftpipe.runtime.prefix_attention import SequenceKV
-from hf_ftpipe.runtime.shapes import MicrobatchShapes
+from hf_ftpipe.runtime.prefix_attention import SequenceKV, SliceCursor
+from hf_ftpipe.runtime.shapes import MicrobatchShapes, ShapeBook
+from hf_ftpipe.runtime.stage import StageSpec
 from hf_ftpipe.schedules.actions import Action
 from hf_ftpipe.schedules.orders import ScheduleGPipe
 
 if TYPE_CHECKING:
     from hf_ftpipe.runtime.engine import PipelineEngine
 
-__all__ = ["KVDecoder"]
+__all__ = ["KVDecoder", "StepStages"]
 
 logger = logging.getLogger(__name__)
+
+
+class StepStages(Protocol):
+    """What a decoding step runs: this rank's stages with their attention over kept keys and values
+    (`DecodingStages`, `hf_ftpipe.runtime.encoder_decoder_stages.EncoderDecoderStages`)."""
+
+    @property
+    def specs(self) -> list[StageSpec]: ...
+    @property
+    def modules(self) -> Mapping[int, fx.GraphModule]: ...
+    @property
+    def to_variant(self) -> Mapping[str, str]:
+        """Planned-graph value → its name in the stages' graph."""
+        ...
+
+    cursors: Mapping[int, SliceCursor]
+    book: ShapeBook
+    logits: str
 
 
 class KVDecoder:
@@ -60,7 +80,7 @@ class KVDecoder:
         if rows < 1 or max_length < 1:
             raise PipelineError(f"a key/value cache needs rows >= 1 and max_length >= 1, got {rows} and {max_length}")
         self.engine = engine
-        self.stages: DecodingStages = decoding_stages(engine, model)
+        self.stages: StepStages = self._decoding_stages(engine, model)
         engine.drain()  # a streaming pipeline decodes with its latest weights
         self.rows, self.max_length = rows, max_length
         sizes = microbatch_rows(rows, engine.num_microbatches)
@@ -120,6 +140,13 @@ class KVDecoder:
                     input_ids[first:last], attention_mask[first:last, self.seq_length :], position_ids[first:last]
                 )
             )
+        return self._step(pieces, n, min(n, logits_to_keep) if logits_to_keep > 0 else n)
+
+    __call__ = forward
+
+    def _step(self, pieces: list[dict[str, torch.Tensor]], n: int, kept: int) -> torch.Tensor:
+        """Run each micro-batch's ``pieces`` (its ``n`` new tokens) through this rank's stages; the
+        last ``kept`` positions' logits of every row, on every rank."""
         shapes = [self.stages.book.of(piece) for piece in pieces]
         outputs: dict[tuple[str, int], torch.Tensor] = {}
         for action in self._order:
@@ -127,14 +154,12 @@ class KVDecoder:
                 self._run(action, pieces[action.microbatch_index], shapes[action.microbatch_index], outputs)
             except Exception as error:
                 self._fail(action, error)
-        logits = self._logits(outputs, min(n, logits_to_keep) if logits_to_keep > 0 else n)
+        logits = self._logits(outputs, kept)
         self.engine.messenger.flush()
         if self.seq_length == 0 and self._sequences:
             logger.debug("rank %d keeps %.1f MB of keys and values", self.engine.rank, self.cache_bytes / 2**20)
-        self.seq_length = end
+        self.seq_length += n
         return logits
-
-    __call__ = forward
 
     def reorder(self, beam_idx: torch.Tensor) -> None:
         """Row ``i`` takes the keys and values of row ``beam_idx[i]``, on every stage of this rank
@@ -160,6 +185,10 @@ class KVDecoder:
             cursor.sequence = None
 
     # -- a step -----------------------------------------------------------------------------
+
+    def _decoding_stages(self, engine: PipelineEngine, model: nn.Module) -> StepStages:
+        """This rank's stages for decoding (an encoder-decoder's: `EncoderDecoderKV`)."""
+        return decoding_stages(engine, model)
 
     def _check(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, end: int
@@ -190,12 +219,12 @@ class KVDecoder:
     ) -> None:
         engine, stages = self.engine, self.stages
         s, m = action.stage_index, action.microbatch_index
-        spec, module = stages.variant.specs[s], stages.variant.modules[s]
+        spec, module = stages.specs[s], stages.modules[s]
         received = []
         for value in spec.received:
             if (value, m) not in outputs:
                 transfer = engine.transfers[value]
-                shape = shapes.values[stages.variant.to_variant[value]]
+                shape = shapes.values[stages.to_variant[value]]
                 outputs[(value, m)] = engine.messenger.recv(
                     shape,
                     transfer.dtype,

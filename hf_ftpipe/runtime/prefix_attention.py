@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["PrefixAttention", "SequenceKV", "SliceCursor"]
+__all__ = ["PrefixAttention", "SequenceKV", "SliceCursor", "laid_out"]
 
 
 @dataclass
@@ -124,9 +124,7 @@ class _PrefixAttentionFunction(torch.autograd.Function):
         else:
             output = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, **options)
             ctx.save_for_backward(query)
-        if layout is not None and _memory_order(output) != layout:  # the layout the graph's views expect
-            output = torch.empty_permuted(output.shape, layout, dtype=output.dtype, device=output.device).copy_(output)
-        return output
+        return laid_out(output, layout)
 
     @staticmethod
     def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
@@ -198,6 +196,14 @@ def _recomputed_grads(
     with torch.enable_grad(), _restored_rng(query.device, ctx.rng), autocast:
         output = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, **ctx.options)
     return torch.autograd.grad(output, (query, keys, values), grad_output)
+
+
+def laid_out(output: torch.Tensor, layout: tuple[int, ...] | None) -> torch.Tensor:
+    """``output`` laid out in memory as ``layout`` says (its dimensions outermost first), where the
+    traced graph's views after attention rely on it; as it is without a ``layout``."""
+    if layout is None or _memory_order(output) == layout:
+        return output
+    return torch.empty_permuted(output.shape, layout, dtype=output.dtype, device=output.device).copy_(output)
 
 
 def _memory_order(tensor: torch.Tensor) -> tuple[int, ...]:

@@ -32,7 +32,7 @@ from hf_ftpipe.runtime.shapes import MicrobatchShapes, ShapeBook
 from hf_ftpipe.runtime.stage import StageSpec, build_stage_module
 from hf_ftpipe.runtime.stage_variants import StageVariant, build_variant
 
-__all__ = ["TokenSlicing", "use_prefix_attention"]
+__all__ = ["TokenSlicing", "traced_memory_order", "use_prefix_attention"]
 
 
 class TokenSlicing:
@@ -207,11 +207,11 @@ def use_prefix_attention(module: fx.GraphModule, cursor: SliceCursor) -> None:
             *path, leaf = node.target.split(".")
             parent = module.get_submodule(".".join(path)) if path else module
             traced = node.meta.get("val")
-            layout = _traced_memory_order(traced) if isinstance(traced, torch.Tensor) else None
+            layout = traced_memory_order(traced) if isinstance(traced, torch.Tensor) else None
             setattr(parent, leaf, PrefixAttention(node.name, cursor, layout))
 
 
-def _traced_memory_order(traced: torch.Tensor) -> tuple[int, ...]:
+def traced_memory_order(traced: torch.Tensor) -> tuple[int, ...]:
     """The dimensions of ``traced`` from outermost to innermost in memory (its strides may be
     symbolic: ordered by their values at the export's sample sizes, all at least 2)."""
     strides = [s.node.hint if isinstance(s, torch.SymInt) else int(s) for s in traced.stride()]

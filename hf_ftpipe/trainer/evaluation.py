@@ -27,6 +27,7 @@ from transformers.trainer_pt_utils import find_batch_size, nested_truncate
 
 from hf_ftpipe.errors import PipelineError
 from hf_ftpipe.graph.padding import IGNORE_INDEX
+from hf_ftpipe.runtime.encoder_decoder_decoding import EncoderDecoderKV
 from hf_ftpipe.runtime.kv_decoding import KVDecoder
 from hf_ftpipe.runtime.microbatches import microbatch_rows
 from hf_ftpipe.trainer.generation import pipeline_generate
@@ -146,8 +147,10 @@ class PipeEvaluation:
                 )
 
     def _key_value_cache(self, rows: int, max_length: int) -> KVDecoder:
-        """A causal LM's keys and values kept on each stage's rank, for generation (`hf_ftpipe.runtime.kv_decoding`)."""
-        return KVDecoder(self.engine, model=self.model, rows=rows, max_length=max_length)
+        """The model's keys and values kept on each stage's rank, for generation (`hf_ftpipe.runtime.kv_decoding`;
+        an encoder-decoder's: `hf_ftpipe.runtime.encoder_decoder_decoding`)."""
+        kind = EncoderDecoderKV if self.model.config.is_encoder_decoder else KVDecoder
+        return kind(self.engine, model=self.model, rows=rows, max_length=max_length)
 
     def _generated_tokens(self, inputs: dict[str, Any], gen_kwargs: dict[str, Any]) -> torch.Tensor:
         """`Seq2SeqTrainer.prediction_step`'s ``model.generate(**inputs, **gen_kwargs)``: a batch's

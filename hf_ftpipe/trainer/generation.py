@@ -12,12 +12,15 @@ one process by construction. The replacement has the model's own ``forward`` sig
 Encoder-decoders (T5, BART): ``generate`` is given ``encoder_outputs`` whose ``last_hidden_state`` is
 a placeholder, each row's index into the batch, so it never runs the encoder itself; it expands
 them for beams as it expands any encoder output, and the forward reads each row's encoder inputs
-(``input_ids``, ``attention_mask``, any other the pipeline was traced with) by that index. The
-forward gets the decoder tokens so far and feeds ``labels`` whose right shift (the decoder inputs
-the model makes from them) equals them, padded to the traced label length where the graph fixes
-it. There is no key/value cache for them: T5's relative position bias and cross-attention do not
-fit the pipeline's prefix attention yet, so each new token costs a whole forward (the encoder and
-the decoder prefix again).
+(``input_ids``, ``attention_mask``, any other the pipeline was traced with) by that index. A
+T5-family model keeps a key/value cache on the stages
+(`hf_ftpipe.runtime.encoder_decoder_decoding.EncoderDecoderKV`): the first forward runs the encoder
+and the decoder start token, each later one the new decoder token alone (and a one-token stand-in
+for the encoder), with the decoder's and the encoder's keys and values kept per stage. Without it
+(``use_cache=False``, another encoder-decoder, or a T5 the stages cannot cache: warned, with the
+reason) the forward gets the decoder tokens so far and feeds ``labels`` whose right shift (the
+decoder inputs the model makes from them) equals them, padded to the traced label length where the
+graph fixes it: each new token then costs a whole forward (the encoder and the decoder prefix again).
 
 Causal LMs (GPT-2, Llama) keep a key/value cache on the stages (`hf_ftpipe.runtime.kv_decoding`):
 ``generate`` holds a `PipelineCache` that the forward hands the prompt, then each new token, so a new
@@ -45,6 +48,7 @@ from transformers.modeling_outputs import BaseModelOutput, CausalLMOutputWithPas
 
 from hf_ftpipe.errors import PipelineError
 from hf_ftpipe.graph.cost_graph import InputInfo
+from hf_ftpipe.runtime.encoder_decoder_stages import DECODER_INPUTS
 from hf_ftpipe.runtime.kv_decoding import KVDecoder
 from hf_ftpipe.trainer.generation_settings import resolved_generation_config
 from hf_ftpipe.trainer.pipeline_cache import PipelineCache
@@ -60,10 +64,10 @@ length, vocab)``, identical on every rank (`PipeEvaluation._pipeline_logits`); g
 that position's only, ``(rows, 1, vocab)``."""
 
 DecoderFor = Callable[[int, int], KVDecoder]
-"""Makes the pipeline's key/value cache for ``rows`` rows of up to ``max_length`` tokens (`KVDecoder`),
-or raises `PipelineError` naming why the model cannot be cached."""
+"""Makes the pipeline's key/value cache for ``rows`` rows of up to ``max_length`` tokens (`KVDecoder`;
+an encoder-decoder's `EncoderDecoderKV`, whose length counts decoder tokens), or raises `PipelineError`
+naming why the model cannot be cached."""
 
-_DECODER_INPUTS = ("labels", "decoder_input_ids", "decoder_attention_mask")
 _CACHE_FIELDS = {f.name for f in dataclasses.fields(CausalLMOutputWithPast)}
 _CACHE_INPUT = "cache" if "cache" in _CACHE_FIELDS else "past_key_values"
 """Where ``generate`` keeps the cache, passes it to the forward and reads it back from the output: ``cache``
@@ -86,23 +90,23 @@ def pipeline_generate(
         logits_of: runs the pipeline on whole sequences (`LogitsOf`).
         traced: the inputs the pipeline was traced with (``engine.graph.inputs``).
         device: where the pipeline takes its inputs (``generate`` may move them to the model's device).
-        decoder_for: makes a causal LM's key/value cache on the stages (`DecoderFor`); with ``use_cache``
-            (``generate``'s default) a causal LM decodes with it, one token's work per stage for each new
-            token. A model it cannot cache generates without, with a warning naming why.
+        decoder_for: makes the key/value cache on the stages (`DecoderFor`); with ``use_cache``
+            (``generate``'s default) a causal LM or a T5-family model decodes with it, one token's work per
+            stage for each new token. A model it cannot cache generates without, with a warning naming why.
         kwargs: ``generate``'s arguments.
     """
     kwargs = dict(kwargs)
     if kwargs.get("inputs") is not None:  # generate's positional `inputs`: the model's main input
         kwargs[getattr(model, "main_input_name", "input_ids")] = kwargs.pop("inputs")
     kwargs["synced_gpus"] = False  # every rank already runs every step: nothing to keep in step
-    decoder = None
     forward: _EncoderDecoderForward | _CausalForward
     if model.config.is_encoder_decoder:
         forward = _EncoderDecoderForward(model, logits_of, traced, device, kwargs)
-        kwargs["encoder_outputs"] = BaseModelOutput(last_hidden_state=forward.row_indices)
     else:
         forward = _CausalForward(logits_of, traced, device)
-        decoder = _cache_for(model, decoder_for, kwargs) if decoder_for is not None else None
+    decoder = _cache_for(model, decoder_for, kwargs) if decoder_for is not None else None
+    if isinstance(forward, _EncoderDecoderForward):
+        kwargs["encoder_outputs"] = BaseModelOutput(last_hidden_state=forward.row_indices)
     if decoder is None:
         _set_generation(kwargs, use_cache=False)
     else:  # generate's own cache would be made beside ours: none of its making
@@ -118,17 +122,22 @@ def pipeline_generate(
 
 def _cache_for(model: nn.Module, decoder_for: DecoderFor, kwargs: dict[str, Any]) -> KVDecoder | None:
     """The stages' key/value cache for ``model.generate(**kwargs)``: as many rows as it decodes together
-    (the batch times its beams or sequences per prompt) and as long as they may grow; ``None`` where
-    ``use_cache`` is off or the model cannot be cached (warned, with the reason)."""
+    (the batch times its beams or sequences per prompt) and as long as they may grow (an encoder-decoder's
+    decoder: from its start token); ``None`` where ``use_cache`` is off or the model cannot be cached
+    (warned, with the reason)."""
     settings = resolved_generation_config(model, kwargs)
     prompt = kwargs.get(getattr(model, "main_input_name", "input_ids"))
     if not settings.use_cache or not isinstance(prompt, torch.Tensor) or prompt.dim() != 2:
         return None
     rows = prompt.shape[0] * max(settings.num_beams or 1, settings.num_return_sequences or 1)
+    start = prompt.shape[1]
+    if model.config.is_encoder_decoder:
+        decoder_prompt = kwargs.get("decoder_input_ids")
+        start = decoder_prompt.shape[-1] if isinstance(decoder_prompt, torch.Tensor) else 1
     new_tokens = settings.max_new_tokens
-    max_length = prompt.shape[1] + new_tokens if new_tokens is not None else settings.max_length
+    max_length = start + new_tokens if new_tokens is not None else settings.max_length
     try:
-        return decoder_for(rows, max(max_length, prompt.shape[1] + 1))
+        return decoder_for(rows, max(max_length, start + 1))
     except PipelineError as error:
         logger.warning("generating without a key/value cache (each new token reruns the whole sequence): %s", error)
         return None
@@ -190,7 +199,7 @@ class _EncoderDecoderForward:
         self.encoder_inputs = {
             name: kwargs[name].to(device)
             for name in traced
-            if name not in _DECODER_INPUTS and isinstance(kwargs.get(name), torch.Tensor)
+            if name not in DECODER_INPUTS and isinstance(kwargs.get(name), torch.Tensor)
         }
         main_input = getattr(model, "main_input_name", "input_ids")
         main = kwargs.get(main_input)
@@ -206,9 +215,22 @@ class _EncoderDecoderForward:
         self.pad_token_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
         self.prepare_decoder_input_ids = getattr(model, "prepare_decoder_input_ids_from_labels", None)
 
-    def __call__(self, *, decoder_input_ids: torch.Tensor, encoder_outputs: Any, **ignored: Any) -> Seq2SeqLMOutput:
+    def __call__(
+        self,
+        *,
+        decoder_input_ids: torch.Tensor,
+        encoder_outputs: Any,
+        cache: PipelineCache | None = None,
+        past_key_values: PipelineCache | None = None,
+        **ignored: Any,
+    ) -> Seq2SeqLMOutput:
         rows = encoder_outputs[0][:, 0]  # the placeholder (expanded for beams): batch row of each row
         batch = {name: value[rows.to(self.device)] for name, value in self.encoder_inputs.items()}
+        cache = cache if cache is not None else past_key_values
+        if isinstance(cache, PipelineCache):  # the new decoder tokens only; the encoder at the first call alone
+            encoder = batch if cache.get_seq_length() == 0 else None
+            logits = cache.decoder.forward(decoder_input_ids.to(self.device), encoder)  # on every rank
+            return Seq2SeqLMOutput(logits=logits, **{_CACHE_INPUT: cache})
         length = decoder_input_ids.shape[1]
         width = length if self.fixed_length is None else self.fixed_length
         if length > width:

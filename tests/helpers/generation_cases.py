@@ -1,8 +1,8 @@
 """Generation settings and prompts that ``model.generate`` on one process and `PipeTrainer.generate`
 (or the driver over an eager twin) must agree on, token for token: greedy search, beam search with
 a length penalty, early stopping and two sequences returned per prompt, and sampling with top-k,
-top-p and a temperature from one seed; a causal LM with its key/value cache kept on the stages (generate's
-default) and without (``uncached``)."""
+top-p and a temperature from one seed; with the key/value cache kept on the stages (generate's default) and
+without (``uncached``)."""
 
 from __future__ import annotations
 
@@ -107,8 +107,60 @@ def assert_generated_like_one_process(folder: Any, kind: str, model: torch.nn.Mo
     torch.manual_seed(SEED + 1)
     assert torch.equal(ranks[1]["after_sampling"], torch.rand(4))
     assert expected["beams"].shape[0] == 6 and len({tuple(r) for r in expected["sampling"].tolist()}) > 1
-    # GPT-2 decodes through the stages' caches unless told not to; T5 has none
+    # GPT-2 and T5 decode through the stages' caches unless told not to
     forwards = ranks[0]["whole_sequence_forwards"]
-    assert {name for name, count in forwards.items() if count == 0} == (
-        {"greedy", "beams", "sampling"} if kind == "gpt2" else set()
-    ), forwards
+    assert {name for name, count in forwards.items() if count == 0} == {"greedy", "beams", "sampling"}, forwards
+
+
+CACHED_CASES = ("greedy", "beams", "sampling")
+"""The cases generate runs through the stages' key/value cache (its default ``use_cache``)."""
+
+
+def generate_through_engines(model: torch.nn.Module, traced: Any, plans: dict[str, list[int]]) -> dict[str, Any]:
+    """Each of `CACHED_CASES` generated with the stages' key/value cache of an engine per plan (stage →
+    rank, 2 micro-batches) over ``traced`` (``model``'s capture, on its weights); a whole forward fails the
+    run. Per plan: the tokens per case, and each case's decoder length when generation ended."""
+    from hf_ftpipe.runtime import PipelineEngine
+    from hf_ftpipe.runtime.encoder_decoder_decoding import EncoderDecoderKV
+    from hf_ftpipe.trainer.generation import pipeline_generate
+
+    from placements import contiguous_placement
+
+    def whole_forward(batch: Any, position: int | None = None) -> torch.Tensor:
+        raise AssertionError("a whole forward ran: generation did not decode through the stages' cache")
+
+    results: dict[str, Any] = {}
+    for name, stage_rank in plans.items():
+        placement = contiguous_placement(traced.cost_graph, stage_rank)
+        engine = PipelineEngine(traced, placement, num_microbatches=2)
+        decoders: list[EncoderDecoderKV] = []
+
+        def decoder_for(rows: int, max_length: int, engine: Any = engine, decoders: list = decoders) -> Any:
+            decoders.append(EncoderDecoderKV(engine, model=model, rows=rows, max_length=max_length))
+            return decoders[-1]
+
+        generated: dict[str, Any] = {}
+        for case in CACHED_CASES:
+            torch.manual_seed(SEED)
+            inputs = {**prompts("t5"), **CASES[case]}
+            generated[case] = pipeline_generate(
+                model, whole_forward, traced.cost_graph.inputs, engine.device, decoder_for, **inputs
+            )
+        generated["lengths"] = [decoder.seq_length for decoder in decoders]
+        results[name] = generated
+    return results
+
+
+def assert_engines_generated_like_one_process(results: dict[str, Any], model: torch.nn.Module) -> None:
+    """`generate_through_engines`'s tokens equal ``model.generate``'s, case by case, and each decoder held
+    every token but the last generated one (the start token first)."""
+    expected = {}
+    for case in CACHED_CASES:
+        torch.manual_seed(SEED)
+        with torch.no_grad():
+            expected[case] = model.eval().generate(**prompts("t5"), **CASES[case])
+    assert expected["beams"].shape[0] == 6 and expected["greedy"].shape[1] > 2
+    for name, generated in results.items():
+        for case, want in expected.items():
+            assert torch.equal(generated[case], want), (name, case, generated[case], want)
+        assert generated["lengths"] == [expected[case].shape[1] - 1 for case in CACHED_CASES], name

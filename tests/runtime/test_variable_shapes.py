@@ -7,6 +7,11 @@ refused on every rank with a message that says what to change.
 A model whose export fixes the sequence length runs each length on a graph traced at its bucket
 (`hf_ftpipe.runtime.per_shape`) and trains as one process too.
 
+Before it trains, the T5 capture (symbolic source and target lengths) generates through the
+stages' key/value cache (`EncoderDecoderKV`) under stages [0, 1] and Mixed-Pipe's [0, 1, 1, 0]:
+greedy, beams returning two sequences each, and sampling from a seed, on padded sources of
+different lengths, token for token as ``model.generate`` on one process (no capture of its own).
+
 One launch trains every model in turn (process start-up is most of a launch's time)."""
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from hf_ftpipe.runtime import PipelineEngine
 from hf_ftpipe.runtime.per_shape import PerShapeOptions
 
 from distributed import run_ranks, values_or_raise
+from generation_cases import assert_engines_generated_like_one_process, generate_through_engines
 from models import FixedLengthLM, tiny_batch, tiny_model
 from placements import contiguous_placement
 
@@ -36,6 +42,7 @@ CASES = {  # kind: (stage → rank, schedule)
     "bert": ([0, 1], "1f1b"),
     "llama": ([0, 1, 1, 0], "gpipe"),
 }
+GENERATION_PLANS = {"one stage per rank": [0, 1], "mixed": [0, 1, 1, 0]}
 
 
 def steps(kind: str) -> list[dict[str, torch.Tensor]]:
@@ -55,7 +62,10 @@ def pipeline_run(rank: int, world_size: int) -> dict[str, tuple[list[float], dic
     for kind, (stage_device, schedule) in CASES.items():
         data = steps(kind)
         planned = {name: value[:3] for name, value in data[0].items()}
-        traced = capture_model(tiny_model(kind), planned)
+        model = tiny_model(kind)
+        traced = capture_model(model, planned)
+        if kind == "t5":  # on the initial weights, before the training engine below changes them
+            results["t5_generated"] = generate_through_engines(model, traced, GENERATION_PLANS)
         engine = PipelineEngine(
             traced,
             contiguous_placement(traced.cost_graph, stage_device),
@@ -189,6 +199,13 @@ def test_every_batch_shape_trains_as_one_process(pipeline_results: list[dict], k
         assert cached == 6, f"rank {rank} evaluated {cached} micro-batch shapes"
     trainable = {name for name, _ in tiny_model(kind).named_parameters()}
     assert trainable <= covered, f"parameters on no rank: {sorted(trainable - covered)}"
+
+
+@pytest.mark.distributed
+def test_t5_generates_through_the_stages_key_value_cache_as_one_process(pipeline_results: list[dict]) -> None:
+    for results in pipeline_results:
+        assert set(results["t5_generated"]) == set(GENERATION_PLANS)
+        assert_engines_generated_like_one_process(results["t5_generated"], tiny_model("t5"))
 
 
 @pytest.mark.distributed

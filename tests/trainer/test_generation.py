@@ -180,3 +180,28 @@ def test_a_training_batch_as_seq2seq_trainer_passes_it_generates_as_generate_doe
             num_beams=2,
         )
     assert torch.equal(got, expected) and torch.equal(got[:, :8], batch["input_ids"])
+
+
+def test_a_t5_the_stages_cannot_cache_generates_without_with_the_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Eager attention: `check_cacheable` refuses it (as `EncoderDecoderKV` would), and generate warns and runs
+    every step on the whole decoder prefix instead, as one process does."""
+    from hf_ftpipe.runtime.decoding_stages import check_cacheable
+    from hf_ftpipe.trainer import generation
+
+    model = tiny_model("t5").eval()
+    model.config._attn_implementation = "eager"
+    warnings = []
+    monkeypatch.setattr(generation.logger, "warning", lambda message, *args: warnings.append(message % args))
+    twin = Twin(model)
+    settings = {"max_new_tokens": 3, "do_sample": False}
+    got = pipeline_generate(
+        model, twin, traced_inputs("t5"), CPU, lambda rows, length: check_cacheable(model), **prompts("t5"), **settings
+    )
+    assert torch.equal(got, model.generate(**prompts("t5"), **settings))
+    assert len(twin.batches) == got.shape[1] - 1  # a whole forward per new token
+    assert warnings == [
+        "generating without a key/value cache (each new token reruns the whole sequence): T5ForConditionalGeneration "
+        "runs attention with 'eager'; the pipeline's key/value cache replaces each scaled_dot_product_attention call, "
+        'so load the model with `attn_implementation="sdpa"`, or generate without the pipeline\'s key/value cache '
+        "(every new token then runs the whole prefix again)"
+    ]

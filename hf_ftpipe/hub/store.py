@@ -47,6 +47,15 @@ _PATH = re.compile(
 )
 
 
+def cache_root() -> Path:
+    """hf_ftpipe's cache folder, ``$HF_HOME/hf_ftpipe`` (huggingface_hub's default home without ``HF_HOME``):
+    plans under ``partitions/``, measured cost tables under ``costs/``."""
+    from huggingface_hub import constants
+
+    home = os.environ.get("HF_HOME")
+    return (Path(os.path.expanduser(home)) if home else Path(constants.HF_HOME)) / "hf_ftpipe"
+
+
 def _safe(part: str) -> str:
     """A path component: letters, digits, ``.``, ``_``, ``-`` (never ``..`` or a separator)."""
     return re.sub(r"[^A-Za-z0-9._-]+", "_", part).strip(".") or "_"
@@ -166,7 +175,7 @@ class PartitionStore:
         )
         self.timeout_s = timeout_s or float(os.environ.get("HF_HUB_ETAG_TIMEOUT") or constants.DEFAULT_ETAG_TIMEOUT)
         home = os.environ.get("HF_HOME")
-        self.hf_home = Path(os.path.expanduser(home)) if home else Path(constants.HF_HOME)
+        self.hf_home = cache_root().parent
         self.hub_cache = os.environ.get("HF_HUB_CACHE") or (
             str(self.hf_home / "hub") if home else constants.HF_HUB_CACHE
         )

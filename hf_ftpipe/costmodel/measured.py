@@ -144,7 +144,9 @@ class CostTable:
         for block in self.blocks:
             for n in block.nodes:
                 forward_share, backward_share = self.shares[n]
-                costs[n] = NodeCost(forward_s=block.forward_s * forward_share, backward_s=block.backward_s * backward_share)
+                costs[n] = NodeCost(
+                    forward_s=block.forward_s * forward_share, backward_s=block.backward_s * backward_share
+                )
         return costs
 
     def check_graph(self, graph: CostGraph, where: str = "the cost table") -> None:
@@ -199,7 +201,9 @@ def _parse(data: object) -> CostTable:
         raise CostTableError(f"not a cost table: field 'format' {found}, expected {FORMAT_NAME!r}")
     version = data.get("format_version")
     if version != FORMAT_VERSION or isinstance(version, bool):
-        raise CostTableError(f"field 'format_version' is {version!r}; this hf_ftpipe reads version {FORMAT_VERSION} only")
+        raise CostTableError(
+            f"field 'format_version' is {version!r}; this hf_ftpipe reads version {FORMAT_VERSION} only"
+        )
     body = {k: v for k, v in data.items() if k not in ("format", "format_version")}
     return _strict_json.build(CostTable, body, "", CostTableError)
 

@@ -87,8 +87,7 @@ def _signature(graph: CostGraph, nodes: list[str]) -> str:
     for n in nodes:
         attrs = graph.node(n)
         reads = tuple(
-            ("in", position[u]) if u in inside else ("out", graph.node(u)["output_shapes"], graph.node(u)["requires_grad"])
-            for u in graph.graph.predecessors(n)
+            ("in", position[u]) if u in inside else ("out", *_value(graph, u)) for u in graph.graph.predecessors(n)
         )
         params = tuple(
             (graph.params[p].shape, graph.params[p].dtype, graph.params[p].requires_grad) for p in attrs["params"]
@@ -98,3 +97,8 @@ def _signature(graph: CostGraph, nodes: list[str]) -> str:
              tuple(attrs["batch_inputs"]))
         )  # fmt: skip
     return repr(parts)
+
+
+def _value(graph: CostGraph, node: str) -> tuple[object, ...]:
+    attrs = graph.node(node)
+    return attrs["output_shapes"], attrs["output_dtypes"], attrs["requires_grad"]

@@ -38,7 +38,7 @@ from hf_ftpipe.plan.partition import collect_versions
 from hf_ftpipe.runtime.shapes import ShapeBook
 from hf_ftpipe.runtime.stage import StageSpec, build_stage_module, plan_stages
 
-__all__ = ["device_name", "median_times", "profile_blocks", "profile_model", "progress"]
+__all__ = ["cached_profile", "device_name", "median_times", "profile_blocks", "profile_model", "progress"]
 
 
 def median_times(
@@ -166,6 +166,22 @@ def profile_blocks(
         warmup=warmup,
         info=collect_versions(),
     )
+
+
+def cached_profile(traced: TracedModel, *, dtype: str | None = None, device: torch.device | None = None) -> CostTable:
+    """The cost table of ``traced`` on ``device`` from the cache (``$HF_HOME/hf_ftpipe/costs/``), else
+    `profile_blocks` and cache it: what ``PipeTrainingArguments(cost_table="measured")`` uses."""
+    from hf_ftpipe.costmodel.measured import cache_path
+
+    device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    graph = traced.cost_graph
+    key = CostKey.of(graph, dtype=canonical_dtype(dtype) if dtype else params_dtype(graph), device=device_name(device))
+    path = cache_path(key)
+    if path.is_file():
+        return CostTable.load(path, expected_key=key)
+    table = profile_blocks(traced, dtype=key.dtype, device=device)
+    table.save(path)
+    return table
 
 
 class _BlockRunner:

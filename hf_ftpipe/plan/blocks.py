@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from hf_ftpipe.graph.cost_graph import CostGraph
 from hf_ftpipe.plan.atoms import follows_producer
 
-__all__ = ["Block", "blocks_of"]
+__all__ = ["Block", "blocks_of", "layer_stages", "signature_of"]
 
 
 @dataclass(frozen=True)
@@ -57,8 +57,34 @@ def blocks_of(graph: CostGraph) -> list[Block]:
         seen[name] += 1
         if seen[name] > 1:  # a layer whose ops the execution order splits: its pieces are told apart
             name = f"{name}#{seen[name]}"
-        blocks.append(Block(name, tuple(nodes), _signature(graph, nodes)))
+        blocks.append(Block(name, tuple(nodes), signature_of(graph, nodes)))
     return blocks
+
+
+def layer_stages(graph: CostGraph, num_stages: int) -> dict[str, int] | None:
+    """Every op → its stage in a split of the layers into ``num_stages`` runs of equal counts (the
+    first ones one more where they do not divide), the ops before the first layer on the first
+    stage and those after the last on the last: TeraPipe's equal stages, whose middle ones do the
+    same work. ``None`` when there are fewer layers than stages (or no repeated layers)."""
+    blocks = blocks_of(graph)
+    stacks = _stacks(graph)
+    layers = [i for i, b in enumerate(blocks) if _layer(graph.node(b.nodes[0])["scope"], stacks)]
+    if len(layers) < num_stages:
+        return None
+    per_stage, extra = divmod(len(layers), num_stages)
+    first_of_stage = []
+    position = 0
+    for s in range(num_stages):
+        first_of_stage.append(layers[position])
+        position += per_stage + (s < extra)
+    node_stage = {}
+    stage = 0
+    for i, block in enumerate(blocks):
+        while stage + 1 < num_stages and i >= first_of_stage[stage + 1]:
+            stage += 1
+        for n in block.nodes:
+            node_stage[n] = stage
+    return node_stage
 
 
 def _stacks(graph: CostGraph) -> set[str]:
@@ -80,7 +106,8 @@ def _layer(scope: str, stacks: set[str]) -> str | None:
     return None
 
 
-def _signature(graph: CostGraph, nodes: list[str]) -> str:
+def signature_of(graph: CostGraph, nodes: list[str] | tuple[str, ...]) -> str:
+    """Equal for op lists that do the same work (see `Block.signature`)."""
     inside = set(nodes)
     position = {n: i for i, n in enumerate(nodes)}
     parts = []

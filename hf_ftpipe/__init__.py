@@ -36,7 +36,7 @@ _HOMES = {
     "get_profile": "hf_ftpipe.costmodel",
     "list_profiles": "hf_ftpipe.costmodel",
     "PipelineEngine": "hf_ftpipe.runtime",
-    "profile_model": "hf_ftpipe.runtime.block_timing",
+    "profile_model": "hf_ftpipe.trainer.measured_costs",
 }
 __all__ = ["__version__", *sorted(_HOMES)]
 __getattr__ = lazy_getattr(__name__, _HOMES)

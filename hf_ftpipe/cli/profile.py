@@ -55,11 +55,13 @@ def add_profile_command(commands: Any) -> None:
 def _run_profile(args: argparse.Namespace) -> int:
     import torch
 
+    from hf_ftpipe.costmodel import CostTable, detect_profile
     from hf_ftpipe.costmodel.measured import cache_path
     from hf_ftpipe.errors import ProfileError
     from hf_ftpipe.graph.sources import load_model_for_planning, sample_inputs_for
     from hf_ftpipe.graph.trace import capture_model
-    from hf_ftpipe.runtime.block_timing import profile_blocks
+    from hf_ftpipe.plan.partition import collect_versions
+    from hf_ftpipe.runtime.block_timing import time_blocks
 
     for name in ("seq_len", "batch_size", "repeats"):
         if getattr(args, name) < 1:
@@ -72,7 +74,9 @@ def _run_profile(args: argparse.Namespace) -> int:
     traced = capture_model(model, inputs)
     print(f"traced {traced.cost_graph.model_class} in {time.perf_counter() - started:.1f} s", file=sys.stderr)
     device = torch.device(args.device) if args.device else None
-    table = profile_blocks(traced, dtype=args.dtype, device=device, warmup=args.warmup, repeats=args.repeats)
+    # as hf_ftpipe.profile_model does (cli and trainer sit side by side: neither imports the other)
+    timings = time_blocks(traced, dtype=args.dtype, device=device, warmup=args.warmup, repeats=args.repeats)
+    table = CostTable.from_timings(traced.cost_graph, timings, detect_profile(1), info=collect_versions())
     cached = cache_path(table.key)
     table.save(cached)
     if args.out:

@@ -2,7 +2,7 @@
 
 The roofline (`op_time.node_costs`) prices an op from datasheet peaks; FTPipe profiled on its GPUs
 and PipeDream's planner works from measured layer times. A `CostTable` holds the times
-``hf_ftpipe.runtime.block_timing.profile_blocks`` measured for the blocks of one traced graph (a
+``hf_ftpipe.runtime.block_timing.time_blocks`` measured for the blocks of one traced graph (a
 layer of a repeated type, or a run of the ops between layers), and hands them out in the form every
 consumer already takes, ``Mapping[str, NodeCost]``: a block's measured time split over its ops in
 proportion to their roofline times (the split is recorded when the table is made, so the table
@@ -19,18 +19,21 @@ import hashlib
 import json
 import math
 import os
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from hf_ftpipe import _strict_json
-from hf_ftpipe.costmodel.op_time import NodeCost
+from hf_ftpipe._cache import cache_root
+from hf_ftpipe.costmodel.op_time import NodeCost, node_costs
+from hf_ftpipe.costmodel.profiles import GPUProfile
 from hf_ftpipe.errors import CostTableError
 
 if TYPE_CHECKING:  # only read here; importing hf_ftpipe.graph at runtime pulls in torch
     from hf_ftpipe.graph.cost_graph import CostGraph
 
-__all__ = ["FORMAT_NAME", "FORMAT_VERSION", "BlockTime", "CostKey", "CostTable", "cache_path"]
+__all__ = ["FORMAT_NAME", "FORMAT_VERSION", "BlockTime", "CostKey", "CostTable", "Timings", "cache_path"]
 
 FORMAT_NAME = "hf_ftpipe.cost_table"
 """Value of the ``"format"`` field: tells a cost table from any other JSON file."""
@@ -89,6 +92,25 @@ class BlockTime:
     """The block whose timing this one reuses (same ops, shapes and parameters); ``""``: timed itself."""
 
 
+class _Timed(Protocol):
+    name: str
+    nodes: Sequence[str]
+    forward_s: float
+    backward_s: float
+    timed_as: str
+
+
+class Timings(Protocol):
+    """What ``hf_ftpipe.runtime.block_timing.time_blocks`` returns (plain data: the runtime does not
+    import the cost model)."""
+
+    blocks: Sequence[_Timed]
+    dtype: str
+    device: str
+    warmup: int
+    repeats: int
+
+
 @dataclass(frozen=True, kw_only=True)
 class CostTable:
     """Measured forward and backward time of every block of one traced graph (see the module docstring)."""
@@ -129,6 +151,32 @@ class CostTable:
             )
         if problems:
             raise CostTableError("; ".join(problems))
+
+    @classmethod
+    def from_timings(
+        cls, graph: CostGraph, timings: Timings, profile: GPUProfile, info: dict[str, str] | None = None
+    ) -> CostTable:
+        """The table of ``timings`` of ``graph``'s blocks; each op's share of its block is its share of
+        the block's roofline time on ``profile`` (the local device's: only ratios within a block matter),
+        equal shares where the roofline gives the block none."""
+        roofline = node_costs(graph, profile, timings.dtype)
+        shares = {}
+        for block in timings.blocks:
+            forward = math.fsum(roofline[n].forward_s for n in block.nodes)
+            backward = math.fsum(roofline[n].backward_s for n in block.nodes)
+            for n in block.nodes:
+                shares[n] = [
+                    roofline[n].forward_s / forward if forward > 0 else 1.0 / len(block.nodes),
+                    roofline[n].backward_s / backward if backward > 0 else 1.0 / len(block.nodes),
+                ]
+        return cls(
+            key=CostKey.of(graph, dtype=timings.dtype, device=timings.device),
+            blocks=[BlockTime(b.name, list(b.nodes), b.forward_s, b.backward_s, b.timed_as) for b in timings.blocks],
+            shares=shares,
+            repeats=timings.repeats,
+            warmup=timings.warmup,
+            info=dict(info or {}),
+        )
 
     @property
     def num_timed(self) -> int:
@@ -187,8 +235,6 @@ class CostTable:
 
 def cache_path(key: CostKey) -> Path:
     """Where the table for ``key`` is cached: ``$HF_HOME/hf_ftpipe/costs/<model class>-<key digest>.json``."""
-    from hf_ftpipe.hub.store import cache_root  # huggingface_hub's defaults, read once there
-
     model = "".join(c if c.isalnum() or c in "-_." else "_" for c in key.model_class) or "model"
     return cache_root() / "costs" / f"{model}-{key.digest()}.json"
 

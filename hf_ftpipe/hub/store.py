@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from hf_ftpipe._cache import cache_root
 from hf_ftpipe.errors import HubError, PartitionFormatError
 from hf_ftpipe.plan.partition import FORMAT_VERSION, Partition, PartitionKey
 
@@ -45,15 +46,6 @@ _PATH = re.compile(
     r"(?P<gpu_profile>[^/]+)x(?P<num_gpus>\d+)/(?P<schedule>[^-/]+)-mb(?P<num_microbatches>\d+)-"
     r"(?P<dtype>[^-/]+)-(?P<key_digest>[0-9a-f]{16})\.json$"
 )
-
-
-def cache_root() -> Path:
-    """hf_ftpipe's cache folder, ``$HF_HOME/hf_ftpipe`` (huggingface_hub's default home without ``HF_HOME``):
-    plans under ``partitions/``, measured cost tables under ``costs/``."""
-    from huggingface_hub import constants
-
-    home = os.environ.get("HF_HOME")
-    return (Path(os.path.expanduser(home)) if home else Path(constants.HF_HOME)) / "hf_ftpipe"
 
 
 def _safe(part: str) -> str:

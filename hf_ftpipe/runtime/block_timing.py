@@ -8,37 +8,41 @@ runs first, the median of the timed ones kept. Blocks with equal signatures (the
 stack) are timed once, so a full-size model is profiled in a handful of blocks. Only the timed
 blocks' weights are made, randomly, on the device: the model itself may live on the meta device.
 
-The timing core (`median_times`) is shared with TeraPipe's slice timing
-(`hf_ftpipe.runtime.slice_timing`)::
-
-    table = profile_model(model, sample_inputs, dtype="bfloat16", device=torch.device("cuda"))
-    table.save("measured.json")
+The timings are plain data, as the runtime does not import the cost model:
+``hf_ftpipe.costmodel.CostTable.from_timings`` makes the table of them (``hf_ftpipe.profile_model``
+does both). The timing core (`median_times`) is shared with TeraPipe's slice timing
+(`hf_ftpipe.runtime.slice_timing`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import torch
 
-from hf_ftpipe.costmodel.measured import BlockTime, CostKey, CostTable
-from hf_ftpipe.costmodel.op_time import node_costs
-from hf_ftpipe.costmodel.profiles import canonical_dtype
 from hf_ftpipe.graph.cost_graph import CostGraph
-from hf_ftpipe.graph.trace import TracedModel, capture_model
+from hf_ftpipe.graph.trace import TracedModel
 from hf_ftpipe.plan.blocks import Block, blocks_of
 from hf_ftpipe.plan.keys import params_dtype
-from hf_ftpipe.plan.partition import collect_versions
 from hf_ftpipe.runtime.shapes import ShapeBook
 from hf_ftpipe.runtime.stage import StageSpec, build_stage_module, plan_stages
 
-__all__ = ["cached_profile", "device_name", "median_times", "profile_blocks", "profile_model", "progress"]
+__all__ = [
+    "BlockTimings",
+    "TimedBlock",
+    "default_device",
+    "device_name",
+    "dtype_name",
+    "median_times",
+    "progress",
+    "time_blocks",
+]
 
 
 def median_times(
@@ -82,28 +86,28 @@ def device_name(device: torch.device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
 
 
-def profile_model(
-    model: torch.nn.Module,
-    sample_inputs: Mapping[str, Any],
-    *,
-    dtype: str | None = None,
-    device: torch.device | None = None,
-    warmup: int = 1,
-    repeats: int = 3,
-    show_progress: bool = True,
-) -> CostTable:
-    """Trace ``model`` at ``sample_inputs``' shapes (meta tensors are fine) and `profile_blocks` it."""
-    return profile_blocks(
-        capture_model(model, sample_inputs),
-        dtype=dtype,
-        device=device,
-        warmup=warmup,
-        repeats=repeats,
-        show_progress=show_progress,
-    )
+class TimedBlock(NamedTuple):
+    """One block's measured time (``timed_as``: the block whose time it reuses, ``""`` when timed itself)."""
+
+    name: str
+    nodes: tuple[str, ...]
+    forward_s: float
+    backward_s: float
+    timed_as: str
 
 
-def profile_blocks(
+@dataclass(frozen=True)
+class BlockTimings:
+    """What `time_blocks` measured, as plain data (``CostTable.from_timings`` makes the table of it)."""
+
+    blocks: list[TimedBlock]
+    dtype: str
+    device: str
+    warmup: int
+    repeats: int
+
+
+def time_blocks(
     traced: TracedModel,
     *,
     dtype: str | None = None,
@@ -111,8 +115,8 @@ def profile_blocks(
     warmup: int = 1,
     repeats: int = 3,
     show_progress: bool = True,
-) -> CostTable:
-    """Time one block per signature of ``traced`` on ``device`` and return the `CostTable` of every block.
+) -> BlockTimings:
+    """Time one block per signature of ``traced`` on ``device``; every block gets its kind's time.
 
     Args:
         dtype (`str`, *optional*): the compute dtype (default: the weights'). Another dtype than the
@@ -123,10 +127,10 @@ def profile_blocks(
     """
     if repeats < 1 or warmup < 0:
         raise ValueError(f"`repeats` must be ≥ 1 and `warmup` ≥ 0, got {repeats} and {warmup}")
-    device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = device or default_device()
     graph = traced.cost_graph
     weights_dtype = params_dtype(graph)
-    dtype = canonical_dtype(dtype) if dtype is not None else weights_dtype
+    dtype = dtype_name(dtype) if dtype is not None else weights_dtype
     blocks = blocks_of(graph)
     first: dict[str, Block] = {}
     for block in blocks:
@@ -145,43 +149,39 @@ def profile_blocks(
         with torch.autocast(device.type, dtype=getattr(torch, dtype)) if autocast else contextlib.nullcontext():
             forward_s, backward_s = median_times(runner.phases, warmup=warmup, repeats=repeats, device=device)
         timed[signature] = (forward_s, backward_s if runner.has_backward else 0.0)
-        del runner
+        del runner  # its weights: the next block's may not fit beside them
         if bar is not None:
             bar.update(1)
     if bar is not None:
         bar.close()
-    return CostTable(
-        key=CostKey.of(graph, dtype=dtype, device=device_name(device)),
+    return BlockTimings(
         blocks=[
-            BlockTime(
+            TimedBlock(
                 block.name,
-                list(block.nodes),
+                block.nodes,
                 *timed[block.signature],
                 timed_as="" if first[block.signature] is block else first[block.signature].name,
             )
             for block in blocks
         ],
-        shares=_roofline_shares(graph, blocks, dtype),
-        repeats=repeats,
+        dtype=dtype,
+        device=device_name(device),
         warmup=warmup,
-        info=collect_versions(),
+        repeats=repeats,
     )
 
 
-def cached_profile(traced: TracedModel, *, dtype: str | None = None, device: torch.device | None = None) -> CostTable:
-    """The cost table of ``traced`` on ``device`` from the cache (``$HF_HOME/hf_ftpipe/costs/``), else
-    `profile_blocks` and cache it: what ``PipeTrainingArguments(cost_table="measured")`` uses."""
-    from hf_ftpipe.costmodel.measured import cache_path
+def default_device() -> torch.device:
+    """CUDA's current device when there is one, else the CPU: where a profile runs unless told."""
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
-    device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    graph = traced.cost_graph
-    key = CostKey.of(graph, dtype=canonical_dtype(dtype) if dtype else params_dtype(graph), device=device_name(device))
-    path = cache_path(key)
-    if path.is_file():
-        return CostTable.load(path, expected_key=key)
-    table = profile_blocks(traced, dtype=key.dtype, device=device)
-    table.save(path)
-    return table
+
+def dtype_name(dtype: str) -> str:
+    """``"bf16"``-free canonical name of a torch dtype (``"bfloat16"``); a `ValueError` naming the valid ones."""
+    value = getattr(torch, str(dtype).removeprefix("torch."), None)
+    if not isinstance(value, torch.dtype):
+        raise ValueError(f"unknown dtype {dtype!r}; use a torch dtype name such as float32, bfloat16 or float16")
+    return str(value).removeprefix("torch.")
 
 
 class _BlockRunner:
@@ -253,21 +253,3 @@ def _random(shape: Any, dtype: torch.dtype, device: torch.device) -> torch.Tenso
 
 def _torch_dtype(name: str | None) -> torch.dtype:
     return getattr(torch, (name or "float32").removeprefix("torch."))
-
-
-def _roofline_shares(graph: CostGraph, blocks: list[Block], dtype: str) -> dict[str, list[float]]:
-    """Each op's share of its block's forward and backward roofline time on this machine's profile
-    (only the ratios between a block's ops matter); equal shares where the roofline gives none."""
-    from hf_ftpipe.costmodel.profiles import detect_profile
-
-    roofline = node_costs(graph, detect_profile(1), dtype)
-    shares = {}
-    for block in blocks:
-        forward = math.fsum(roofline[n].forward_s for n in block.nodes)
-        backward = math.fsum(roofline[n].backward_s for n in block.nodes)
-        for n in block.nodes:
-            shares[n] = [
-                roofline[n].forward_s / forward if forward > 0 else 1.0 / len(block.nodes),
-                roofline[n].backward_s / backward if backward > 0 else 1.0 / len(block.nodes),
-            ]
-    return shares

@@ -169,12 +169,11 @@ def _cost_table(args: PipeTrainingArguments, traced: TracedModel) -> CostTable |
         return None
     if args.cost_table != "measured":
         return CostTable.load(args.cost_table)  # checked against the graph when the partitioner prices it
-    from hf_ftpipe.runtime.block_timing import cached_profile
+    from hf_ftpipe.trainer.measured_costs import cached_profile
 
-    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-    dtype = "bfloat16" if args.bf16 else "float16" if args.fp16 else None
+    dtype = "bfloat16" if args.bf16 else "float16" if args.fp16 else None  # what autocast will run in
     start = time.perf_counter()
-    table = cached_profile(traced, dtype=dtype, device=device)
+    table = cached_profile(traced, dtype=dtype)  # on this rank's device
     elapsed_s = time.perf_counter() - start
     logger.info("measured costs: %d blocks on %s (%.1f s)", len(table.blocks), table.key.device, elapsed_s)
     return table

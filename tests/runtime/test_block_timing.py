@@ -9,13 +9,15 @@ import time
 import pytest
 import torch
 
-from hf_ftpipe.runtime.block_timing import median_times, profile_blocks
+from hf_ftpipe.costmodel import CostTable, get_profile
+from hf_ftpipe.runtime.block_timing import median_times, time_blocks
 from tests.helpers.cost_tables import tiny_gpt2_traced
 
 
 def test_profile_times_one_block_per_layer_type() -> None:
     traced = tiny_gpt2_traced(4)
-    table = profile_blocks(traced, device=torch.device("cpu"), warmup=1, repeats=2, show_progress=False)
+    timings = time_blocks(traced, device=torch.device("cpu"), warmup=1, repeats=2, show_progress=False)
+    table = CostTable.from_timings(traced.cost_graph, timings, get_profile("cpu"))
     names = [b.name for b in table.blocks]
     assert names == ["transformer", *[f"transformer.h.{i}" for i in range(4)], "transformer.ln_f"]
     assert table.num_timed == 3 < len(table.blocks)  # before the layers, one layer, after them

@@ -123,6 +123,7 @@ def _run_partition(args: argparse.Namespace) -> int:
         "chosen_by_auto": args.partitioner == "auto",
         **{k: v for k, v in result.to_dict().items() if k not in ("partitioner", "error", "skipped")},
         "gpus": gpu_rows(plan),
+        "costs": args.costs,
         "output": args.output,
     }
     if args.json:

@@ -33,8 +33,9 @@ def test_profile_then_plan_and_show_with_measured_costs(tmp_path: Path) -> None:
     assert Path(printed["cached"]) == cache_path(table.key) and cache_path(table.key).is_file()
 
     plan_args = ["partition", model, *shape, "--gpus", "2", "--gpu-profile", "a100-80gb", "--partitioner", "seq-dp"]
-    code, _, err = run(*plan_args, "--costs", costs, "-o", str(tmp_path / "measured-plan.json"))
+    code, out, err = run(*plan_args, "--costs", costs, "-o", str(tmp_path / "measured-plan.json"))
     assert code == 0, err
+    assert f"on 2 × a100-80gb; op times measured ({costs})" in out
     measured_plan = json.loads((tmp_path / "measured-plan.json").read_text())
     node_costs = table.node_costs()
     stage0 = [n for n, s in measured_plan["node_stage"].items() if s == 0]

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from hf_ftpipe.graph.token_slices import SlicedModel
-from hf_ftpipe.plan.blocks import signature_of
+from hf_ftpipe.plan.blocks import blocks_of, signature_of
 from hf_ftpipe.runtime.block_timing import median_times, progress
 from hf_ftpipe.runtime.prefix_attention import SequenceKV
 from hf_ftpipe.runtime.stage import StageSpec, build_stage_module, plan_stages
@@ -124,46 +124,60 @@ def time_stages(
     repeats: int = 3,
     show_progress: bool = True,
 ) -> list[Sample]:
-    """Every stage of ``node_stage`` timed in this one process at each point of ``grid``, the slowest
-    stage per point: TeraPipe's DP takes the pipeline's stages as equal, so the slowest sets the pace.
+    """The slowest stage of ``node_stage`` at each point of ``grid``, timed in this one process:
+    TeraPipe's DP takes the pipeline's stages as equal, so the slowest sets the pace.
 
-    Stages that do the same work (equal `signature_of`: the middle stages of a split on layer
-    boundaries, `plan.blocks.layer_stages`) are timed once. How many stages and points run is said
-    up front, and a progress bar counts them (stderr, unless ``show_progress`` is off).
-    The stages are built on ``sliced``'s own model (its weights get gradients): time a model made for
-    timing, e.g. from its config.
+    Where the stages are cut on block boundaries (`plan.blocks.layer_stages`), each kind of block
+    (`plan.blocks`: a layer, the ops before and after the layers) is timed once per point and a
+    stage's time is the sum of its blocks': GPT2-XL on 8 stages is 3 blocks per point, not 8 stages
+    of 6 layers. Otherwise stages are the units, and equal ones (`signature_of`) are timed once.
+    How many units and points run is said up front, and a progress bar counts them (stderr,
+    unless ``show_progress`` is off). The units are built on ``sliced``'s own model (its weights
+    get gradients): time a model made for timing, e.g. from its config.
     """
     whole = sliced.full
     graph = whole.cost_graph
-    specs = plan_stages(graph, node_stage)
-    distinct: dict[str, int] = {}
-    for s, spec in enumerate(specs):
-        distinct.setdefault(signature_of(graph, spec.nodes), s)
-    timed = sorted(distinct.values())
+    blocks = blocks_of(graph)
+    if all(len({node_stage[n] for n in b.nodes}) == 1 for b in blocks):
+        unit_of = {n: u for u, b in enumerate(blocks) for n in b.nodes}
+        what = "blocks"
+    else:
+        unit_of, what = dict(node_stage), "stages"
+    specs = plan_stages(graph, unit_of)
+    stage_units: dict[int, list[int]] = {}
+    for u, spec in enumerate(specs):
+        stage_units.setdefault(node_stage[spec.nodes[0]], []).append(u)
+    representative: dict[str, int] = {}
+    same_as = [representative.setdefault(signature_of(graph, spec.nodes), u) for u, spec in enumerate(specs)]
+    timed = sorted(representative.values())
     modules = {
-        s: build_stage_module(whole.graph_module, specs[s], whole.canonical_names, whole.tensors, device).to(device)
-        for s in timed
+        u: build_stage_module(whole.graph_module, specs[u], whole.canonical_names, whole.tensors, device).to(device)
+        for u in timed
     }
-    slicing = TokenSlicing(sliced, specs, node_stage, modules, device)
+    slicing = TokenSlicing(sliced, specs, unit_of, modules, device)
     points = list(grid)
     if show_progress:
         print(
-            f"timing {len(timed)} of {len(specs)} stages (the others repeat one) at {len(points)} (slice, context) "
+            f"timing {len(timed)} of {len(specs)} {what} (the others repeat one) at {len(points)} (slice, context) "
             f"points: {len(timed) * len(points)} timings of 1 warm-up + {repeats} runs",
             file=sys.stderr,
         )
     bar = progress(len(timed) * len(points), "timing slices") if show_progress else None
-    per_stage = []
-    for s in timed:
-        samples = []
+    times: dict[int, list[Sample]] = {}
+    for u in timed:
+        times[u] = []
         for point in points:
-            samples.extend(time_slice_grid(slicing, s, microbatch, [point], repeats=repeats))
+            times[u].extend(time_slice_grid(slicing, u, microbatch, [point], repeats=repeats))
             if bar is not None:
                 bar.update(1)
-        per_stage.append(samples)
     if bar is not None:
         bar.close()
-    return [max(samples, key=lambda sample: sample[3]) for samples in zip(*per_stage, strict=True)]
+    samples = []
+    for p, (s, c) in enumerate(points):
+        batch_size = times[timed[0]][p][2]
+        slowest = max(sum(times[same_as[u]][p][3] for u in units) for units in stage_units.values())
+        samples.append((s, c, batch_size, slowest))
+    return samples
 
 
 def _kv_shapes(

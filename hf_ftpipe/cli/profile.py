@@ -61,11 +61,15 @@ def _run_profile(args: argparse.Namespace) -> int:
     from hf_ftpipe.graph.sources import load_model_for_planning, sample_inputs_for
     from hf_ftpipe.graph.trace import capture_model
     from hf_ftpipe.plan.partition import collect_versions
-    from hf_ftpipe.runtime.block_timing import time_blocks
+    from hf_ftpipe.runtime.block_timing import dtype_name, time_blocks
 
     for name in ("seq_len", "batch_size", "repeats"):
         if getattr(args, name) < 1:
             raise ProfileError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    dtype = dtype_name(args.dtype) if args.dtype else None  # a wrong name fails before the trace
+    device = torch.device(args.device) if args.device else None
+    if device is not None and device.type == "cuda" and not torch.cuda.is_available():
+        raise ProfileError(f"--device {args.device}: no CUDA device is visible here; drop --device to time on the CPU")
     started = time.perf_counter()
     model = load_model_for_planning(args.model, task=args.task)
     inputs = sample_inputs_for(
@@ -73,9 +77,8 @@ def _run_profile(args: argparse.Namespace) -> int:
     )
     traced = capture_model(model, inputs)
     print(f"traced {traced.cost_graph.model_class} in {time.perf_counter() - started:.1f} s", file=sys.stderr)
-    device = torch.device(args.device) if args.device else None
     # as hf_ftpipe.profile_model does (cli and trainer sit side by side: neither imports the other)
-    timings = time_blocks(traced, dtype=args.dtype, device=device, warmup=args.warmup, repeats=args.repeats)
+    timings = time_blocks(traced, dtype=dtype, device=device, warmup=args.warmup, repeats=args.repeats)
     table = CostTable.from_timings(traced.cost_graph, timings, detect_profile(1), info=collect_versions())
     cached = cache_path(table.key)
     table.save(cached)

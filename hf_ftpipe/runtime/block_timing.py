@@ -26,6 +26,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from hf_ftpipe.errors import ProfileError
 from hf_ftpipe.graph.cost_graph import CostGraph
 from hf_ftpipe.graph.trace import TracedModel
 from hf_ftpipe.plan.blocks import Block, blocks_of
@@ -177,10 +178,10 @@ def default_device() -> torch.device:
 
 
 def dtype_name(dtype: str) -> str:
-    """``"bf16"``-free canonical name of a torch dtype (``"bfloat16"``); a `ValueError` naming the valid ones."""
+    """The name of a torch dtype (``"bfloat16"`` for ``"torch.bfloat16"``); a `ProfileError` for anything else."""
     value = getattr(torch, str(dtype).removeprefix("torch."), None)
     if not isinstance(value, torch.dtype):
-        raise ValueError(f"unknown dtype {dtype!r}; use a torch dtype name such as float32, bfloat16 or float16")
+        raise ProfileError(f"unknown dtype {dtype!r}; use a torch dtype name such as float32, bfloat16 or float16")
     return str(value).removeprefix("torch.")
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import math
 from dataclasses import replace
@@ -9,8 +11,15 @@ from pathlib import Path
 
 import transformers
 
+from hf_ftpipe.cli import parser as cli
 from hf_ftpipe.costmodel.measured import CostTable, cache_path
-from tests.cli.test_plans import run
+
+
+def run(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli.main(list(argv))
+    return code, out.getvalue(), err.getvalue()
 
 
 def test_profile_then_plan_and_show_with_measured_costs(tmp_path: Path) -> None:

@@ -8,13 +8,13 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from cost_tables import roofline_table, tiny_gpt2_traced
 
 from hf_ftpipe.costmodel import get_profile
 from hf_ftpipe.costmodel.measured import CostTable, cache_path
 from hf_ftpipe.errors import CostTableError, PartitionError
 from hf_ftpipe.partitioners.registry import run_partitioner
 from hf_ftpipe.plan.request import PlanRequest
-from tests.helpers.cost_tables import roofline_table, tiny_gpt2_traced
 
 # Links so fast that the tiny model's plan is cut by compute alone, as a large model's is.
 PROFILE = replace(get_profile("a100-80gb", count=2), link_latency_s=0.0, link_bandwidth_bytes_per_s=1e18)

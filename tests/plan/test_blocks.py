@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from cost_tables import tiny_gpt2_traced
+
 from hf_ftpipe.plan.blocks import blocks_of, layer_stages, signature_of
-from tests.helpers.cost_tables import tiny_gpt2_traced
 
 
 def test_layer_stages_give_equal_middle_stages() -> None:

@@ -8,10 +8,10 @@ import time
 
 import pytest
 import torch
+from cost_tables import tiny_gpt2_traced
 
 from hf_ftpipe.costmodel import CostTable, get_profile
 from hf_ftpipe.runtime.block_timing import median_times, time_blocks
-from tests.helpers.cost_tables import tiny_gpt2_traced
 
 
 def test_profile_times_one_block_per_layer_type() -> None:

@@ -41,9 +41,10 @@ def test_a_negative_time_budget_is_refused(tmp_path: Path, budget: float) -> Non
 def test_cost_table_measured_profiles_once_then_reads_the_cache(tmp_path: Path) -> None:
     from dataclasses import replace
 
+    from cost_tables import roofline_table, tiny_gpt2_traced
+
     from hf_ftpipe.costmodel import get_profile
     from hf_ftpipe.costmodel.measured import CostTable, cache_path
-    from tests.helpers.cost_tables import roofline_table, tiny_gpt2_traced
 
     traced = tiny_gpt2_traced(4)
     microbatch = {"input_ids": torch.ones(2, 8, dtype=torch.long)}

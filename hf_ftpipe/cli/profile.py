@@ -45,6 +45,11 @@ def add_profile_command(commands: Any) -> None:
     profile.add_argument("--attention-mask", action="store_true", help="trace with an attention_mask input")
     profile.add_argument("--dtype", help="compute dtype, e.g. bfloat16 (autocast; default: the weights')")
     profile.add_argument("--device", help="torch device to time on (default: cuda when available, else cpu)")
+    profile.add_argument(
+        "--threads",
+        type=int,
+        help="CPU: torch threads to time with, as many as each rank of the run will have (default: torch's)",
+    )
     profile.add_argument("--repeats", type=int, default=3, help="timed runs per block, median kept (default: 3)")
     profile.add_argument("--warmup", type=int, default=1, help="untimed runs per block first (default: 1)")
     profile.add_argument("--out", help="also write the table to this file (it is always cached under HF_HOME)")
@@ -66,6 +71,10 @@ def _run_profile(args: argparse.Namespace) -> int:
     for name in ("seq_len", "batch_size", "repeats"):
         if getattr(args, name) < 1:
             raise ProfileError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ProfileError(f"--threads must be at least 1, got {args.threads}")
+        torch.set_num_threads(args.threads)  # a CPU block's time depends on it (and on what else runs)
     dtype = dtype_name(args.dtype) if args.dtype else None  # a wrong name fails before the trace
     device = torch.device(args.device) if args.device else None
     if device is not None and device.type == "cuda" and not torch.cuda.is_available():

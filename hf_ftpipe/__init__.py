@@ -36,6 +36,8 @@ _HOMES = {
     "get_profile": "hf_ftpipe.costmodel",
     "list_profiles": "hf_ftpipe.costmodel",
     "PipelineEngine": "hf_ftpipe.runtime",
+    "SimulationResult": "hf_ftpipe.simulator",
+    "simulate": "hf_ftpipe.simulator",
     "profile_model": "hf_ftpipe.trainer.measured_costs",
 }
 __all__ = ["__version__", *sorted(_HOMES)]

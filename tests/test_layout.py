@@ -39,6 +39,7 @@ _BELOW_THE_TOP = {
     "partitioners",
     "runtime",
     "hub",
+    "simulator",
 }
 ALLOWED: dict[str, set[str]] = {
     "model_configs": set(),  # data: the paper's model configs
@@ -48,7 +49,9 @@ ALLOWED: dict[str, set[str]] = {
     # A cost is estimated over a traced CostGraph, hence graph.
     "costmodel": {"schedules", "graph"},
     "plan": {"costmodel", "schedules", "graph"},
-    "partitioners": {"plan", "costmodel", "schedules", "graph"},
+    # A simulated step time can rank candidate plans (`auto`'s rank_by="simulated").
+    "simulator": {"plan", "costmodel", "schedules", "graph"},
+    "partitioners": {"simulator", "plan", "costmodel", "schedules", "graph"},
     "runtime": {"graph", "plan", "schedules"},
     "hub": {"plan", "partitioners", "costmodel", "graph"},
     # On top, side by side: neither imports the other.
@@ -73,7 +76,7 @@ def _import_everything(package: str) -> str:
     return f"import {package} as package\nfor name in package.__all__:\n    getattr(package, name)"
 
 
-@pytest.mark.parametrize("package", ["schedules", "costmodel", "plan", "partitioners"])
+@pytest.mark.parametrize("package", ["schedules", "costmodel", "plan", "simulator", "partitioners"])
 def test_planning_loads_neither_torch_nor_transformers_nor_the_hub_client(package: str) -> None:
     # `import torch` loads torch.distributed: watching it catches any import of torch.
     loaded = _run(_import_everything(f"hf_ftpipe.{package}"), ["torch.distributed", "transformers", "huggingface_hub"])

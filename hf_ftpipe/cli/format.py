@@ -11,6 +11,7 @@ import argparse
 from typing import Any
 
 from hf_ftpipe._units import GiB, MiB
+from hf_ftpipe.cli.simulate import simulated_figures
 from hf_ftpipe.costmodel.profiles import GPUProfile, list_profiles
 from hf_ftpipe.errors import PartitionError
 from hf_ftpipe.graph.cost_graph import CostGraph
@@ -99,6 +100,7 @@ def plan_summary(plan: Partition) -> dict[str, Any]:
         "stages": stages,
         "stage_edges": [{"source": s, "destination": t, "mib": b / MiB} for s, t, b in p.stage_edges],
         "versions": dict(plan.versions),
+        **simulated_figures(plan),
     }
 
 
@@ -124,6 +126,7 @@ def format_plan(plan: Partition, *, source: str | None = None) -> str:
         f"micro-batch on the slowest GPU, ideal {summary['ideal_step_time_ms']:.1f} ms "
         f"(worst GPU / ideal {summary['worst_over_ideal']:.3f}), peak memory {summary['max_memory_fraction']:.0%} "
         "of a GPU",
+        _simulated_line(summary),
         "",
     ]
     rows = [["GPU", "stages", "ops", "compute ms", "send ms", "recv grad ms", "cost ms", "/ ideal",
@@ -184,6 +187,18 @@ def format_plan(plan: Partition, *, source: str | None = None) -> str:
     if not summary["stage_edges"] and plan.num_stages > 1:
         lines.append("  (this file predates recorded stage edges: `feeds` is unknown)")
     return "\n".join(lines)
+
+
+def _simulated_line(summary: dict[str, Any]) -> str:
+    """The simulated step of the plan's schedule beside the analytical one (fill and drain, waits)."""
+    if summary["simulated_step_ms"] is None:
+        return f"simulated: not possible ({summary['why_not']})"
+    analytical = summary["analytical_step_ms"]
+    return (
+        f"simulated: {summary['simulated_step_ms']:.1f} ms per step of {summary['num_microbatches']} micro-batches, "
+        f"bubble {summary['simulated_bubble']:.1%}; analytical {analytical:.1f} ms ({summary['num_microbatches']} × "
+        "the slowest GPU); hf-ftpipe simulate draws the timeline"
+    )
 
 
 def _ranges(values: list[int]) -> str:
@@ -295,8 +310,9 @@ def format_partition(summary: dict[str, Any], report: list) -> str:
 def format_compare(rows: list[dict[str, Any]]) -> str:
     """``hf-ftpipe compare``'s table: one row per partitioner, then `auto` and what it chose."""
     cells = [
-        ["partitioner", "fits", "samples/s", "worst/ideal", "peak GiB", "of capacity", "stages", "per GPU", "time s"]
-    ]
+        ["partitioner", "fits", "samples/s", "worst/ideal", "sim step s", "sim/analytic", "peak GiB", "of capacity",
+         "stages", "per GPU", "time s"]
+    ]  # fmt: skip
     for row in rows:
         has_plan = row["step_time_s"] is not None
         name = row["partitioner"] + (" *" if row["best"] else "")
@@ -308,6 +324,7 @@ def format_compare(rows: list[dict[str, Any]]) -> str:
                 "yes" if row["feasible"] else ("skipped" if row["skipped"] else "no"),
                 f"{row['throughput_samples_per_s']:.2f}" if has_plan else "-",
                 f"{row['worst_over_ideal']:.3f}" if has_plan else "-",
+                *_simulated_cells(row),
                 f"{max(row['memory_gib_per_gpu']):.2f}" if has_plan else "-",
                 f"{row['max_memory_fraction']:.0%}" if has_plan else "-",
                 str(row["num_stages"]) if has_plan else "-",
@@ -316,6 +333,15 @@ def format_compare(rows: list[dict[str, Any]]) -> str:
             ]
         )
     return table(cells)
+
+
+def _simulated_cells(row: dict[str, Any]) -> list[str]:
+    """The simulated step (per mini-batch) and its ratio to the analytical one (micro-batches × the
+    slowest GPU's time per micro-batch)."""
+    simulated, analytical = row.get("simulated_step_s"), row.get("analytical_step_s")
+    if simulated is None:
+        return ["-", "-"]
+    return [f"{simulated:.2f}", f"{simulated / analytical:.3f}" if analytical else "-"]
 
 
 def _stages_per_gpu(counts: list[int]) -> str:

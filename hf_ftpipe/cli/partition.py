@@ -86,25 +86,40 @@ def add_partition_commands(commands: Any) -> None:
         command.add_argument("--json", action="store_true", help="print JSON instead of a table")
     partition.add_argument("--partitioner", default="auto", help="a registered partitioner (default: auto)")
     partition.add_argument("-o", "--output", help="write the plan to this JSON file")
+    partition.add_argument(
+        "--rank-by",
+        choices=["predicted", "simulated"],
+        default="predicted",
+        help="auto: keep the plan with the shortest predicted step (default) or simulated step (hf-ftpipe simulate)",
+    )
     partition.set_defaults(run=_run_partition)
     compare.set_defaults(run=_run_compare)
 
 
 def _run_partition(args: argparse.Namespace) -> int:
     from hf_ftpipe.cli.format import format_partition, gpu_rows
+    from hf_ftpipe.cli.simulate import simulated_figures
     from hf_ftpipe.costmodel.estimate import usable_capacity
+    from hf_ftpipe.errors import PartitionError
     from hf_ftpipe.partitioners.auto import partition_auto, result_of
     from hf_ftpipe.partitioners.registry import get_partitioner
     from hf_ftpipe.plan.validate import validate_partition
 
     request = _Request(args)
     get_partitioner(args.partitioner)  # an unknown name fails before the trace
+    if args.rank_by != "predicted" and args.partitioner != "auto":
+        raise PartitionError(f"--rank-by chooses among auto's candidates; {args.partitioner!r} makes one plan")
     graph = request.trace()
     started = time.perf_counter()
     report: list = []
     if args.partitioner == "auto":
         plan = partition_auto(
-            graph, request.profile, **request.options, time_budget_s=args.time_budget_s, report=report
+            graph,
+            request.profile,
+            **request.options,
+            time_budget_s=args.time_budget_s,
+            report=report,
+            rank_by=args.rank_by,
         )
     else:
         plan = get_partitioner(args.partitioner)(graph, request.profile, **request.options)
@@ -125,6 +140,8 @@ def _run_partition(args: argparse.Namespace) -> int:
         "gpus": gpu_rows(plan),
         "costs": args.costs,
         "output": args.output,
+        "rank_by": args.rank_by,
+        **simulated_figures(plan, request.profile),
     }
     if args.json:
         print(json.dumps(summary, indent=1))
@@ -141,6 +158,7 @@ def _run_compare(args: argparse.Namespace) -> int:
         compare_partitioners,
         no_plan_fits,
         reason_line,
+        simulate_results,
     )
 
     request = _Request(args)
@@ -149,6 +167,7 @@ def _run_compare(args: argparse.Namespace) -> int:
     report = compare_partitioners(
         graph, request.profile, **request.options, time_budget_s=args.time_budget_s, unlimited_figures=True
     )
+    simulate_results(report, request.profile)  # beside each prediction, its simulated step
     best = best_result(report)
     if best is not None:  # auto is the best of the others, timed as running them all
         auto = PartitionerResult(**{**best.__dict__, "partitioner": "auto", "time_s": time.perf_counter() - started})
@@ -156,8 +175,15 @@ def _run_compare(args: argparse.Namespace) -> int:
     else:
         why = no_plan_fits(graph, request.profile, report, **request.options).message("cli")
         auto = PartitionerResult(partitioner="auto", feasible=False, time_s=time.perf_counter() - started, error=why)
-    rows = [{**r.to_dict(), "best": r is best} for r in report]
-    rows.append({**auto.to_dict(), "best": False, "chosen": best.partitioner if best else None})
+    per_step = args.num_microbatches  # the prediction is per micro-batch; the simulated step per mini-batch
+    rows = [
+        {**r.to_dict(), "best": r is best, "analytical_step_s": r.step_time_s and r.step_time_s * per_step}
+        for r in report
+    ]
+    analytical = auto.step_time_s and auto.step_time_s * per_step
+    rows.append(
+        {**auto.to_dict(), "best": False, "chosen": best.partitioner if best else None, "analytical_step_s": analytical}
+    )
     if args.json:
         print(json.dumps(rows, indent=1))
     else:

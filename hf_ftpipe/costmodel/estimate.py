@@ -50,6 +50,7 @@ __all__ = [
     "estimate_memory",
     "gpu_cost_s",
     "reprice",
+    "stage_traffic",
     "usable_capacity",
 ]
 
@@ -92,7 +93,7 @@ def estimate(
     # Recomputation runs each forward again just before its backward.
     forward_again = 1.0 if options.recompute else 0.0
 
-    edge_bytes, fwd_bytes, grad_bytes = _stage_traffic(graph, node_stage, stage_device)
+    edge_bytes, fwd_bytes, grad_bytes = stage_traffic(graph, node_stage, stage_device)
     model = StageMemory(graph, node_stage, stage_nodes, stage_device, num_microbatches, optimizer, schedule, options)
     stages = []
 
@@ -186,12 +187,12 @@ def gpu_cost_s(compute_s: float, comm_fwd_out_s: float, comm_bwd_in_s: float) ->
     return compute_s + max(0.0, comm_fwd_out_s - compute_s) + max(0.0, comm_bwd_in_s - compute_s)
 
 
-def _stage_traffic(
+def stage_traffic(
     graph: CostGraph, node_stage: Mapping[str, int], stage_device: Sequence[int]
 ) -> tuple[dict[tuple[int, int], int], dict[tuple[int, int], int], defaultdict[tuple[int, int], int]]:
     """Bytes per (source stage, destination stage): activations between any two stages (the
     stage graph), activations between stages on different GPUs, and the gradients that come back
-    for those of them that require grad."""
+    for those of them that require grad. One rule for the estimate and the simulator's messages."""
     edges: dict[tuple[int, int], int] = defaultdict(int)
     fwd: dict[tuple[int, int], int] = defaultdict(int)
     grad: defaultdict[tuple[int, int], int] = defaultdict(int)

@@ -8,7 +8,9 @@ FTPipe runs several partitioners and keeps the best predicted plan (Eliad et al.
 2. A plan is feasible when its partitioner returned one (a `PartitionError` means it found none)
    and `validate_partition` accepts it with each GPU's memory less the headroom.
 3. The best feasible plan has the lowest predicted step time (the slowest GPU, FTPipe's
-   objective); on a tie, the lowest peak memory fraction.
+   objective); on a tie, the lowest peak memory fraction. With ``rank_by="simulated"`` the lowest
+   simulated step time instead (`hf_ftpipe.simulator`: the schedule's fill, drain and waits on
+   messages included, which the steady-state objective leaves out).
 4. No feasible plan: `PlanDoesNotFitError` with each partitioner's reason and, once, what would
    fit: the memory per GPU and the number of these GPUs (``fit.FitAdvice``), with the fixes in
    the words of whoever reads it (the partition API's keywords by default).
@@ -24,7 +26,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from hf_ftpipe._units import GiB, format_bytes
 from hf_ftpipe.costmodel.profiles import GPUProfile
@@ -35,6 +37,7 @@ from hf_ftpipe.partitioners.registry import available_partitioners, register_par
 from hf_ftpipe.plan.partition import Partition
 from hf_ftpipe.plan.request import PlanOptions, PlanRequest
 from hf_ftpipe.plan.validate import validate_partition
+from hf_ftpipe.simulator.api import simulate
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -42,15 +45,19 @@ if TYPE_CHECKING:
 __all__ = [
     "NAME",
     "PartitionerResult",
+    "RankBy",
     "best_result",
     "compare_partitioners",
     "no_plan_fits",
     "partition_auto",
     "reason_line",
     "result_of",
+    "simulate_results",
 ]
 
 NAME = "auto"
+RankBy = Literal["predicted", "simulated"]
+"""What `auto` ranks feasible plans by: the cost model's step time, or the simulated one."""
 logger = logging.getLogger(__name__)
 # Cheap partitioners first, so a short budget still compares the baselines; others follow by name.
 _RUN_ORDER = ("uniform", "params", "seq-greedy", "seq-dp", "mixed")
@@ -80,6 +87,9 @@ class PartitionerResult:
     """Why the plan is infeasible or missing (``None`` when feasible)."""
     skipped: bool = False
     """Not run: the time budget was spent before its turn."""
+    simulated_step_s: float | None = None
+    """The simulated step of the plan's schedule, per mini-batch (`simulate_results` fills it)."""
+    simulated_bubble: float | None = None
     partition: Partition | None = field(default=None, repr=False)
     """The plan; when infeasible, the one it came closest with, if it made one (or one made
     without a memory limit, for ``unlimited_figures``)."""
@@ -136,6 +146,7 @@ def partition_auto(
     *,
     time_budget_s: float = 60.0,
     report: list[PartitionerResult] | None = None,
+    rank_by: RankBy = "predicted",
     **options: Unpack[PlanOptions],
 ) -> Partition:
     """The best feasible plan of every registered partitioner (see the module docstring).
@@ -143,28 +154,46 @@ def partition_auto(
     Args:
         time_budget_s (`float`, *optional*, defaults to 60): no partitioner starts after this.
         report (`list`, *optional*): receives one `PartitionerResult` per partitioner.
+        rank_by (`str`, *optional*, defaults to ``"predicted"``): ``"simulated"`` keeps the plan
+            whose simulated step is shortest.
 
     Raises:
         `PlanDoesNotFitError`: no partitioner found a plan that fits; the message says what would fit.
     """
+    if rank_by not in get_args(RankBy):
+        raise PartitionError(f"unknown `rank_by` {rank_by!r}; use one of {list(get_args(RankBy))}")
     results = compare_partitioners(graph, profile, num_stages, time_budget_s=time_budget_s, **options)
+    if rank_by == "simulated":
+        simulate_results(results, profile)
     if report is not None:
         report.extend(results)
-    best = best_result(results)
+    best = best_result(results, rank_by)
     if best is None:
         raise no_plan_fits(graph, profile, results, **options)
     logger.info("auto chose %s: %s", best.partitioner, _one_line(best))
     return best.partition  # type: ignore[return-value]  # feasible results carry their plan
 
 
-def best_result(results: Sequence[PartitionerResult]) -> PartitionerResult | None:
-    """The feasible result with the lowest step time; on a tie (1e-9 relative), the lowest peak memory."""
-    feasible = [r for r in results if r.feasible and r.step_time_s is not None]
+def best_result(results: Sequence[PartitionerResult], rank_by: RankBy = "predicted") -> PartitionerResult | None:
+    """The feasible result with the lowest step time (predicted, or simulated: `simulate_results`
+    first); on a tie (1e-9 relative), the lowest peak memory."""
+    time_of = (lambda r: r.step_time_s) if rank_by == "predicted" else (lambda r: r.simulated_step_s)
+    feasible = [r for r in results if r.feasible and time_of(r) is not None]
     if not feasible:
         return None
-    fastest = min(r.step_time_s for r in feasible)
-    tied = [r for r in feasible if r.step_time_s <= fastest * (1 + 1e-9)]
+    fastest = min(time_of(r) for r in feasible)
+    tied = [r for r in feasible if time_of(r) <= fastest * (1 + 1e-9)]
     return min(tied, key=lambda r: r.max_memory_fraction or 0.0)
+
+
+def simulate_results(results: Sequence[PartitionerResult], profile: GPUProfile) -> None:
+    """Fill each result's simulated step and bubble from its plan (`hf_ftpipe.simulator.simulate`
+    on the plan's schedule and micro-batches, over ``profile``'s link)."""
+    for result in results:
+        plan = result.partition
+        if plan is not None and plan.predicted is not None:
+            simulated = simulate(plan, profile=profile)
+            result.simulated_step_s, result.simulated_bubble = simulated.step_time_s, simulated.bubble_fraction
 
 
 def result_of(

@@ -37,7 +37,6 @@ from hf_ftpipe.runtime.microbatches import batch_losses, check_loss_weights, mea
 from hf_ftpipe.runtime.model_outputs import ModelOutputs
 from hf_ftpipe.runtime.per_shape import PerShapeOptions, PerShapeStages
 from hf_ftpipe.runtime.prediction import check_predictable
-from hf_ftpipe.runtime.programs import RankPrograms
 from hf_ftpipe.runtime.rank_stages import build_rank_stages
 from hf_ftpipe.runtime.rank_weights import RankWeights
 from hf_ftpipe.runtime.stage import plan_stages
@@ -48,6 +47,7 @@ from hf_ftpipe.runtime.token_slicing import TokenSlicing
 from hf_ftpipe.runtime.watchdog import Watchdog
 from hf_ftpipe.runtime.weight_sync import WeightSync
 from hf_ftpipe.schedules.orders import Schedule, StreamingSchedule, make_schedule
+from hf_ftpipe.schedules.programs import RankPrograms
 from hf_ftpipe.schedules.registry import SCHEDULES
 from hf_ftpipe.schedules.rules import in_flight
 

@@ -70,6 +70,8 @@ def test_compare_json_has_one_row_per_registered_partitioner() -> None:
     assert auto["feasible"] and auto["chosen"] in {row["partitioner"] for row in feasible}
     assert auto["throughput_samples_per_s"] == max(row["throughput_samples_per_s"] for row in feasible)
     assert all(row["max_memory_fraction"] <= 0.9 for row in feasible)
+    # Beside each prediction, the simulated step of its schedule: no shorter than the analytical one.
+    assert all(row["simulated_step_s"] >= row["analytical_step_s"] * (1 - 1e-9) for row in feasible)
 
 
 @pytest.mark.usefixtures("traces")

@@ -8,9 +8,12 @@ under still gets them. Only an exact plan can be compared with what the partitio
 re-anchored one is checked for its placement and prediction only.
 
 The full check traces T5-3B (two shapes), GPT2-XL and BERT-large on the meta device, each once,
-and re-runs each plan's winning partitioner: about a minute on 2 cores. When it fails after a
-change to tracing, costs or a partitioner, run ``hf-ftpipe regenerate-partitions`` and commit
-the result (its README table shows what changed).
+and re-runs the winning partitioner of every plan but two: T5-3B's BoolQ/MultiRC and RTE plans on
+8 × 2080 Ti take the mixed partitioner longest (a quarter of a minute each on 2 cores) and share
+their graph, GPUs and partitioner with WiC's, which is re-run. Those two are checked for the
+prediction instead: the cost model prices their placement on today's graph as it did when they
+were made. When the check fails after a change to tracing, costs or a partitioner, run
+``hf-ftpipe regenerate-partitions`` and commit the result (its README table shows what changed).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from hf_ftpipe.hub.catalog import (
     INDEX_FILE,
     GraphCache,
     partitioner_options,
+    plan_request,
     plan_spec,
     profile_of,
     read_index,
@@ -109,6 +113,10 @@ def test_every_shipped_plan_validates_and_matches_the_current_partitioner(graphs
     assert not problems, "run `hf-ftpipe regenerate-partitions` and commit the result:\n" + "\n".join(problems)
 
 
+NOT_REMADE = {"t5-3b/rtx2080ti-x8-boolq", "t5-3b/rtx2080ti-x8-multirc", "t5-3b/rtx2080ti-x8-rte"}
+"""Plans whose partitioner is not re-run (see the module docstring): their prediction is checked."""
+
+
 def _check_plan(entry: dict[str, Any], graphs: GraphCache, remade: dict) -> str | None:
     """What is wrong with the shipped plan of ``entry`` (None: nothing)."""
     spec = plan_spec(entry["name"])
@@ -125,6 +133,11 @@ def _check_plan(entry: dict[str, Any], graphs: GraphCache, remade: dict) -> str 
         print(f"{entry['name']}: {reanchored.describe()}")
         return None
 
+    if entry["name"] in NOT_REMADE:
+        again = plan_request(spec).estimate(graph, plan.node_stage, plan.stage_device)
+        assert again.throughput_samples_per_s == pytest.approx(entry["predicted"]["throughput_samples_per_s"])
+        assert again.stage_edges == plan.predicted.stage_edges
+        return None
     cache_key = (expected_key.digest(), plan.partitioner, json.dumps(_plain(options), sort_keys=True))
     if cache_key not in remade:
         remade[cache_key] = get_partitioner(plan.partitioner)(graph, profile, **options)

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from hf_ftpipe.costmodel.estimate import MemoryOptions, estimate
 from hf_ftpipe.errors import PartitionError
 from hf_ftpipe.partitioners import registry
-from hf_ftpipe.partitioners.auto import PartitionerResult, best_result, compare_partitioners, partition_auto
+from hf_ftpipe.partitioners.auto import (
+    PartitionerResult,
+    best_result,
+    compare_partitioners,
+    partition_auto,
+    result_of,
+    simulate_results,
+)
 from hf_ftpipe.plan.partition import Partition, PartitionKey
 
 from toy_graphs import UNIT, chain, param
@@ -136,3 +145,30 @@ def test_ties_go_to_the_plan_with_less_memory() -> None:
     results = [result("a", 1.0, 0.9), result("b", 1.0, 0.5), result("c", 0.5, 0.1, feasible=False)]
     assert best_result(results).partitioner == "b"
     assert best_result([result("c", 0.5, 0.1, feasible=False)]) is None
+
+
+def test_rank_by_simulated_keeps_the_plan_whose_simulated_step_is_shortest() -> None:
+    # Four 1-FLOP ops (1 s forward, 1 s backward each), one micro-batch, 16-byte values over 8 B/s
+    # (2 s a message). Split over two GPUs the slowest GPU computes 4 s and hides its 2 s messages
+    # (analytical 4 s), but one micro-batch cannot overlap them: 2 + 2 + 2 (loss, then gradient
+    # back: 2 + 2 + 2) = 12 s simulated. On one GPU: 8 s either way.
+    graph = chain([1.0, 1.0, 1.0, 1.0])
+    profile = dataclasses.replace(UNIT.with_count(2), link_bandwidth_bytes_per_s=8.0)
+    args = {"num_microbatches": 1, "microbatch_size": 1, "optimizer": "sgd"}
+
+    def planned(name: str, node_stage: dict[str, int], stage_device: list[int]) -> PartitionerResult:
+        key = PartitionKey.from_graph(graph, dtype="float32", schedule="gpipe", num_microbatches=1, gpu_profile="unit",
+                                      num_gpus=2)  # fmt: skip
+        plan = Partition(node_stage=node_stage, stage_device=stage_device, partitioner=name, key=key,
+                         predicted=estimate(graph, node_stage, stage_device, profile, **args))  # fmt: skip
+        return result_of(name, plan, 0.0)
+
+    split = planned("split", {"n0": 0, "n1": 0, "n2": 1, "n3": 1}, [0, 1])
+    whole = planned("whole", dict.fromkeys(["n0", "n1", "n2", "n3"], 0), [0])
+    assert (split.step_time_s, whole.step_time_s) == (4.0, 8.0)
+    assert best_result([split, whole]).partitioner == "split"
+    simulate_results([split, whole], profile)
+    assert split.simulated_step_s == pytest.approx(12.0) and whole.simulated_step_s == pytest.approx(8.0)
+    assert best_result([split, whole], "simulated").partitioner == "whole"
+    with pytest.raises(PartitionError, match="unknown `rank_by` 'fastest'"):
+        partition_auto(graph, profile, rank_by="fastest", **args)

@@ -1,5 +1,8 @@
 """One rank's programs: a schedule's orders lowered to its actions with their SENDs and RECVs.
 
+The engine runs them (`hf_ftpipe.runtime.engine`) and the simulator replays them in time
+(`hf_ftpipe.simulator`): one lowering for both, so what is simulated is what runs. Pure Python.
+
 A flushing step (``gpipe``, ``1f1b``) and an evaluation run the same order every time, so each is
 lowered once and kept; a short batch runs the full program less its missing micro-batches, and a
 step with another number of token slices per sequence the program of that number, lowered once

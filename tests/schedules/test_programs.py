@@ -3,9 +3,9 @@ token slices, and a short batch, run the programs every rank derives alike from 
 
 from __future__ import annotations
 
-from hf_ftpipe.runtime.programs import RankPrograms
 from hf_ftpipe.schedules import make_schedule
 from hf_ftpipe.schedules.lowering import Dataflow, Route, format_program
+from hf_ftpipe.schedules.programs import RankPrograms
 
 # Stage 0 on rank 0 sends h to stage 1 on rank 1, which computes the loss and copies it to rank 0.
 CHAIN = Dataflow(

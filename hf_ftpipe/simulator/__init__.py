@@ -1,0 +1,28 @@
+"""The simulator: a plan's schedule replayed in time on each rank's lowered program, before any run.
+
+`simulate` prices every forward, backward and update with per-stage costs (the roofline, or any
+per-node costs such as measured ones), sends every message over the profile's link, and returns
+the step time, each rank's busy and idle time, the bubble, the throughput, memory over time and
+the events themselves (`SimulationResult`). `timeline_bars` is what ``hf-ftpipe simulate --plot``
+draws. Pure Python on the cost model: no process is started.
+"""
+
+from hf_ftpipe.simulator.api import simulate, simulate_costs
+from hf_ftpipe.simulator.bars import Bar, timeline_bars
+from hf_ftpipe.simulator.costs import PipelineCosts, StageEdge, costs_from_prediction, pipeline_costs
+from hf_ftpipe.simulator.replay import Event, Message
+from hf_ftpipe.simulator.result import SimulationResult
+
+__all__ = [
+    "Bar",
+    "Event",
+    "Message",
+    "PipelineCosts",
+    "SimulationResult",
+    "StageEdge",
+    "costs_from_prediction",
+    "pipeline_costs",
+    "simulate",
+    "simulate_costs",
+    "timeline_bars",
+]

@@ -16,7 +16,7 @@ import json
 import sys
 from typing import Any
 
-__all__ = ["add_plan_commands"]
+__all__ = ["add_plan_commands", "repriced"]
 
 
 def add_plan_commands(commands: Any) -> None:
@@ -71,7 +71,7 @@ def run_show(args: argparse.Namespace) -> int:
         plan = Partition.from_json(args.plan)
     source = args.plan
     if args.costs:
-        plan = _repriced(plan, args.costs)
+        plan = repriced(plan, args.costs)
         source = f"{args.plan}, compute from {args.costs}"
     if args.json:
         print(json.dumps(plan_summary(plan), indent=1))
@@ -85,7 +85,7 @@ def run_show(args: argparse.Namespace) -> int:
     return 0
 
 
-def _repriced(plan: Any, costs: str) -> Any:
+def repriced(plan: Any, costs: str) -> Any:
     """``plan`` with its stages' compute from the cost table at ``costs``, which must be the plan's graph's."""
     from dataclasses import replace
 

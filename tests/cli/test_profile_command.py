@@ -69,6 +69,10 @@ def test_profile_then_plan_and_show_with_measured_costs(tmp_path: Path) -> None:
         assert gpu["compute_ms"] >= before["gpus"][g]["compute_ms"]
     assert sum(g["compute_ms"] for g in after["gpus"]) > sum(g["compute_ms"] for g in before["gpus"])
     assert after["ideal_step_time_ms"] > before["ideal_step_time_ms"]
+    _, before_out, _ = run("simulate", plan, "--json")
+    code, after_out, err = run("simulate", plan, "--costs", str(tmp_path / "slower.json"), "--json")
+    assert code == 0, err
+    assert json.loads(after_out)["step_time_s"] > json.loads(before_out)["step_time_s"]
 
     code, _, err = run("show", plan, "--costs", str(tmp_path / "config.json"))
     assert code == 2 and "not a cost table: field 'format' is missing" in err

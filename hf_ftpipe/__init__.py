@@ -15,6 +15,7 @@ _HOMES = {
     "PipeSeq2SeqTrainer": "hf_ftpipe.trainer",
     "PipeSeq2SeqTrainingArguments": "hf_ftpipe.trainer",
     "CheckpointError": "hf_ftpipe.errors",
+    "CostTableError": "hf_ftpipe.errors",
     "FtpipeError": "hf_ftpipe.errors",
     "HubError": "hf_ftpipe.errors",
     "PartitionError": "hf_ftpipe.errors",
@@ -29,6 +30,7 @@ _HOMES = {
     "PartitionKey": "hf_ftpipe.plan",
     "validate_partition": "hf_ftpipe.plan",
     "partition_seq_greedy": "hf_ftpipe.partitioners",
+    "CostTable": "hf_ftpipe.costmodel",
     "GPUProfile": "hf_ftpipe.costmodel",
     "detect_profile": "hf_ftpipe.costmodel",
     "get_profile": "hf_ftpipe.costmodel",
@@ -36,6 +38,7 @@ _HOMES = {
     "PipelineEngine": "hf_ftpipe.runtime",
     "SimulationResult": "hf_ftpipe.simulator",
     "simulate": "hf_ftpipe.simulator",
+    "profile_model": "hf_ftpipe.trainer.measured_costs",
 }
 __all__ = ["__version__", *sorted(_HOMES)]
 __getattr__ = lazy_getattr(__name__, _HOMES)

@@ -67,6 +67,10 @@ class LatencyFormatError(FtpipeError, ValueError):
     """A slice-latency file is corrupt, foreign, or was fitted for another model, shape or device."""
 
 
+class CostTableError(FtpipeError, ValueError):
+    """A measured cost table is corrupt, foreign, or was measured for another model, shape, dtype or device."""
+
+
 class PipelineError(FtpipeError, RuntimeError):
     """A pipeline rank failed; the message begins ``[rank r, stage s]``."""
 

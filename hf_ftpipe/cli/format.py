@@ -269,6 +269,8 @@ def setup_line(args: argparse.Namespace, graph: CostGraph, profile: GPUProfile) 
     extras = ", recompute" if args.recompute else ""
     if getattr(args, "lora_r", None) is not None:
         extras += f", LoRA r={args.lora_r}" + (f" on {' '.join(args.lora_targets)}" if args.lora_targets else "")
+    if getattr(args, "costs", None):
+        extras += f"; op times measured ({args.costs})"
     return (
         f"{args.model} ({graph.model_class}, {graph.num_nodes} ops) on {profile.count} × {profile.name} "
         f"({profile.memory_bytes / GiB:.1f} GiB, {args.headroom:.0%} kept free); micro-batch {args.batch_size} "
@@ -280,7 +282,7 @@ def format_partition(summary: dict[str, Any], report: list) -> str:
     """``hf-ftpipe partition``'s text: the setup, the winner, its prediction and a GPU table."""
     lines = [
         f"{summary['model']} ({summary['model_class']}, {summary['num_ops']} ops) on {summary['num_gpus']} × "
-        f"{summary['gpu_profile']}",
+        f"{summary['gpu_profile']}" + (f"; op times measured ({summary['costs']})" if summary.get("costs") else ""),
         f"partitioner: {summary['partitioner']}"
         + (f" (chosen by auto among {len(report)})" if summary["chosen_by_auto"] else ""),
         f"predicted: {summary['throughput_samples_per_s']:.2f} samples/s, worst GPU / ideal "

@@ -10,10 +10,9 @@ device from its config, traced, and partitioned for the GPUs you name::
 
 Each command group adds its own subcommands and runs them: ``partition`` and ``compare``
 (``cli.partition``), ``schedule`` (``cli.schedule``), ``simulate`` (``cli.simulate``), ``slices``
-(``cli.slices``), ``show``,
-``profiles`` and the ``partitions/`` folder (``cli.plans``), ``push``, ``pull`` and ``list``
-(``cli.hub``). Errors a user can fix (unknown model, profile or partitioner; nothing fits) print
-one message on stderr and exit with status 2.
+(``cli.slices``), ``show``, ``profiles`` and the ``partitions/`` folder (``cli.plans``), ``profile``
+(``cli.profile``), ``push``, ``pull`` and ``list`` (``cli.hub``). Errors a user can fix (unknown
+model, profile or partitioner; nothing fits) print one message on stderr and exit with status 2.
 """
 
 from __future__ import annotations
@@ -49,6 +48,7 @@ def _parser() -> argparse.ArgumentParser:
     from hf_ftpipe.cli.hub import add_hub_commands
     from hf_ftpipe.cli.partition import add_partition_commands
     from hf_ftpipe.cli.plans import add_plan_commands
+    from hf_ftpipe.cli.profile import add_profile_command
     from hf_ftpipe.cli.schedule import add_schedule_command
     from hf_ftpipe.cli.simulate import add_simulate_command
     from hf_ftpipe.cli.slices import add_slices_command
@@ -63,6 +63,7 @@ def _parser() -> argparse.ArgumentParser:
     add_simulate_command(commands)
     add_slices_command(commands)
     add_plan_commands(commands)
+    add_profile_command(commands)
     add_hub_commands(commands)
     return parser
 

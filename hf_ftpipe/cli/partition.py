@@ -77,6 +77,12 @@ def add_partition_commands(commands: Any) -> None:
         command.add_argument(
             "--time-budget-s", type=float, default=60.0, help="auto/compare: start no partitioner after this"
         )
+        command.add_argument(
+            "--costs",
+            metavar="TABLE",
+            help="price ops with this measured cost table (hf-ftpipe profile) instead of the roofline; "
+            "its dtype is the default --dtype",
+        )
         command.add_argument("--json", action="store_true", help="print JSON instead of a table")
     partition.add_argument("--partitioner", default="auto", help="a registered partitioner (default: auto)")
     partition.add_argument("-o", "--output", help="write the plan to this JSON file")
@@ -132,6 +138,7 @@ def _run_partition(args: argparse.Namespace) -> int:
         "chosen_by_auto": args.partitioner == "auto",
         **{k: v for k, v in result.to_dict().items() if k not in ("partitioner", "error", "skipped")},
         "gpus": gpu_rows(plan),
+        "costs": args.costs,
         "output": args.output,
         "rank_by": args.rank_by,
         **simulated_figures(plan, request.profile),
@@ -209,14 +216,20 @@ class _Request:
             if getattr(args, name) < 1:
                 raise PartitionError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
         self.profile = get_profile(args.gpu_profile, count=args.gpus)
+        cost_table = None
+        if args.costs:
+            from hf_ftpipe.costmodel.measured import CostTable
+
+            cost_table = CostTable.load(args.costs)  # checked against the graph once it is traced
         self.plan_request = PlanRequest(
             profile=self.profile,
             num_microbatches=args.num_microbatches,
             microbatch_size=args.batch_size,
             schedule=args.schedule,
             optimizer=args.optimizer,
-            dtype=args.dtype,
+            dtype=args.dtype or (cost_table.key.dtype if cost_table else None),
             memory=MemoryOptions(headroom=args.headroom, recompute=args.recompute),
+            cost_table=cost_table,
         )
         self.options: dict[str, Any] = self.plan_request.options()
 

@@ -16,7 +16,7 @@ import json
 import sys
 from typing import Any
 
-__all__ = ["add_plan_commands"]
+__all__ = ["add_plan_commands", "repriced"]
 
 
 def add_plan_commands(commands: Any) -> None:
@@ -30,6 +30,11 @@ def add_plan_commands(commands: Any) -> None:
     show.add_argument("plan", help="a partition JSON file (hf-ftpipe partition -o, or partitions/...)")
     show.add_argument("--json", action="store_true", help="print JSON instead of tables")
     show.add_argument("--plot", metavar="PNG", help="also draw the per-GPU load and the stage graph to this image")
+    show.add_argument(
+        "--costs",
+        metavar="TABLE",
+        help="predict compute from this measured cost table (hf-ftpipe profile) instead of the plan's roofline",
+    )
     show.set_defaults(run=run_show)
     profiles = commands.add_parser(
         "profiles",
@@ -64,16 +69,40 @@ def run_show(args: argparse.Namespace) -> int:
 
     with with_fix(user_file_fix(args.plan)):
         plan = Partition.from_json(args.plan)
+    source = args.plan
+    if args.costs:
+        plan = repriced(plan, args.costs)
+        source = f"{args.plan}, compute from {args.costs}"
     if args.json:
         print(json.dumps(plan_summary(plan), indent=1))
     else:
-        print(format_plan(plan, source=args.plan))
+        print(format_plan(plan, source=source))
     if args.plot:
         from hf_ftpipe.cli.plot import plot_plan
 
         plot_plan(plan, args.plot, title=args.plan)
         print(f"wrote {args.plot}", file=sys.stderr if args.json else sys.stdout)
     return 0
+
+
+def repriced(plan: Any, costs: str) -> Any:
+    """``plan`` with its stages' compute from the cost table at ``costs``, which must be the plan's graph's."""
+    from dataclasses import replace
+
+    from hf_ftpipe.costmodel.estimate import reprice
+    from hf_ftpipe.costmodel.measured import CostTable
+    from hf_ftpipe.errors import CostTableError
+
+    table = CostTable.load(costs)
+    expected = replace(table.key, model_fingerprint=plan.key.model_fingerprint, input_shapes=plan.key.input_shapes)
+    if plan.anchors is not None:
+        expected = replace(expected, graph_digest=plan.anchors.digest)
+    table.check_key(expected, costs)
+    node_costs = table.node_costs()
+    missing = sorted(set(plan.node_stage) - set(node_costs))
+    if missing:
+        raise CostTableError(f"{costs} has no time for {len(missing)} ops of the plan, e.g. {missing[:3]}; reprofile")
+    return replace(plan, predicted=reprice(plan.predicted, plan.node_stage, node_costs))
 
 
 def run_profiles(args: argparse.Namespace) -> int:

@@ -3,10 +3,11 @@
 ::
 
     hf-ftpipe simulate partitions/t5-3b/rtx2080ti-x8-wic.json [--schedule gpipe] [--num-microbatches 16] \\
-        [--plot timeline.png] [--json]
+        [--costs measured.json] [--plot timeline.png] [--json]
 
-Reads the plan file alone (its recorded prediction prices each stage; `hf_ftpipe.simulate` takes
-the graph or measured per-node costs from Python). ``--plot`` draws the timeline as a Gantt chart
+Reads the plan file alone (its recorded prediction prices each stage, or ``--costs``, a measured
+cost table of its graph: ``hf-ftpipe profile``; `hf_ftpipe.simulate` takes the graph or per-node
+costs from Python). ``--plot`` draws the timeline as a Gantt chart
 (`hf_ftpipe.cli.timeline_plot`).
 """
 
@@ -41,6 +42,11 @@ def add_simulate_command(commands: Any) -> None:
     simulate.add_argument(
         "--token-slices", type=int, metavar="K", help="gpipe/1f1b: cut each sequence into K token slices"
     )
+    simulate.add_argument(
+        "--costs",
+        metavar="TABLE",
+        help="price the stages' compute by this measured cost table (hf-ftpipe profile) instead of the plan's",
+    )
     simulate.add_argument("--plot", metavar="PNG", help="draw the timeline (one row per rank) to this image")
     simulate.add_argument("--json", action="store_true", help="print the whole result (events included) as JSON")
     simulate.set_defaults(run=_run_simulate)
@@ -53,6 +59,10 @@ def _run_simulate(args: argparse.Namespace) -> int:
 
     with with_fix(user_file_fix(args.plan)):
         plan = Partition.from_json(args.plan)
+    if args.costs:
+        from hf_ftpipe.cli.plans import repriced
+
+        plan = repriced(plan, args.costs)
     if args.num_microbatches is not None and args.num_microbatches < 1:
         raise PartitionError(f"--num-microbatches must be at least 1, got {args.num_microbatches}")
     result = simulate(

@@ -174,6 +174,7 @@ def _measured_latency(args: argparse.Namespace, key: Any, profile: Any) -> Any:
     from hf_ftpipe.graph.sources import load_model_for_planning
     from hf_ftpipe.graph.token_slices import capture_token_slices
     from hf_ftpipe.partitioners.registry import run_partitioner
+    from hf_ftpipe.plan.blocks import layer_stages
     from hf_ftpipe.plan.request import PlanRequest
     from hf_ftpipe.runtime.slice_timing import time_stages
 
@@ -189,15 +190,21 @@ def _measured_latency(args: argparse.Namespace, key: Any, profile: Any) -> Any:
     remainder = args.seq_len - sum(lengths)  # a sliced capture's lengths add up to the sequence
     ids = torch.randint(0, model.config.vocab_size, (args.batch_size, args.seq_len), device=device)
     sample = {"input_ids": ids, "labels": ids.clone()}
+    print(f"capturing {type(model).__name__} at {len(lengths) + bool(remainder)} slice lengths", file=sys.stderr)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # dropout: timing is not training
         # a fixed-shape capture per length: each stage is timed at the length it was built for
         sliced = capture_token_slices(model, sample, [*lengths, remainder] if remainder else lengths, dynamic=False)
-    request = PlanRequest(profile=profile, num_stages=args.gpus, num_microbatches=1, microbatch_size=args.batch_size)
-    plan = run_partitioner("uniform", sliced.full.cost_graph, request)
+    # Equal layers per stage (TeraPipe's equal stages): the middle stages then do the same work and are timed once.
+    node_stage = layer_stages(sliced.full.cost_graph, args.gpus)
+    if node_stage is None:  # fewer layers than stages
+        request = PlanRequest(
+            profile=profile, num_stages=args.gpus, num_microbatches=1, microbatch_size=args.batch_size
+        )
+        node_stage = run_partitioner("uniform", sliced.full.cost_graph, request).node_stage
     contexts = [args.seq_len * q // 4 for q in range(4)]
     grid = [(s, c) for s in lengths for c in contexts if c + s <= args.seq_len]
-    samples = time_stages(sliced, plan.node_stage, sample, grid, device)
+    samples = time_stages(sliced, node_stage, sample, grid, device)
     fitted = SliceLatency.fit([LatencySample(*sample) for sample in samples], key, source="measured")
     print(f"timed {len(grid)} slices on {args.gpus} stages in {time.perf_counter() - started:.1f} s", file=sys.stderr)
     return fitted

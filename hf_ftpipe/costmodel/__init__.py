@@ -15,6 +15,7 @@ from hf_ftpipe.costmodel.estimate import (
     usable_capacity,
 )
 from hf_ftpipe.costmodel.latency import LatencyKey, LatencySample, SliceLatency
+from hf_ftpipe.costmodel.measured import BlockTime, CostKey, CostTable
 from hf_ftpipe.costmodel.memory_rules import optimizer_state_bytes
 from hf_ftpipe.costmodel.op_time import (
     NodeCost,
@@ -40,6 +41,9 @@ from hf_ftpipe.costmodel.roofline_latency import RooflineSliceTime
 from hf_ftpipe.schedules.rules import gradients_persist, in_flight, weight_versions
 
 __all__ = [
+    "BlockTime",
+    "CostKey",
+    "CostTable",
     "BUILTIN_PROFILES",
     "DType",
     "GPUCost",

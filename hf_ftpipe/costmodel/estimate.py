@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from hf_ftpipe.costmodel.memory_estimate import StageMemory, estimate_memory, nodes_by_stage
 from hf_ftpipe.costmodel.op_time import NodeCost, comm_time_s, node_costs
@@ -48,6 +49,7 @@ __all__ = [
     "estimate",
     "estimate_memory",
     "gpu_cost_s",
+    "reprice",
     "stage_traffic",
     "usable_capacity",
 ]
@@ -147,6 +149,36 @@ def estimate(
         recompute=options.recompute,
         dtype=dtype,
         stage_edges=[[s, t, b] for (s, t), b in sorted(edge_bytes.items())],
+    )
+
+
+def reprice(prediction: Prediction, node_stage: Mapping[str, int], costs: Mapping[str, NodeCost]) -> Prediction:
+    """``prediction`` with every stage's compute taken from ``costs`` (e.g. a measured `CostTable`'s),
+    communication and memory kept: what ``hf-ftpipe show --costs`` prints for a plan without its graph."""
+    forward_again = 1.0 if prediction.recompute else 0.0
+    forward = [0.0] * len(prediction.stages)
+    backward = [0.0] * len(prediction.stages)
+    for n, s in node_stage.items():
+        forward[s] += costs[n].forward_s
+        backward[s] += costs[n].backward_s + forward_again * costs[n].forward_s
+    stages = [
+        replace(st, forward_s=f, backward_s=b) for st, f, b in zip(prediction.stages, forward, backward, strict=True)
+    ]
+    gpus = []
+    for g, gpu in enumerate(prediction.gpus):
+        compute_s = math.fsum(st.forward_s + st.backward_s for st in stages if st.device == g)
+        cost_s = gpu_cost_s(compute_s, gpu.comm_fwd_out_s, gpu.comm_bwd_in_s)
+        gpus.append(replace(gpu, compute_s=compute_s, cost_s=cost_s))
+    # the ideal keeps its divisor (the GPUs of the profile): it scales with the total compute
+    before_s = math.fsum(st.forward_s + st.backward_s for st in prediction.stages)
+    after_s = math.fsum(forward) + math.fsum(backward)
+    ideal_s = prediction.ideal_step_time_s * after_s / before_s if before_s > 0 else after_s / max(len(gpus), 1)
+    return replace(
+        prediction,
+        stages=stages,
+        gpus=gpus,
+        step_time_s=max((g.cost_s for g in gpus), default=0.0),
+        ideal_step_time_s=ideal_s,
     )
 
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from hf_ftpipe._cache import cache_root
 from hf_ftpipe.errors import HubError, PartitionFormatError
 from hf_ftpipe.plan.partition import FORMAT_VERSION, Partition, PartitionKey
 
@@ -166,7 +167,7 @@ class PartitionStore:
         )
         self.timeout_s = timeout_s or float(os.environ.get("HF_HUB_ETAG_TIMEOUT") or constants.DEFAULT_ETAG_TIMEOUT)
         home = os.environ.get("HF_HOME")
-        self.hf_home = Path(os.path.expanduser(home)) if home else Path(constants.HF_HOME)
+        self.hf_home = cache_root().parent
         self.hub_cache = os.environ.get("HF_HUB_CACHE") or (
             str(self.hf_home / "hub") if home else constants.HF_HUB_CACHE
         )

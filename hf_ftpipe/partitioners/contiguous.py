@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from hf_ftpipe._units import format_bytes
-from hf_ftpipe.costmodel.op_time import NodeCost, node_costs
+from hf_ftpipe.costmodel.op_time import NodeCost
 from hf_ftpipe.errors import PartitionError, PlanDoesNotFitError
 from hf_ftpipe.graph.cost_graph import CostGraph
 from hf_ftpipe.partitioners.fit import FitAdvice
@@ -89,7 +89,7 @@ class ContiguousPlanner:
                 f"model has {len(cut_order.cuttable)} ops, fewer than {num_stages} stages; "
                 f"use num_stages ≤ {len(cut_order.cuttable)}"
             )
-        costs = node_costs(graph, profile, request.dtype)
+        costs = request.node_costs(graph)
         return cls(name=name, graph=graph, request=request, num_stages=num_stages, key=key, costs=costs,
                    cut_order=cut_order)  # fmt: skip
 

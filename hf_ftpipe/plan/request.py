@@ -18,9 +18,10 @@ from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from hf_ftpipe.costmodel.estimate import MemoryOptions, Optimizer, Schedule, estimate, usable_capacity
-from hf_ftpipe.costmodel.op_time import NodeCost
+from hf_ftpipe.costmodel.measured import CostTable
+from hf_ftpipe.costmodel.op_time import NodeCost, node_costs
 from hf_ftpipe.costmodel.prediction import Prediction
-from hf_ftpipe.costmodel.profiles import GPUProfile
+from hf_ftpipe.costmodel.profiles import GPUProfile, canonical_dtype
 from hf_ftpipe.errors import PartitionError
 from hf_ftpipe.graph.cost_graph import CostGraph
 from hf_ftpipe.plan.keys import resolve_key
@@ -43,6 +44,7 @@ class PlanOptions(TypedDict, total=False):
     dtype: str | None
     key: PartitionKey | None
     memory: MemoryOptions | None
+    cost_table: CostTable | None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,10 +69,26 @@ class PlanRequest:
     """Stages asked for; ``None`` lets the partitioner choose (one per GPU for sequential ones)."""
     key: PartitionKey | None = None
     """The key to record; by default built from the graph and this request, which it must agree with."""
+    cost_table: CostTable | None = None
+    """Measured op costs (``hf-ftpipe profile``) in place of the roofline; it must have been measured
+    for the graph planned (a `CostTableError` says what differs) and, when ``dtype`` is given, in it."""
 
     def __post_init__(self) -> None:
         if self.memory is None:  # the partitioners' keyword default
             object.__setattr__(self, "memory", MemoryOptions())
+        table = self.cost_table
+        if table is not None and self.dtype is not None and canonical_dtype(self.dtype) != table.key.dtype:
+            asked = canonical_dtype(self.dtype)
+            raise PartitionError(
+                f"the cost table was measured in {table.key.dtype}, but the plan is asked for dtype {asked!r}; "
+                f"profile in {asked} or ask for {table.key.dtype}"
+            )
+
+    def node_costs(self, graph: CostGraph) -> dict[str, NodeCost]:
+        """Every op's forward and backward time: from ``cost_table`` when given, else the roofline of ``profile``."""
+        if self.cost_table is not None:
+            return self.cost_table.node_costs(graph)
+        return node_costs(graph, self.profile, self.dtype)
 
     def options(self) -> dict[str, Any]:
         """The `PlanOptions` of this request: the keyword arguments of every partitioner."""
@@ -109,6 +127,8 @@ class PlanRequest:
         costs: Mapping[str, NodeCost] | None = None,
     ) -> Prediction:
         """The cost model's prediction of a plan under this request (``costs``: the op costs, when known)."""
+        if costs is None:
+            costs = self.node_costs(graph)
         return estimate(
             graph, node_stage, list(stage_device), self.profile, num_microbatches=self.num_microbatches,
             microbatch_size=self.microbatch_size, optimizer=self.optimizer, schedule=self.schedule, dtype=self.dtype,

@@ -14,14 +14,15 @@ the cost model; ``hf_ftpipe.costmodel.latency.SliceLatency.fit`` takes them as `
 
 from __future__ import annotations
 
-import statistics
-import time
-from collections.abc import Callable, Iterable, Mapping
+import sys
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
 
 from hf_ftpipe.graph.token_slices import SlicedModel
+from hf_ftpipe.plan.blocks import blocks_of, signature_of
+from hf_ftpipe.runtime.block_timing import median_times, progress
 from hf_ftpipe.runtime.prefix_attention import SequenceKV
 from hf_ftpipe.runtime.stage import StageSpec, build_stage_module, plan_stages
 from hf_ftpipe.runtime.token_slicing import TokenSlicing
@@ -75,7 +76,7 @@ def time_slice(
             sequence.keys[layer] = torch.randn(full, device=device)
             sequence.values[layer] = torch.randn(full, device=device)
 
-    def run() -> None:
+    def run() -> Iterator[None]:
         # The sequence's buffers are reused from run to run (the slice rewrites its own keys and
         # values; gradients left for earlier slices add up), so only the slice's work is timed.
         cursor.point(sequence, context_len)
@@ -83,16 +84,10 @@ def time_slice(
         outputs = module(*leaves)
         roots = [y for y in outputs if isinstance(y, torch.Tensor) and y.requires_grad]
         torch.autograd.backward(roots, [torch.ones_like(y) for y in roots])
+        yield  # one phase: forward + backward
 
-    run()
-    times = []
-    for _ in range(repeats):
-        _synchronize(device)
-        start = time.perf_counter()
-        run()
-        _synchronize(device)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    (time_s,) = median_times(run, warmup=1, repeats=repeats, device=device)
+    return time_s
 
 
 def time_slice_grid(
@@ -127,23 +122,62 @@ def time_stages(
     device: torch.device,
     *,
     repeats: int = 3,
+    show_progress: bool = True,
 ) -> list[Sample]:
-    """Every stage of ``node_stage`` timed in this one process at each point of ``grid``, the slowest
-    stage per point: TeraPipe's DP takes the pipeline's stages as equal, so the slowest sets the pace.
+    """The slowest stage of ``node_stage`` at each point of ``grid``, timed in this one process:
+    TeraPipe's DP takes the pipeline's stages as equal, so the slowest sets the pace.
 
-    The stages are built on ``sliced``'s own model (its weights get gradients): time a model made for
-    timing, e.g. from its config.
+    Where the stages are cut on block boundaries (`plan.blocks.layer_stages`), each kind of block
+    (`plan.blocks`: a layer, the ops before and after the layers) is timed once per point and a
+    stage's time is the sum of its blocks': GPT2-XL on 8 stages is 3 blocks per point, not 8 stages
+    of 6 layers. Otherwise stages are the units, and equal ones (`signature_of`) are timed once.
+    How many units and points run is said up front, and a progress bar counts them (stderr,
+    unless ``show_progress`` is off). The units are built on ``sliced``'s own model (its weights
+    get gradients): time a model made for timing, e.g. from its config.
     """
     whole = sliced.full
-    specs = plan_stages(whole.cost_graph, node_stage)
+    graph = whole.cost_graph
+    blocks = blocks_of(graph)
+    if all(len({node_stage[n] for n in b.nodes}) == 1 for b in blocks):
+        unit_of = {n: u for u, b in enumerate(blocks) for n in b.nodes}
+        what = "blocks"
+    else:
+        unit_of, what = dict(node_stage), "stages"
+    specs = plan_stages(graph, unit_of)
+    stage_units: dict[int, list[int]] = {}
+    for u, spec in enumerate(specs):
+        stage_units.setdefault(node_stage[spec.nodes[0]], []).append(u)
+    representative: dict[str, int] = {}
+    same_as = [representative.setdefault(signature_of(graph, spec.nodes), u) for u, spec in enumerate(specs)]
+    timed = sorted(representative.values())
     modules = {
-        s: build_stage_module(whole.graph_module, spec, whole.canonical_names, whole.tensors, device).to(device)
-        for s, spec in enumerate(specs)
+        u: build_stage_module(whole.graph_module, specs[u], whole.canonical_names, whole.tensors, device).to(device)
+        for u in timed
     }
-    slicing = TokenSlicing(sliced, specs, node_stage, modules, device)
+    slicing = TokenSlicing(sliced, specs, unit_of, modules, device)
     points = list(grid)
-    per_stage = [time_slice_grid(slicing, s, microbatch, points, repeats=repeats) for s in modules]
-    return [max(samples, key=lambda sample: sample[3]) for samples in zip(*per_stage, strict=True)]
+    if show_progress:
+        print(
+            f"timing {len(timed)} of {len(specs)} {what} (the others repeat one) at {len(points)} (slice, context) "
+            f"points: {len(timed) * len(points)} timings of 1 warm-up + {repeats} runs",
+            file=sys.stderr,
+        )
+    bar = progress(len(timed) * len(points), "timing slices") if show_progress else None
+    times: dict[int, list[Sample]] = {}
+    for u in timed:
+        times[u] = []
+        for point in points:
+            times[u].extend(time_slice_grid(slicing, u, microbatch, [point], repeats=repeats))
+            if bar is not None:
+                bar.update(1)
+    if bar is not None:
+        bar.close()
+    samples = []
+    for p, (s, c) in enumerate(points):
+        batch_size = times[timed[0]][p][2]
+        slowest = max(sum(times[same_as[u]][p][3] for u in units) for units in stage_units.values())
+        samples.append((s, c, batch_size, slowest))
+    return samples
 
 
 def _kv_shapes(
@@ -176,8 +210,3 @@ def _slice_inputs(
     batch = [torch.as_tensor(piece[name]).to(device) for name in spec.batch_inputs]
     received = [torch.randn(slicing.shape(value, index), device=device) for value in spec.received]
     return batch + received
-
-
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)

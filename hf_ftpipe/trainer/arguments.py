@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 from transformers import TrainingArguments
@@ -84,6 +85,15 @@ class PipeTrainingArguments(TrainingArguments):
         metadata={
             "help": "GPU profile for the cost model: 'auto' (detect), a built-in name (e.g. 'a100-80gb') "
             "or a JSON file."
+        },
+    )
+    cost_table: str | None = field(
+        default=None,
+        metadata={
+            "help": "Price the ops with measured times instead of the GPU profile's roofline: a table written by "
+            "`hf-ftpipe profile` for this model at this micro-batch's shapes, or 'measured' to time the model's "
+            "blocks on rank 0's device first (cached under HF_HOME/hf_ftpipe/costs; the other ranks wait). Plans "
+            "made from it are not cached, so a roofline plan in the cache is never taken for a measured one."
         },
     )
     partition_file: str | None = field(
@@ -188,6 +198,11 @@ class PipeTrainingArguments(TrainingArguments):
             raise ValueError(
                 f"`partition_time_budget_s` is the planning time after which `auto` starts no further partitioner "
                 f"and must be at least 0, got {self.partition_time_budget_s}; 0 runs only the first (uniform)"
+            )
+        if self.cost_table not in (None, "measured") and not os.path.isfile(self.cost_table):
+            raise ValueError(
+                f"`cost_table` is neither 'measured' nor a file: {self.cost_table!r} does not exist; write one with "
+                "`hf-ftpipe profile MODEL --seq-len ... --batch-size ... --out FILE`, or pass 'measured'"
             )
         if self.async_update_interval < 1:
             raise ValueError(f"`async_update_interval` must be at least 1, got {self.async_update_interval}")

@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from hf_ftpipe.costmodel import GPUProfile, get_profile
 from hf_ftpipe.costmodel.estimate import MemoryOptions, Optimizer
+from hf_ftpipe.costmodel.measured import CostTable
 from hf_ftpipe.errors import PipelineError, PlanDoesNotFitError
 from hf_ftpipe.graph.trace import TracedModel
 from hf_ftpipe.hub.sources import Resolved
@@ -127,7 +128,7 @@ def _make_partition(
         repo_id=args.partition_repo,
         revision=args.partition_revision,
         push=args.push_partition_to_hub,
-        use_cache=args.partition_cache,
+        use_cache=args.partition_cache and args.cost_table is None,  # the cache's key does not say how it was priced
         check=lambda plan: validate_partition(plan, graph, memory_capacity_bytes=profile.memory_bytes),
         check_stored=lambda plan: check_fits_run(
             plan, graph, profile.memory_bytes, optimizer=planned_optimizer(args), memory=memory_options(args)
@@ -147,6 +148,7 @@ def _compute_partition(
         schedule=args.pipeline_schedule,
         optimizer=planned_optimizer(args),
         memory=memory_options(args),
+        cost_table=_cost_table(args, traced),
     )
     report: list[PartitionerResult] = []
     extra: dict[str, Any] = {}
@@ -159,6 +161,22 @@ def _compute_partition(
     for result in report:  # the run's plan line names the winner; --log_level debug shows every candidate
         logger.debug("partitioner %s: %s", result.partitioner, _summary(result))
     return partition
+
+
+def _cost_table(args: PipeTrainingArguments, traced: TracedModel) -> CostTable | None:
+    """``args.cost_table`` read, or (``"measured"``) timed on this rank's device: rank 0 alone plans."""
+    if args.cost_table is None:
+        return None
+    if args.cost_table != "measured":
+        return CostTable.load(args.cost_table)  # checked against the graph when the partitioner prices it
+    from hf_ftpipe.trainer.measured_costs import cached_profile
+
+    dtype = "bfloat16" if args.bf16 else "float16" if args.fp16 else None  # what autocast will run in
+    start = time.perf_counter()
+    table = cached_profile(traced, dtype=dtype)  # on this rank's device
+    elapsed_s = time.perf_counter() - start
+    logger.info("measured costs: %d blocks on %s (%.1f s)", len(table.blocks), table.key.device, elapsed_s)
+    return table
 
 
 def _summary(result: PartitionerResult) -> str:

@@ -151,6 +151,8 @@ def test_measure_fits_this_machines_timings_and_the_file_reads_back(configs: dic
     assert sum(summary["chosen"]["microbatches"][0][1]) == 64
     # 8, 16 and 32 tokens after 0, 16, 32 or 48 of context: the 11 points within 64 tokens, 2 stages
     assert "timed 11 slices on 2 stages" in err
+    # one layer cannot be cut on layer boundaries into 2 stages: the stages are timed whole
+    assert "timing 2 of 2 stages (the others repeat one) at 11 (slice, context) points: 22 timings" in err
     code, out, err = run("slices", configs["gpt2"], "--seq-len", "64", "--gpus", "2", "--latency", str(latency_file))
     assert code == 0 and "latency from " + str(latency_file) + " (measured)" in out, err
     code, _, err = run(*argv, "--gpu-profile", "a100-80gb")

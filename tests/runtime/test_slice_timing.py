@@ -7,14 +7,14 @@ import torch
 import transformers
 
 from hf_ftpipe.costmodel.latency import LatencyKey, LatencySample, SliceLatency
-from hf_ftpipe.graph.token_slices import capture_token_slices
+from hf_ftpipe.graph.token_slices import SlicedModel, capture_token_slices
 from hf_ftpipe.runtime import build_stage_module, plan_stages
-from hf_ftpipe.runtime.slice_timing import time_slice, time_slice_grid
+from hf_ftpipe.runtime.slice_timing import time_slice, time_slice_grid, time_stages
 from hf_ftpipe.runtime.token_slicing import TokenSlicing
 
 
 @pytest.fixture(scope="module")
-def slicing_and_batch() -> tuple[TokenSlicing, dict[str, torch.Tensor]]:
+def captured() -> tuple[SlicedModel, dict[str, int], dict[str, torch.Tensor]]:
     config = transformers.GPT2Config(
         vocab_size=64, n_positions=32, n_embd=16, n_layer=2, n_head=2, resid_pdrop=0.0, embd_pdrop=0.0,
         attn_pdrop=0.0, bos_token_id=0, eos_token_id=0, attn_implementation="sdpa",
@@ -29,6 +29,13 @@ def slicing_and_batch() -> tuple[TokenSlicing, dict[str, torch.Tensor]]:
     order = whole.cost_graph.topological_order()
     first = next(i for i, n in enumerate(order) if whole.cost_graph.node(n)["scope"].startswith("transformer.h.1"))
     node_stage = {n: int(i >= first) for i, n in enumerate(order)}
+    return sliced, node_stage, batch
+
+
+@pytest.fixture(scope="module")
+def slicing_and_batch(captured) -> tuple[TokenSlicing, dict[str, torch.Tensor]]:
+    sliced, node_stage, batch = captured
+    whole = sliced.full
     specs = plan_stages(whole.cost_graph, node_stage)
     cpu = torch.device("cpu")
     modules = {
@@ -63,3 +70,16 @@ def test_a_length_without_its_stage_is_refused(slicing_and_batch):
     slicing, batch = slicing_and_batch
     with pytest.raises(ValueError, match=r"no stage is built for slices of 12 tokens.*built: \[4, 8, 16\]"):
         time_slice(slicing, 0, batch, 12, 0)
+
+
+def test_stages_cut_on_layers_are_timed_as_their_blocks(captured, capsys):
+    # stage 0: embeddings + layer 0, stage 1: layer 1 + head; the two layers are alike: 3 timings per point
+    sliced, node_stage, batch = captured
+    grid = [(4, 0), (8, 8), (16, 16)]
+    samples = time_stages(sliced, node_stage, batch, grid, torch.device("cpu"), repeats=1)
+    assert [(s, c, b) for s, c, b, _ in samples] == [(s, c, 1) for s, c in grid]
+    assert all(t > 0 for *_, t in samples)
+    assert (
+        "timing 3 of 4 blocks (the others repeat one) at 3 (slice, context) points: 9 timings"
+        in capsys.readouterr().err
+    )

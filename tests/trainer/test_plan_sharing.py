@@ -36,3 +36,33 @@ def test_partition_time_budget_s_bounds_auto(tmp_path: Path) -> None:
 def test_a_negative_time_budget_is_refused(tmp_path: Path, budget: float) -> None:
     with pytest.raises(ValueError, match="`partition_time_budget_s` .* must be at least 0"):
         arguments(tmp_path, partition_time_budget_s=budget)
+
+
+def test_cost_table_measured_profiles_once_then_reads_the_cache(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from cost_tables import roofline_table, tiny_gpt2_traced
+
+    from hf_ftpipe.costmodel import get_profile
+    from hf_ftpipe.costmodel.measured import CostTable, cache_path
+
+    traced = tiny_gpt2_traced(4)
+    microbatch = {"input_ids": torch.ones(2, 8, dtype=torch.long)}
+    profile = replace(get_profile("a100-80gb", count=2), link_latency_s=0.0, link_bandwidth_bytes_per_s=1e18)
+    measured = planning._cost_table(arguments(tmp_path, cost_table="measured"), traced)
+    path = cache_path(measured.key)
+    assert measured.key.device == "cpu" and CostTable.load(path) == measured
+    assert planning._cost_table(arguments(tmp_path, cost_table="measured"), traced) == measured  # from the cache
+    # a table file: the plan is priced by it (a slow first layer moves the boundary the roofline's plan has)
+    slow = roofline_table(traced.cost_graph, profile, slower={"transformer.h.0": 6.0})
+    slow.save(tmp_path / "slow.json")
+    by_table = planning._compute_partition(
+        arguments(tmp_path, cost_table=str(tmp_path / "slow.json"), partitioner="seq-dp"), traced, profile, microbatch
+    )
+    by_roofline = planning._compute_partition(arguments(tmp_path, partitioner="seq-dp"), traced, profile, microbatch)
+    assert by_table.node_stage != by_roofline.node_stage
+
+
+def test_a_missing_cost_table_file_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="`cost_table` is neither 'measured' nor a file: .*hf-ftpipe profile MODEL"):
+        arguments(tmp_path, cost_table=str(tmp_path / "nope.json"))

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from hf_ftpipe._units import format_bytes
-from hf_ftpipe.costmodel.op_time import comm_time_s, node_costs
+from hf_ftpipe.costmodel.op_time import comm_time_s
 from hf_ftpipe.costmodel.prediction import Prediction
 from hf_ftpipe.costmodel.profiles import GPUProfile
 from hf_ftpipe.errors import PartitionError, PlanDoesNotFitError
@@ -137,7 +137,7 @@ class _MixedSearch:
     def __init__(self, graph: CostGraph, request: PlanRequest) -> None:
         profile, memory = request.profile, request.memory
         self.graph, self.request, self.profile, self.memory = graph, request, profile, memory
-        self.costs = node_costs(graph, profile, request.dtype)
+        self.costs = request.node_costs(graph)
         # Recomputation runs each forward a second time before its backward (as `estimate` counts).
         again = 1.0 if memory.recompute else 0.0
         self.weight = {n: c.total_s + again * c.forward_s for n, c in self.costs.items()}

@@ -66,7 +66,7 @@ def test_profile_then_plan_and_show_with_measured_costs(tmp_path: Path) -> None:
         stage = [n for n, s in measured_plan["node_stage"].items() if s == g]
         assert math.isclose(gpu["compute_ms"], 1e3 * math.fsum(slower.node_costs()[n].total_s for n in stage))
         # a GPU without layers keeps its time (noisy timings on a busy machine can make such a plan)
-        assert gpu["compute_ms"] >= before["gpus"][g]["compute_ms"]
+        assert gpu["compute_ms"] >= before["gpus"][g]["compute_ms"] * (1 - 1e-12)  # the same sum, in another order
     assert sum(g["compute_ms"] for g in after["gpus"]) > sum(g["compute_ms"] for g in before["gpus"])
     assert after["ideal_step_time_ms"] > before["ideal_step_time_ms"]
     _, before_out, _ = run("simulate", plan, "--json")

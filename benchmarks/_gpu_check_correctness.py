@@ -18,12 +18,13 @@ from ``gpu-checks.md``: float32 1e-4 absolute; bfloat16 losses 1e-2 relative, pa
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable
 from typing import Any
 
 import torch
-from _gpu_check_models import Captured, ModelSize, Sizes, build_model, microbatches
+from _gpu_check_models import Captured, ModelSize, Sizes, microbatches
 from torch import nn
 
 SCHEDULES = ("gpipe", "1f1b", "async", "2bw")
@@ -39,14 +40,15 @@ def check_correctness(
     runs = []
     for captured in captures:
         size, data = captured.size, captured.data
+        reference = copy.deepcopy(captured.model).to(device)  # one per model, reset per run
         for schedule, dtype_name in sizes.correctness_runs or [(s, d) for s in SCHEDULES for d in DTYPES]:
             dtype = DTYPES[dtype_name]
             captured.reset()
             losses, state, version_log, stage_params = engine_run(
                 captured.traced, captured.placement, sizes, schedule, dtype, device, data
             )
-            reference = build_model(size).to(device)
             reference.load_state_dict(captured.initial)
+            reference.zero_grad(set_to_none=True)
             if schedule in ("gpipe", "1f1b"):
                 expected_losses = flushing_reference(reference, data, sizes, dtype, device)
             else:
@@ -55,7 +57,7 @@ def check_correctness(
                 )
             runs.append(compare(size, schedule, dtype_name, losses, state, expected_losses, reference))
             log(f"correctness {size.name} {schedule} {dtype_name}: {'ok' if runs[-1]['ok'] else 'FAILED'}")
-            del reference
+        del reference
     return {
         "check": "correctness",
         "ok": all(run["ok"] for run in runs),
@@ -148,45 +150,55 @@ def streaming_reference(
 ) -> list[float]:
     """Replay ``async`` or ``2bw`` from the engine's version log; leaves the last weights in ``model``.
 
-    Stage s's k-th version is its weights after k updates: an update per micro-batch (``async``,
-    gradient × num_microbatches × 1 / num_microbatches) or per mini-batch (``2bw``, the mean of its
-    micro-batches' gradients). A weight read by several stages (T5's shared embedding) is one
-    tensor on one rank: it is read at the version of the first stage holding it.
+    Stage s's version k is its weights after k updates: an update per micro-batch (``async``: its
+    gradient, × num_microbatches × its 1 / num_microbatches weight) or per mini-batch (``2bw``: the
+    mean of its micro-batches' gradients). A weight read by several stages (T5's shared embedding)
+    is one tensor on one rank; it is versioned with the first stage holding it. Versions no later
+    micro-batch reads are dropped, so a full-size model keeps a few copies, not one per update.
     """
-    param_stage: dict[str, int] = {}
+    owner: dict[str, int] = {}
     for s in sorted(stage_params):
         for name in stage_params[s]:
-            param_stage.setdefault(name, s)
+            owner.setdefault(name, s)
     used = {(s, m): v for s, m, v, *_ in version_log}
     stages = sorted({s for s, _ in used})
-    initial = {n: p.detach().clone() for n, p in model.named_parameters()}
-    history = {s: [initial] for s in stages}  # every stage versions the whole model; it reads its own part
+    owner = {n: owner.get(n, stages[0]) for n, _ in model.named_parameters()}
+    last_read: dict[tuple[int, int], int] = {}
+    for (s, m), v in used.items():
+        last_read[s, v] = max(m, last_read.get((s, v), -1))
+    history = {s: {0: {n: p.detach().clone() for n, p in model.named_parameters() if owner[n] == s}} for s in stages}
+    newest = dict.fromkeys(stages, 0)
+
+    def update(gradients: dict[str, torch.Tensor]) -> None:
+        for s in stages:
+            latest = history[s][newest[s]]
+            newest[s] += 1
+            history[s][newest[s]] = {n: v - LR * gradients[n] if n in gradients else v for n, v in latest.items()}
+
     step_losses, m = [], 0
     for batch in data:
         step_losses.append(0.0)
         summed: dict[str, torch.Tensor] = {}
         for microbatch in microbatches(batch, sizes.num_microbatches):
-            versions = {s: history[s][used[(s, m)]] for s in stages}
             with torch.no_grad():
                 for name, param in model.named_parameters():
-                    param.copy_(versions[param_stage.get(name, stages[0])][name])
+                    param.copy_(history[owner[name]][used[owner[name], m]][name])
             loss, grads = _loss_and_grads(model, microbatch, device, dtype)
             step_losses[-1] += loss / sizes.num_microbatches
             if schedule == "async":
-                for s in stages:
-                    latest = history[s][-1]
-                    history[s].append({n: v - LR * grads[n] if n in grads else v for n, v in latest.items()})
+                update(grads)
             else:
                 for name, grad in grads.items():
                     summed[name] = summed.get(name, 0) + grad / sizes.num_microbatches
+            for s in stages:  # versions no later micro-batch reads
+                for v in [v for v in history[s] if v != newest[s] and last_read.get((s, v), -1) <= m]:
+                    del history[s][v]
             m += 1
         if schedule == "2bw":
-            for s in stages:
-                latest = history[s][-1]
-                history[s].append({n: v - LR * summed[n] if n in summed else v for n, v in latest.items()})
+            update(summed)
     with torch.no_grad():
         for name, param in model.named_parameters():
-            param.copy_(history[stages[-1]][-1][name])
+            param.copy_(history[owner[name]][newest[owner[name]]][name])
     return step_losses
 
 

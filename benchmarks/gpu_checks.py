@@ -218,7 +218,7 @@ def main() -> int:
     os.environ.setdefault("KINETO_LOG_LEVEL", "6")  # the CPU memory profiler announces itself on every start
     started = time.perf_counter()
     results = run_checks(args, lambda line: print(line, file=sys.stderr))
-    verdicts = [(r["check"], verdict(r["ok"], summary(r))) for r in results]
+    verdicts = [(r["check"], verdict(r["ok"], f"{summary(r)}; {r['wall_s']:.0f} s")) for r in results]
     if args.json:
         device = device_name(args.device)
         print(

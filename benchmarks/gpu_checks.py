@@ -108,14 +108,19 @@ def summary(result: dict[str, Any]) -> str:
     if "error" in result:
         return result["error"]
     name = result["check"]
+    errors = [run for run in result.get("runs", ()) if "error" in run]
+    failed_runs = f", {len(errors)} raised" if errors else ""
     if name == "correctness":
-        return (
-            f"{len(result['runs'])} runs, max loss diff {result['max_loss_diff']:.2e}, "
-            f"max param diff {result['max_param_diff']:.2e}"
+        diffs = (
+            "no run compared"
+            if result["max_loss_diff"] is None
+            else (f"max loss diff {result['max_loss_diff']:.2e}, max param diff {result['max_param_diff']:.2e}")
         )
+        return f"{len(result['runs'])} runs{failed_runs}, {diffs}"
     if name == "memory":
-        ratios = [r for run in result["runs"] for r in run["ratio"]]
-        return f"measured / predicted {min(ratios):.3f}-{max(ratios):.3f} (tolerance ±{result['tolerance']})"
+        ratios = [r for run in result["runs"] for r in run.get("ratio", ())] or [float("nan")]
+        within = f"tolerance ±{result['tolerance']}"
+        return f"measured / predicted {min(ratios):.3f}-{max(ratios):.3f} ({within}){failed_runs}"
     if name == "split_vs_eager":
         return (
             f"engine {result['engine_steps_per_s']} steps/s, eager {result['eager_steps_per_s']}: "
@@ -138,14 +143,18 @@ def _rows(result: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
     name = result["check"]
     if name == "correctness":
         header = ["model", "schedule", "dtype", "max loss diff", "max param diff", "ok"]
-        return header, [
-            [r["model"], r["schedule"], r["dtype"], f"{r['max_loss_diff']:.2e}", f"{r['max_param_diff']:.2e}", r["ok"]]
-            for r in result["runs"]
-        ]
+        return header, [[r["model"], r["schedule"], r["dtype"], *_diffs(r), r["ok"]] for r in result["runs"]]
     if name == "memory":
         header = ["schedule", "recompute", "measured MB", "predicted MB", "measured / predicted", "ok"]
         return header, [
-            [r["schedule"], r["recompute"], r["measured_mb"], r["predicted_mb"], r["ratio"], r["ok"]]
+            [
+                r["schedule"],
+                r["recompute"],
+                r.get("measured_mb", r.get("error")),
+                r.get("predicted_mb"),
+                r.get("ratio"),
+                r["ok"],
+            ]
             for r in result["runs"]
         ]
     if name == "split_vs_eager":
@@ -180,6 +189,12 @@ def _rows(result: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
             ]
         )
     return header, rows
+
+
+def _diffs(run: dict[str, Any]) -> list[str]:
+    if "error" in run:
+        return [run["error"], ""]
+    return [f"{run['max_loss_diff']:.2e}", f"{run['max_param_diff']:.2e}"]
 
 
 def _table(header: list[str], rows: list[list[Any]]) -> None:

@@ -17,8 +17,11 @@ with the prediction of the graph's ops of that kind. Kinds from the op's name (`
 and its kernels), ``norm`` (layer_norm, rms_norm), ``elementwise`` (the rest). T5's RMSNorm is
 written as pow / mean / rsqrt / mul, so it counts as elementwise on both sides.
 
-The costs branch's block timer (`hf_ftpipe.runtime.block_timing`, issue 27 item 2) builds blocks
-the same way; once it is on main, `_BlockModule` should give way to it.
+The measured-cost profiler of issue 27 item 2 (``hf_ftpipe.runtime.block_timing``, not yet on main
+when this was written) builds and times blocks the same way: `_BlockModule` is its ``_BlockRunner``,
+`_median_phases` its ``median_times``, `_timed_blocks` a subset of ``plan.blocks.blocks_of``. Once
+it is on main, this check should take its block times from ``time_blocks`` (one block per
+signature) and keep only the per-kind profile and the comparison here.
 
 ``--quick`` times layer 1 of the correctness check's tiny GPT-2 instead (one capture less: the
 test's time budget), so `capture_config` runs only at full size.

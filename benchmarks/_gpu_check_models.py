@@ -206,13 +206,14 @@ def one_rank_placement(graph: object, num_stages: int) -> OneRankPlacement:
 
 
 @contextlib.contextmanager
-def single_process_group(device: torch.device) -> Iterator[None]:
-    """A process group of this one process (the engine needs one): gloo on the CPU, NCCL for CUDA
-    tensors with gloo beside it for the CPU objects some collectives exchange."""
+def single_process_group(device: torch.device, backend: str = "nccl") -> Iterator[None]:
+    """A process group of this one process (the engine needs one): gloo on the CPU; on CUDA
+    ``backend`` for CUDA tensors (NCCL as a GPU job runs; ``gloo`` to rule NCCL out) with gloo
+    beside it for the CPU objects some collectives exchange."""
     if dist.is_initialized():
         yield
         return
-    backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
+    backend = f"cpu:gloo,cuda:{backend}" if device.type == "cuda" else "gloo"
     with tempfile.TemporaryDirectory() as folder:
         store = dist.FileStore(os.path.join(folder, "store"), 1)
         if device.type == "cuda":

@@ -65,7 +65,7 @@ def run_checks(args: argparse.Namespace, log: Callable[[str], None]) -> list[dic
     sizes = QUICK if args.quick else FULL
     cost_dtypes = ("float32", "bfloat16") if device.type == "cuda" else ("float32",)
     results = []
-    with single_process_group(device):
+    with single_process_group(device, args.backend):
         captures: list[Any] = []
 
         def models() -> list[Any]:  # captured once, on first use: the export is the slow part
@@ -208,6 +208,7 @@ def _table(header: list[str], rows: list[list[Any]]) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    parser.add_argument("--backend", choices=["nccl", "gloo"], default="nccl", help="for CUDA tensors (default nccl)")
     parser.add_argument("--quick", action="store_true", help="tiny models, a subset of the runs, wide tolerances")
     parser.add_argument(
         "--checks",

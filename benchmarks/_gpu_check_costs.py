@@ -203,8 +203,8 @@ def _measure_block(
 
 
 def _median_phases(block: _BlockModule, device: torch.device, repeats: int) -> tuple[float, float]:
-    """Median forward and backward seconds over ``repeats`` runs after `WARMUP` untimed (the first two
-    runs of a tiny block took 100× the later ones on the CPU)."""
+    """Median forward and backward seconds over ``repeats`` runs after `WARMUP` untimed (on the shared
+    CPU the first runs of a tiny block took up to 100× the later ones)."""
     for _ in range(WARMUP):
         for _ in block.phases():
             pass
@@ -244,9 +244,8 @@ def _profiled_kinds(block: _BlockModule, device: torch.device) -> dict[tuple[str
 
 
 def _random(shape: Any, dtype: str | None, device: torch.device, scale: float = 1.0) -> torch.Tensor:
-    """Values of a trained model's scale: floats ``scale × randn`` (1-D weights, norms' and biases, ones),
-    integers ones (a valid token, label, mask or index). Small values everywhere (0.02 for norms too)
-    shrank the activations into denormal floats, which ran 100× slower on the CPU."""
+    """Values of a trained model's scale: floats ``scale × randn``, 1-D weights (norms, biases) ones,
+    integers ones (a valid token, label, mask or index). Only time is measured."""
     torch_dtype = getattr(torch, (dtype or "float32").removeprefix("torch."))
     if not torch_dtype.is_floating_point or len(shape) == 1:
         return torch.ones(tuple(shape), dtype=torch_dtype, device=device)

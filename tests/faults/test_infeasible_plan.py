@@ -139,7 +139,7 @@ def test_the_figures_agree_with_the_partitioners_estimate(graph: CostGraph, comp
 
 def test_partition_fails_with_the_same_figures_and_status_2(compared: tuple) -> None:
     # The command of docs/planning.md, "A plan that fits nowhere", and the lines the page shows.
-    block = page_block("docs/planning.md", "hf-ftpipe partition gpt2-xl")
+    block = page_block("docs/planning.md", "hf-ftpipe partition gpt2-xl --gpus 2 --gpu-profile rtx2080ti")
     assert argv(block.command_lines()[0]) == ["hf-ftpipe", "partition", *ARGV]
     code, out, err, seconds = run("partition", *ARGV)
     assert code == 2 and out == "" and "Traceback" not in err

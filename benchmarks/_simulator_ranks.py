@@ -1,0 +1,115 @@
+"""What each rank of ``benchmarks/simulator.py`` does: profile the model, then run every schedule, timed inside.
+
+One launch runs every schedule in turn in the same two rank processes (``runtime.py`` gives each
+runner fresh processes; here what is compared is each run with its own simulation, and one launch
+keeps the benchmark short). Each rank first profiles the whole model with
+`hf_ftpipe.profile_model` at the run's micro-batch shape and threads, every rank at the same
+moment, so that the profile competes for the cores as the pipeline's ranks do; rank r's table
+prices stage r. Then, per schedule, warm-up steps and timed steps, with `StageClock` timing each
+stage's forward and backward inside the executor.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+import torch.distributed as dist
+from _gpt2_split import Setup, build_model, first_microbatch, make_batch
+from _runtime_ranks import HfFtpipeRunner
+
+
+class StageClock:
+    """Compute time of each stage's forwards and backwards on this rank, waits on messages left out.
+
+    Wraps the engine's `Executor._forward` and `_backward` (the calls that run a stage's module and
+    its autograd) with `time.perf_counter`, and the messenger's `wait`: a forward that waits for its
+    input, or a backward for its output's gradient, has that wait taken off, so what is left is the
+    stage's compute, what the simulator prices per action.
+    """
+
+    def __init__(self, engine: Any) -> None:
+        self.busy_s: dict[int, float] = defaultdict(float)
+        """Stage → seconds of forward + backward compute since the last `reset`."""
+        self.actions: dict[int, int] = defaultdict(int)
+        self._waited_s = 0.0
+        engine._forward = self._timed(engine._forward)
+        engine._backward = self._timed(engine._backward)
+        wait = engine.messenger.wait
+
+        def timed_wait(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return wait(*args, **kwargs)
+            finally:
+                self._waited_s += time.perf_counter() - start
+
+        engine.messenger.wait = timed_wait
+
+    def _timed(self, run: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(action: Any, *args: Any) -> Any:
+            waited, start = self._waited_s, time.perf_counter()
+            try:
+                return run(action, *args)
+            finally:
+                elapsed = time.perf_counter() - start - (self._waited_s - waited)
+                self.busy_s[action.stage_index] += elapsed
+                self.actions[action.stage_index] += 1
+
+        return timed
+
+    def reset(self) -> None:
+        self.busy_s.clear()
+        self.actions.clear()
+
+
+def profiled_costs(pipe: HfFtpipeRunner, setup: Setup, repeats: int) -> dict[str, list[float]]:
+    """This rank's stage's ops → ``[forward_s, backward_s]`` from a profile of the whole model taken here."""
+    from hf_ftpipe import profile_model
+
+    model = build_model(setup)
+    microbatch = first_microbatch(setup, make_batch(setup, 0))
+    table = profile_model(model, microbatch, device=pipe.device, warmup=2, repeats=repeats, show_progress=False)
+    costs = table.node_costs(pipe.traced.cost_graph)  # refused if the table were of another graph
+    node_stage = pipe.placement.node_stage
+    return {n: [c.forward_s, c.backward_s] for n, c in costs.items() if node_stage.get(n) == pipe.rank}
+
+
+def run_rank(rank: int, setup: Setup, schedules: list[str]) -> dict[str, Any]:
+    """Profile, then run each of ``schedules``; this rank's costs and, per schedule, its timings."""
+    model = build_model(setup)
+    batches = [make_batch(setup, step) for step in range(2)]
+    dist.barrier()  # every rank profiles at once, as every rank computes at once in the pipeline
+    profile_pipe = HfFtpipeRunner(rank, setup, model, schedules[0])
+    costs = profiled_costs(profile_pipe, setup, repeats=max(3, setup.stage_repeats))
+    runs: dict[str, Any] = {}
+    for schedule in schedules:
+        pipe = HfFtpipeRunner(rank, setup, build_model(setup), schedule)
+        pipe.build()
+        clock = StageClock(pipe.engine)
+        dist.barrier()
+        # Streaming schedules go on from the warm-up into the timed steps without a drain: every timed
+        # step is a steady one, as the simulator's step is.
+        for step in range(setup.warmup):
+            pipe.step(batches[step % 2])
+        clock.reset()
+        step_times_s = []
+        for step in range(setup.steps):
+            start = time.perf_counter()
+            pipe.step(batches[(setup.warmup + step) % 2])
+            step_times_s.append(time.perf_counter() - start)
+        busy = dict(clock.busy_s)
+        actions = dict(clock.actions)
+        pipe.finish()
+        dist.barrier()
+        runs[schedule] = {
+            "step_times_s": step_times_s,
+            "median_step_s": statistics.median(step_times_s),
+            "wall_s": sum(step_times_s),
+            "busy_s": busy,
+            "actions": actions,
+        }
+    return {"rank": rank, "costs": costs, "runs": runs}

@@ -1,0 +1,250 @@
+"""The simulator against the run: simulated step and bubble beside the measured ones, per schedule.
+
+On the CPU runtime benchmark's model and split (``_gpt2_split.py``: GPT-2, 8 layers, d_model 256,
+sequence 128, vocabulary 2048, two stages on two gloo ranks), for every schedule of hf_ftpipe's
+`PipelineEngine` (gpipe, 1f1b, async, 2bw):
+
+- simulated: `hf_ftpipe.simulate` of the same split, priced by a measured cost table
+  (`hf_ftpipe.profile_model` at the run's micro-batch shape and torch threads, taken on every
+  rank at once right before the runs; rank r's table prices stage r), over the ``cpu`` profile's
+  link (gloo over loopback);
+- measured: the real 2-rank run's median step (the slowest rank's), and each stage's forward +
+  backward per micro-batch as timed inside the run (`_simulator_ranks.StageClock`: the engine's
+  forward and backward calls, waits on messages taken off);
+- per stage: the roofline's prediction (``cpu`` profile), the measured costs' and the measured time.
+
+    python benchmarks/simulator.py                 # a table and the checks
+    python benchmarks/simulator.py --json          # a JSON list, one object per schedule
+    python benchmarks/simulator.py --quick         # tiny sizes: a smoke test (figures mean nothing)
+
+measured_efficiency = Σ over ranks of the stages' compute / (ranks × step): the share of the ranks'
+time spent computing (each rank's compute over its timed steps / their wall time, averaged over
+ranks), so 1 − measured_efficiency is the measured bubble (waiting, messages, and what the
+simulator does not price: the optimizer step, Python between actions). Targets (issue 27): the
+simulated step within 10% of the measured median for every schedule; the simulated bubble within
+5 points of 1 − measured efficiency; each stage's predicted forward + backward within 10% of the
+measured one (the roofline's error beside it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+from _checks import Check, failed, print_checks, verdict  # noqa: E402
+from _gpt2_split import Setup, build_model, first_microbatch, make_batch, split_graph  # noqa: E402
+from _rank_processes import run_ranks  # noqa: E402
+from _simulator_ranks import run_rank  # noqa: E402
+
+SCHEDULES = ("gpipe", "1f1b", "async", "2bw")
+MAX_STEP_ERROR = 0.10
+MAX_BUBBLE_POINTS = 0.05
+MAX_STAGE_ERROR = 0.10
+QUICK = {"layers": 2, "d_model": 32, "heads": 2, "seq_len": 16, "vocab": 128, "steps": 3, "warmup": 2}
+
+
+def simulate_all(setup: Setup, ranks: list[dict[str, Any]], schedules: list[str]) -> dict[str, Any]:
+    """Per schedule, the simulation with the ranks' measured costs; per stage, the roofline's and the costs' times."""
+    import hf_ftpipe
+    from hf_ftpipe.costmodel.op_time import NodeCost, node_costs
+    from hf_ftpipe.costmodel.profiles import BUILTIN_PROFILES
+    from hf_ftpipe.graph import capture_model
+    from hf_ftpipe.plan import Partition, PartitionKey
+
+    model = build_model(setup)
+    graph = capture_model(model, first_microbatch(setup, make_batch(setup, 0))).cost_graph
+    node_stage = split_graph(graph, setup)
+    profile = BUILTIN_PROFILES["cpu"].with_count(setup.num_ranks)
+    measured = {n: NodeCost(*fb) for r in ranks for n, fb in r["costs"].items()}
+    missing = [n for n in graph.graph.nodes if n not in measured]
+    if missing:
+        raise RuntimeError(f"the ranks' profiles priced no time for {len(missing)} ops, e.g. {missing[:3]}")
+    roofline = node_costs(graph, profile, "float32")
+    per_stage = {"roofline": [0.0] * setup.num_ranks, "predicted": [0.0] * setup.num_ranks}
+    for n, s in node_stage.items():
+        per_stage["roofline"][s] += roofline[n].forward_s + roofline[n].backward_s
+        per_stage["predicted"][s] += measured[n].forward_s + measured[n].backward_s
+    results = {}
+    for schedule in schedules:
+        key = PartitionKey.from_graph(
+            graph,
+            dtype="float32",
+            schedule=schedule,
+            num_microbatches=setup.num_microbatches,
+            gpu_profile="cpu",
+            num_gpus=setup.num_ranks,
+        )
+        plan = Partition(
+            node_stage=node_stage, stage_device=list(range(setup.num_ranks)), partitioner="benchmark", key=key
+        )
+        results[schedule] = hf_ftpipe.simulate(plan, schedule, measured, graph=graph, profile=profile)
+    return {"per_stage": per_stage, "results": results}
+
+
+def make_row(setup: Setup, schedule: str, ranks: list[dict[str, Any]], simulated: dict[str, Any]) -> dict[str, Any]:
+    """One schedule's figures: the simulation beside the run (the slowest rank's median step)."""
+    runs = [r["runs"][schedule] for r in ranks]
+    result = simulated["results"][schedule]
+    efficiency = statistics.fmean(sum(run["busy_s"].values()) / run["wall_s"] for run in runs)
+    stages = []
+    for s in range(setup.num_ranks):
+        busy = sum(run["busy_s"].get(s, 0.0) for run in runs)
+        actions = sum(run["actions"].get(s, 0) for run in runs)
+        stages.append(
+            {
+                "stage": s,
+                "roofline_s": simulated["per_stage"]["roofline"][s],
+                "predicted_s": simulated["per_stage"]["predicted"][s],
+                "measured_s": busy / (actions / 2) if actions else None,  # a forward and a backward per micro-batch
+            }
+        )
+    return {
+        "schedule": schedule,
+        "simulated_step_s": result.step_time_s,
+        "measured_step_s": max(run["median_step_s"] for run in runs),
+        "simulated_bubble": result.bubble_fraction,
+        "measured_efficiency": efficiency,
+        "simulated_busy_s": result.busy_s,
+        "measured_busy_s": [sum(run["busy_s"].values()) / len(run["step_times_s"]) for run in runs],
+        "stages": stages,
+        "num_microbatches": setup.num_microbatches,
+        "num_ranks": setup.num_ranks,
+    }
+
+
+def checks(rows: list[dict[str, Any]]) -> list[Check]:
+    """(check, verdict) per schedule: the step, the bubble, every stage's prediction (the roofline's error beside)."""
+    out: list[Check] = []
+    for row in rows:
+        name = row["schedule"]
+        error = row["simulated_step_s"] / row["measured_step_s"] - 1
+        ok = abs(error) <= MAX_STEP_ERROR
+        out.append((f"{name}: simulated step within {MAX_STEP_ERROR:.0%} of measured", verdict(ok, f"{error:+.1%}")))
+        measured_bubble = 1 - row["measured_efficiency"]
+        ok = abs(row["simulated_bubble"] - measured_bubble) <= MAX_BUBBLE_POINTS
+        figures = f"simulated {row['simulated_bubble']:.1%}, measured {measured_bubble:.1%}"
+        out.append((f"{name}: bubble within {MAX_BUBBLE_POINTS * 100:.0f} points", verdict(ok, figures)))
+        errors = [
+            (st["predicted_s"] / st["measured_s"] - 1, st["roofline_s"] / st["measured_s"] - 1) for st in row["stages"]
+        ]
+        figures = "; ".join(f"stage {s} {p:+.0%} (roofline {r:+.0%})" for s, (p, r) in enumerate(errors))
+        ok = all(abs(p) <= MAX_STAGE_ERROR for p, _ in errors)
+        out.append((f"{name}: stages' measured-cost fwd+bwd within {MAX_STAGE_ERROR:.0%}", verdict(ok, figures)))
+    return out
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    header = ["schedule", "sim step ms", "meas step ms", "sim/meas", "sim bubble", "meas bubble"]
+    table = [[*header, "stage ms: roofline / predicted / measured"]]
+    for row in rows:
+        stages = "; ".join(
+            f"{st['roofline_s'] * 1e3:.1f} / {st['predicted_s'] * 1e3:.1f} / {st['measured_s'] * 1e3:.1f}"
+            for st in row["stages"]
+        )
+        table.append(
+            [
+                row["schedule"],
+                f"{row['simulated_step_s'] * 1e3:.0f}",
+                f"{row['measured_step_s'] * 1e3:.0f}",
+                f"{row['simulated_step_s'] / row['measured_step_s']:.2f}",
+                f"{row['simulated_bubble']:.1%}",
+                f"{1 - row['measured_efficiency']:.1%}",
+                stages,
+            ]
+        )
+    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
+    for i, r in enumerate(table):
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+        if i == 0:
+            print("  ".join("-" * w for w in widths))
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--schedules", nargs="+", choices=SCHEDULES, default=list(SCHEDULES))
+    parser.add_argument("--microbatches", type=int, default=4)
+    parser.add_argument("--microbatch-size", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=5, help="timed steps per schedule (median taken)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--d-model", type=int, default=256)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--vocab", type=int, default=2048)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per rank, in the profile and the run")
+    parser.add_argument("--repeats", type=int, default=1, help="launches; per schedule the fastest median step is kept")
+    parser.add_argument("--timeout-s", type=float, default=600.0, help="limit per launch")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke test")
+    parser.add_argument("--json", action="store_true", help="print a JSON list, one object per schedule")
+    args = parser.parse_args()
+    if args.quick:
+        for name, value in QUICK.items():
+            setattr(args, name, value)
+    for name in ("microbatches", "microbatch_size", "steps", "repeats", "threads", "warmup"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.microbatches < 2:
+        parser.error(f"--microbatches ({args.microbatches}) must be at least 2, the ranks, for 1F1B")
+    return args
+
+
+def main() -> int:
+    args = parse_args()
+    setup = Setup(
+        num_ranks=2,
+        num_microbatches=args.microbatches,
+        microbatch_size=args.microbatch_size,
+        steps=args.steps,
+        warmup=args.warmup,
+        device="cpu",
+        threads_per_rank=args.threads,
+        n_layer=args.layers,
+        d_model=args.d_model,
+        n_head=args.heads,
+        seq_len=args.seq_len,
+        vocab_size=args.vocab,
+    )
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    started = time.perf_counter()
+    best: dict[str, dict[str, Any]] = {}
+    for repeat in range(args.repeats):
+        ranks = run_ranks(setup, run_rank, list(args.schedules), args.timeout_s)
+        simulated = simulate_all(setup, ranks, list(args.schedules))
+        for schedule in args.schedules:
+            row = make_row(setup, schedule, ranks, simulated)
+            if schedule not in best or row["measured_step_s"] < best[schedule]["measured_step_s"]:
+                best[schedule] = row
+        if not args.json:
+            elapsed_s = time.perf_counter() - started
+            print(f"  launch {repeat + 1}/{args.repeats} done at {elapsed_s:.0f} s", file=sys.stderr)
+    rows = [best[s] for s in args.schedules]
+    verdicts = checks(rows)
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    print(
+        f"GPT-2 {setup.n_layer} layers, d_model {setup.d_model}, sequence {setup.seq_len}, "
+        f"vocabulary {setup.vocab_size}; 2 stages on 2 gloo ranks, {setup.threads_per_rank} torch thread(s) each; "
+        f"{setup.num_microbatches} micro-batches × {setup.microbatch_size}; median of {setup.steps} steps after "
+        f"{setup.warmup} warm-up\n"
+    )
+    print_table(rows)
+    print(
+        "\nstage ms: forward + backward of one micro-batch: the roofline ('cpu' profile), the measured cost table "
+        "(profiled on each rank at once), and as timed inside the run (waits on messages taken off).\n"
+        "meas bubble: 1 - measured efficiency (the ranks' stage compute / (ranks × step)).\n"
+    )
+    print_checks(verdicts, started)
+    return 1 if failed(verdicts) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

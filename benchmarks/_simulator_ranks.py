@@ -34,6 +34,8 @@ class StageClock:
     def __init__(self, engine: Any) -> None:
         self.busy_s: dict[int, float] = defaultdict(float)
         """Stage → seconds of forward + backward compute since the last `reset`."""
+        self.forward_s: dict[int, float] = defaultdict(float)
+        """Stage → the forwards' share of ``busy_s``."""
         self.actions: dict[int, int] = defaultdict(int)
         self._waited_s = 0.0
         engine._forward = self._timed(engine._forward)
@@ -57,12 +59,15 @@ class StageClock:
             finally:
                 elapsed = time.perf_counter() - start - (self._waited_s - waited)
                 self.busy_s[action.stage_index] += elapsed
+                if action.computation == "F":
+                    self.forward_s[action.stage_index] += elapsed
                 self.actions[action.stage_index] += 1
 
         return timed
 
     def reset(self) -> None:
         self.busy_s.clear()
+        self.forward_s.clear()
         self.actions.clear()
 
 
@@ -101,8 +106,7 @@ def run_rank(rank: int, setup: Setup, schedules: list[str]) -> dict[str, Any]:
             start = time.perf_counter()
             pipe.step(batches[(setup.warmup + step) % 2])
             step_times_s.append(time.perf_counter() - start)
-        busy = dict(clock.busy_s)
-        actions = dict(clock.actions)
+        busy, forward, actions = dict(clock.busy_s), dict(clock.forward_s), dict(clock.actions)
         pipe.finish()
         dist.barrier()
         runs[schedule] = {
@@ -110,6 +114,7 @@ def run_rank(rank: int, setup: Setup, schedules: list[str]) -> dict[str, Any]:
             "median_step_s": statistics.median(step_times_s),
             "wall_s": sum(step_times_s),
             "busy_s": busy,
+            "forward_s": forward,
             "actions": actions,
         }
     return {"rank": rank, "costs": costs, "runs": runs}

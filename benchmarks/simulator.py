@@ -51,8 +51,21 @@ MAX_STAGE_ERROR = 0.10
 QUICK = {"layers": 2, "d_model": 32, "heads": 2, "seq_len": 16, "vocab": 128, "steps": 3, "warmup": 2}
 
 
+def run_stage_times(setup: Setup, runs: list[dict[str, Any]]) -> tuple[list[float], list[float]]:
+    """Per stage, forward and backward seconds of one micro-batch as timed inside the run."""
+    forward, backward = [], []
+    for s in range(setup.num_ranks):
+        microbatches = sum(run["actions"].get(s, 0) for run in runs) / 2  # a forward and a backward each
+        busy = sum(run["busy_s"].get(s, 0.0) for run in runs)
+        forward_s = sum(run["forward_s"].get(s, 0.0) for run in runs)
+        forward.append(forward_s / microbatches if microbatches else 0.0)
+        backward.append((busy - forward_s) / microbatches if microbatches else 0.0)
+    return forward, backward
+
+
 def simulate_all(setup: Setup, ranks: list[dict[str, Any]], schedules: list[str]) -> dict[str, Any]:
-    """Per schedule, the simulation with the ranks' measured costs; per stage, the roofline's and the costs' times."""
+    """Per schedule, the simulation with the ranks' measured costs and with the run's own stage times;
+    per stage, the roofline's and the costs' times."""
     import hf_ftpipe
     from hf_ftpipe.costmodel.op_time import NodeCost, node_costs
     from hf_ftpipe.costmodel.profiles import BUILTIN_PROFILES
@@ -68,11 +81,14 @@ def simulate_all(setup: Setup, ranks: list[dict[str, Any]], schedules: list[str]
     if missing:
         raise RuntimeError(f"the ranks' profiles priced no time for {len(missing)} ops, e.g. {missing[:3]}")
     roofline = node_costs(graph, profile, "float32")
+    forward, backward = [0.0] * setup.num_ranks, [0.0] * setup.num_ranks
     per_stage = {"roofline": [0.0] * setup.num_ranks, "predicted": [0.0] * setup.num_ranks}
     for n, s in node_stage.items():
         per_stage["roofline"][s] += roofline[n].forward_s + roofline[n].backward_s
-        per_stage["predicted"][s] += measured[n].forward_s + measured[n].backward_s
-    results = {}
+        forward[s] += measured[n].forward_s
+        backward[s] += measured[n].backward_s
+    per_stage["predicted"] = [f + b for f, b in zip(forward, backward)]
+    results, from_run = {}, {}
     for schedule in schedules:
         key = PartitionKey.from_graph(
             graph,
@@ -86,32 +102,46 @@ def simulate_all(setup: Setup, ranks: list[dict[str, Any]], schedules: list[str]
             node_stage=node_stage, stage_device=list(range(setup.num_ranks)), partitioner="benchmark", key=key
         )
         results[schedule] = hf_ftpipe.simulate(plan, schedule, measured, graph=graph, profile=profile)
-    return {"per_stage": per_stage, "results": results}
+        # The simulator alone, without the profile's error: each op scaled so that its stage takes the run's time.
+        run_forward, run_backward = run_stage_times(setup, [r["runs"][schedule] for r in ranks])
+        scaled = {
+            n: NodeCost(
+                measured[n].forward_s * run_forward[s] / forward[s] if forward[s] else 0.0,
+                measured[n].backward_s * run_backward[s] / backward[s] if backward[s] else 0.0,
+            )
+            for n, s in node_stage.items()
+        }
+        from_run[schedule] = hf_ftpipe.simulate(plan, schedule, scaled, graph=graph, profile=profile)
+    return {"per_stage": per_stage, "results": results, "from_run": from_run}
 
 
 def make_row(setup: Setup, schedule: str, ranks: list[dict[str, Any]], simulated: dict[str, Any]) -> dict[str, Any]:
     """One schedule's figures: the simulation beside the run (the slowest rank's median step)."""
     runs = [r["runs"][schedule] for r in ranks]
-    result = simulated["results"][schedule]
+    result, from_run = simulated["results"][schedule], simulated["from_run"][schedule]
     efficiency = statistics.fmean(sum(run["busy_s"].values()) / run["wall_s"] for run in runs)
-    stages = []
-    for s in range(setup.num_ranks):
-        busy = sum(run["busy_s"].get(s, 0.0) for run in runs)
-        actions = sum(run["actions"].get(s, 0) for run in runs)
-        stages.append(
-            {
-                "stage": s,
-                "roofline_s": simulated["per_stage"]["roofline"][s],
-                "predicted_s": simulated["per_stage"]["predicted"][s],
-                "measured_s": busy / (actions / 2) if actions else None,  # a forward and a backward per micro-batch
-            }
-        )
+    forward, backward = run_stage_times(setup, runs)
+    stages = [
+        {
+            "stage": s,
+            "roofline_s": simulated["per_stage"]["roofline"][s],
+            "predicted_s": simulated["per_stage"]["predicted"][s],
+            "measured_s": forward[s] + backward[s],
+            "measured_forward_s": forward[s],
+        }
+        for s in range(setup.num_ranks)
+    ]
     return {
         "schedule": schedule,
         "simulated_step_s": result.step_time_s,
         "measured_step_s": max(run["median_step_s"] for run in runs),
         "simulated_bubble": result.bubble_fraction,
         "measured_efficiency": efficiency,
+        # The same costs with no fill, drain or waiting: what a stream that never stops would take.
+        "no_fill_step_s": setup.num_microbatches * max(simulated["per_stage"]["predicted"]),
+        # Simulated with each stage at the time the run measured: the simulator's error without the profile's.
+        "simulated_from_run_step_s": from_run.step_time_s,
+        "simulated_from_run_bubble": from_run.bubble_fraction,
         "simulated_busy_s": result.busy_s,
         "measured_busy_s": [sum(run["busy_s"].values()) / len(run["step_times_s"]) for run in runs],
         "stages": stages,
@@ -142,7 +172,8 @@ def checks(rows: list[dict[str, Any]]) -> list[Check]:
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
-    header = ["schedule", "sim step ms", "meas step ms", "sim/meas", "sim bubble", "meas bubble"]
+    header = ["schedule", "sim step ms", "no-fill ms", "sim(run) ms", "meas step ms", "sim/meas", "sim(run)/meas"]
+    header += ["sim bubble", "sim(run) bubble", "meas bubble"]
     table = [[*header, "stage ms: roofline / predicted / measured"]]
     for row in rows:
         stages = "; ".join(
@@ -153,9 +184,13 @@ def print_table(rows: list[dict[str, Any]]) -> None:
             [
                 row["schedule"],
                 f"{row['simulated_step_s'] * 1e3:.0f}",
+                f"{row['no_fill_step_s'] * 1e3:.0f}",
+                f"{row['simulated_from_run_step_s'] * 1e3:.0f}",
                 f"{row['measured_step_s'] * 1e3:.0f}",
                 f"{row['simulated_step_s'] / row['measured_step_s']:.2f}",
+                f"{row['simulated_from_run_step_s'] / row['measured_step_s']:.2f}",
                 f"{row['simulated_bubble']:.1%}",
+                f"{row['simulated_from_run_bubble']:.1%}",
                 f"{1 - row['measured_efficiency']:.1%}",
                 stages,
             ]
@@ -240,6 +275,8 @@ def main() -> int:
     print(
         "\nstage ms: forward + backward of one micro-batch: the roofline ('cpu' profile), the measured cost table "
         "(profiled on each rank at once), and as timed inside the run (waits on messages taken off).\n"
+        "no-fill ms: micro-batches × the slowest stage's predicted forward + backward (no fill, drain or wait).\n"
+        "sim(run): simulated with each stage's forward and backward at the run's own times (the simulator alone).\n"
         "meas bubble: 1 - measured efficiency (the ranks' stage compute / (ranks × step)).\n"
     )
     print_checks(verdicts, started)

@@ -2,11 +2,13 @@
 
 One launch runs every schedule in turn in the same two rank processes (``runtime.py`` gives each
 runner fresh processes; here what is compared is each run with its own simulation, and one launch
-keeps the benchmark short). Each rank first profiles the whole model with
-`hf_ftpipe.profile_model` at the run's micro-batch shape and threads, every rank at the same
-moment, so that the profile competes for the cores as the pipeline's ranks do; rank r's table
-prices stage r. Then, per schedule, warm-up steps and timed steps, with `StageClock` timing each
-stage's forward and backward inside the executor.
+keeps the benchmark short). First the model is profiled with `hf_ftpipe.profile_model` at the
+run's micro-batch shape and threads: ``alone``, rank 0 profiles while the others wait, as
+``PipeTrainingArguments(cost_table="measured")`` does, and its table prices every stage;
+``together``, every rank profiles the whole model at the same moment, so that the profile competes
+for the cores as the pipeline's ranks do, and rank r's table prices stage r. Then, per schedule,
+warm-up steps and timed steps, with `StageClock` timing each stage's forward and backward inside
+the executor.
 """
 
 from __future__ import annotations
@@ -71,8 +73,9 @@ class StageClock:
         self.actions.clear()
 
 
-def profiled_costs(pipe: HfFtpipeRunner, setup: Setup, repeats: int) -> dict[str, list[float]]:
-    """This rank's stage's ops → ``[forward_s, backward_s]`` from a profile of the whole model taken here."""
+def profiled_costs(pipe: HfFtpipeRunner, setup: Setup, repeats: int, own_stage: bool) -> dict[str, list[float]]:
+    """Ops → ``[forward_s, backward_s]`` from a profile of the whole model taken here: this rank's
+    stage's ops when ``own_stage``, else all of them."""
     from hf_ftpipe import profile_model
 
     model = build_model(setup)
@@ -80,16 +83,21 @@ def profiled_costs(pipe: HfFtpipeRunner, setup: Setup, repeats: int) -> dict[str
     table = profile_model(model, microbatch, device=pipe.device, warmup=2, repeats=repeats, show_progress=False)
     costs = table.node_costs(pipe.traced.cost_graph)  # refused if the table were of another graph
     node_stage = pipe.placement.node_stage
-    return {n: [c.forward_s, c.backward_s] for n, c in costs.items() if node_stage.get(n) == pipe.rank}
+    return {n: [c.forward_s, c.backward_s] for n, c in costs.items() if not own_stage or node_stage.get(n) == pipe.rank}
 
 
-def run_rank(rank: int, setup: Setup, schedules: list[str]) -> dict[str, Any]:
-    """Profile, then run each of ``schedules``; this rank's costs and, per schedule, its timings."""
+def run_rank(rank: int, setup: Setup, work: dict[str, Any]) -> dict[str, Any]:
+    """Profile (``work["profile"]``: ``"alone"`` or ``"together"``), then run each of ``work["schedules"]``;
+    the costs this rank profiled and, per schedule, its timings."""
+    schedules, together = work["schedules"], work["profile"] == "together"
     model = build_model(setup)
     batches = [make_batch(setup, step) for step in range(2)]
-    dist.barrier()  # every rank profiles at once, as every rank computes at once in the pipeline
-    profile_pipe = HfFtpipeRunner(rank, setup, model, schedules[0])
-    costs = profiled_costs(profile_pipe, setup, repeats=max(3, setup.stage_repeats))
+    dist.barrier()
+    costs: dict[str, list[float]] = {}
+    if together or rank == 0:
+        profile_pipe = HfFtpipeRunner(rank, setup, model, schedules[0])
+        costs = profiled_costs(profile_pipe, setup, repeats=max(3, setup.stage_repeats), own_stage=together)
+    dist.barrier()  # alone: the other ranks wait, idle, while rank 0 profiles
     runs: dict[str, Any] = {}
     for schedule in schedules:
         pipe = HfFtpipeRunner(rank, setup, build_model(setup), schedule)

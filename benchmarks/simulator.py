@@ -5,9 +5,11 @@ sequence 128, vocabulary 2048, two stages on two gloo ranks), for every schedule
 `PipelineEngine` (gpipe, 1f1b, async, 2bw):
 
 - simulated: `hf_ftpipe.simulate` of the same split, priced by a measured cost table
-  (`hf_ftpipe.profile_model` at the run's micro-batch shape and torch threads, taken on every
-  rank at once right before the runs; rank r's table prices stage r), over the ``cpu`` profile's
-  link (gloo over loopback);
+  (`hf_ftpipe.profile_model` at the run's micro-batch shape and torch threads, taken in the rank
+  processes right before the runs: ``--profile alone``, rank 0 alone as ``cost_table="measured"``
+  does; ``--profile together``, every rank at once, rank r's table pricing stage r), over the
+  ``cpu`` profile's link (gloo over loopback); and again with each stage at the run's own times
+  (the simulator's error without the profile's);
 - measured: the real 2-rank run's median step (the slowest rank's), and each stage's forward +
   backward per micro-batch as timed inside the run (`_simulator_ranks.StageClock`: the engine's
   forward and backward calls, waits on messages taken off);
@@ -215,6 +217,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--vocab", type=int, default=2048)
     parser.add_argument("--threads", type=int, default=1, help="torch threads per rank, in the profile and the run")
+    parser.add_argument(
+        "--profile",
+        choices=["alone", "together"],
+        default="alone",
+        help="alone: rank 0 profiles while the others wait (cost_table='measured' does); together: every rank at once",
+    )
     parser.add_argument("--repeats", type=int, default=1, help="launches; per schedule the fastest median step is kept")
     parser.add_argument("--timeout-s", type=float, default=600.0, help="limit per launch")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke test")
@@ -251,7 +259,8 @@ def main() -> int:
     started = time.perf_counter()
     best: dict[str, dict[str, Any]] = {}
     for repeat in range(args.repeats):
-        ranks = run_ranks(setup, run_rank, list(args.schedules), args.timeout_s)
+        work = {"schedules": list(args.schedules), "profile": args.profile}
+        ranks = run_ranks(setup, run_rank, work, args.timeout_s)
         simulated = simulate_all(setup, ranks, list(args.schedules))
         for schedule in args.schedules:
             row = make_row(setup, schedule, ranks, simulated)
@@ -260,7 +269,7 @@ def main() -> int:
         if not args.json:
             elapsed_s = time.perf_counter() - started
             print(f"  launch {repeat + 1}/{args.repeats} done at {elapsed_s:.0f} s", file=sys.stderr)
-    rows = [best[s] for s in args.schedules]
+    rows = [{**best[s], "profile": args.profile} for s in args.schedules]
     verdicts = checks(rows)
     if args.json:
         print(json.dumps(rows, indent=1))
@@ -274,7 +283,7 @@ def main() -> int:
     print_table(rows)
     print(
         "\nstage ms: forward + backward of one micro-batch: the roofline ('cpu' profile), the measured cost table "
-        "(profiled on each rank at once), and as timed inside the run (waits on messages taken off).\n"
+        f"(profiled {args.profile}), and as timed inside the run (waits on messages taken off).\n"
         "no-fill ms: micro-batches × the slowest stage's predicted forward + backward (no fill, drain or wait).\n"
         "sim(run): simulated with each stage's forward and backward at the run's own times (the simulator alone).\n"
         "meas bubble: 1 - measured efficiency (the ranks' stage compute / (ranks × step)).\n"

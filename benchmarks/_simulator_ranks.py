@@ -30,16 +30,24 @@ class StageClock:
     Wraps the engine's `Executor._forward` and `_backward` (the calls that run a stage's module and
     its autograd) with `time.perf_counter`, and the messenger's `wait`: a forward that waits for its
     input, or a backward for its output's gradient, has that wait taken off, so what is left is the
-    stage's compute, what the simulator prices per action.
+    stage's compute, what the simulator prices per action. Weight updates are timed apart
+    (``update_s``), since the simulator prices them at 0.
     """
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: Any, optimizer: Any) -> None:
         self.busy_s: dict[int, float] = defaultdict(float)
         """Stage → seconds of forward + backward compute since the last `reset`."""
         self.forward_s: dict[int, float] = defaultdict(float)
         """Stage → the forwards' share of ``busy_s``."""
         self.actions: dict[int, int] = defaultdict(int)
+        self.update_s = 0.0
+        """Seconds of weight updates: the streaming schedules' update actions, else the optimizer's step
+        after each step (the simulator prices neither)."""
         self._waited_s = 0.0
+        if engine.streaming_weights is not None:
+            engine.streaming_weights.update = self._timed_update(engine.streaming_weights.update)
+        else:
+            optimizer.step = self._timed_update(optimizer.step)
         engine._forward = self._timed(engine._forward)
         engine._backward = self._timed(engine._backward)
         wait = engine.messenger.wait
@@ -67,7 +75,18 @@ class StageClock:
 
         return timed
 
+    def _timed_update(self, run: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return run(*args, **kwargs)
+            finally:
+                self.update_s += time.perf_counter() - start
+
+        return timed
+
     def reset(self) -> None:
+        self.update_s = 0.0
         self.busy_s.clear()
         self.forward_s.clear()
         self.actions.clear()
@@ -102,7 +121,7 @@ def run_rank(rank: int, setup: Setup, work: dict[str, Any]) -> dict[str, Any]:
     for schedule in schedules:
         pipe = HfFtpipeRunner(rank, setup, build_model(setup), schedule)
         pipe.build()
-        clock = StageClock(pipe.engine)
+        clock = StageClock(pipe.engine, pipe.optimizer)
         dist.barrier()
         # Streaming schedules go on from the warm-up into the timed steps without a drain: every timed
         # step is a steady one, as the simulator's step is.
@@ -123,6 +142,7 @@ def run_rank(rank: int, setup: Setup, work: dict[str, Any]) -> dict[str, Any]:
             "wall_s": sum(step_times_s),
             "busy_s": busy,
             "forward_s": forward,
+            "update_s": clock.update_s,
             "actions": actions,
         }
     return {"rank": rank, "costs": costs, "runs": runs}

@@ -1,0 +1,301 @@
+"""The simulator against the run: simulated step and bubble beside the measured ones, per schedule.
+
+On the CPU runtime benchmark's model and split (``_gpt2_split.py``: GPT-2, 8 layers, d_model 256,
+sequence 128, vocabulary 2048, two stages on two gloo ranks), for every schedule of hf_ftpipe's
+`PipelineEngine` (gpipe, 1f1b, async, 2bw):
+
+- simulated: `hf_ftpipe.simulate` of the same split, priced by a measured cost table
+  (`hf_ftpipe.profile_model` at the run's micro-batch shape and torch threads, taken in the rank
+  processes right before the runs: ``--profile alone``, rank 0 alone as ``cost_table="measured"``
+  does; ``--profile together``, every rank at once, rank r's table pricing stage r), over the
+  ``cpu`` profile's link (gloo over loopback); and again with each stage at the run's own times
+  (the simulator's error without the profile's);
+- measured: the real 2-rank run's median step (the slowest rank's), and each stage's forward +
+  backward per micro-batch as timed inside the run (`_simulator_ranks.StageClock`: the engine's
+  forward and backward calls, waits on messages taken off);
+- per stage: the roofline's prediction (``cpu`` profile), the measured costs' and the measured time.
+
+    python benchmarks/simulator.py                 # a table and the checks
+    python benchmarks/simulator.py --json          # a JSON list, one object per schedule
+    python benchmarks/simulator.py --quick         # tiny sizes: a smoke test (figures mean nothing)
+
+measured_efficiency = Σ over ranks of the stages' compute / (ranks × step): the share of the ranks'
+time spent computing (each rank's compute over its timed steps / their wall time, averaged over
+ranks), so 1 − measured_efficiency is the measured bubble (waiting, messages, and what the
+simulator does not price: the optimizer step, Python between actions). Targets (issue 27): the
+simulated step within 10% of the measured median for every schedule; the simulated bubble within
+5 points of 1 − measured efficiency; each stage's predicted forward + backward within 10% of the
+measured one (the roofline's error beside it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+from _checks import Check, failed, print_checks, verdict  # noqa: E402
+from _gpt2_split import Setup, build_model, first_microbatch, make_batch, split_graph  # noqa: E402
+from _rank_processes import run_ranks  # noqa: E402
+from _simulator_ranks import run_rank  # noqa: E402
+
+SCHEDULES = ("gpipe", "1f1b", "async", "2bw")
+MAX_STEP_ERROR = 0.10
+MAX_BUBBLE_POINTS = 0.05
+MAX_STAGE_ERROR = 0.10
+QUICK = {"layers": 2, "d_model": 32, "heads": 2, "seq_len": 16, "vocab": 128, "steps": 3, "warmup": 2}
+
+
+def run_stage_times(setup: Setup, runs: list[dict[str, Any]]) -> tuple[list[float], list[float]]:
+    """Per stage, forward and backward seconds of one micro-batch as timed inside the run."""
+    forward, backward = [], []
+    for s in range(setup.num_ranks):
+        microbatches = sum(run["actions"].get(s, 0) for run in runs) / 2  # a forward and a backward each
+        busy = sum(run["busy_s"].get(s, 0.0) for run in runs)
+        forward_s = sum(run["forward_s"].get(s, 0.0) for run in runs)
+        forward.append(forward_s / microbatches if microbatches else 0.0)
+        backward.append((busy - forward_s) / microbatches if microbatches else 0.0)
+    return forward, backward
+
+
+def simulate_all(setup: Setup, ranks: list[dict[str, Any]], schedules: list[str]) -> dict[str, Any]:
+    """Per schedule, the simulation with the ranks' measured costs and with the run's own stage times;
+    per stage, the roofline's and the costs' times."""
+    import hf_ftpipe
+    from hf_ftpipe.costmodel.op_time import NodeCost, node_costs
+    from hf_ftpipe.costmodel.profiles import BUILTIN_PROFILES
+    from hf_ftpipe.graph import capture_model
+    from hf_ftpipe.plan import Partition, PartitionKey
+
+    model = build_model(setup)
+    graph = capture_model(model, first_microbatch(setup, make_batch(setup, 0))).cost_graph
+    node_stage = split_graph(graph, setup)
+    profile = BUILTIN_PROFILES["cpu"].with_count(setup.num_ranks)
+    measured = {n: NodeCost(*fb) for r in ranks for n, fb in r["costs"].items()}
+    missing = [n for n in graph.graph.nodes if n not in measured]
+    if missing:
+        raise RuntimeError(f"the ranks' profiles priced no time for {len(missing)} ops, e.g. {missing[:3]}")
+    roofline = node_costs(graph, profile, "float32")
+    forward, backward = [0.0] * setup.num_ranks, [0.0] * setup.num_ranks
+    per_stage = {"roofline": [0.0] * setup.num_ranks, "predicted": [0.0] * setup.num_ranks}
+    for n, s in node_stage.items():
+        per_stage["roofline"][s] += roofline[n].forward_s + roofline[n].backward_s
+        forward[s] += measured[n].forward_s
+        backward[s] += measured[n].backward_s
+    per_stage["predicted"] = [f + b for f, b in zip(forward, backward)]
+    results, from_run = {}, {}
+    for schedule in schedules:
+        key = PartitionKey.from_graph(
+            graph,
+            dtype="float32",
+            schedule=schedule,
+            num_microbatches=setup.num_microbatches,
+            gpu_profile="cpu",
+            num_gpus=setup.num_ranks,
+        )
+        plan = Partition(
+            node_stage=node_stage, stage_device=list(range(setup.num_ranks)), partitioner="benchmark", key=key
+        )
+        results[schedule] = hf_ftpipe.simulate(plan, schedule, measured, graph=graph, profile=profile)
+        # The simulator alone, without the profile's error: each op scaled so that its stage takes the run's time.
+        run_forward, run_backward = run_stage_times(setup, [r["runs"][schedule] for r in ranks])
+        scaled = {
+            n: NodeCost(
+                measured[n].forward_s * run_forward[s] / forward[s] if forward[s] else 0.0,
+                measured[n].backward_s * run_backward[s] / backward[s] if backward[s] else 0.0,
+            )
+            for n, s in node_stage.items()
+        }
+        from_run[schedule] = hf_ftpipe.simulate(plan, schedule, scaled, graph=graph, profile=profile)
+    return {"per_stage": per_stage, "results": results, "from_run": from_run}
+
+
+def make_row(setup: Setup, schedule: str, ranks: list[dict[str, Any]], simulated: dict[str, Any]) -> dict[str, Any]:
+    """One schedule's figures: the simulation beside the run (the slowest rank's median step)."""
+    runs = [r["runs"][schedule] for r in ranks]
+    result, from_run = simulated["results"][schedule], simulated["from_run"][schedule]
+    efficiency = statistics.fmean(sum(run["busy_s"].values()) / run["wall_s"] for run in runs)
+    forward, backward = run_stage_times(setup, runs)
+    stages = [
+        {
+            "stage": s,
+            "roofline_s": simulated["per_stage"]["roofline"][s],
+            "predicted_s": simulated["per_stage"]["predicted"][s],
+            "measured_s": forward[s] + backward[s],
+            "measured_forward_s": forward[s],
+        }
+        for s in range(setup.num_ranks)
+    ]
+    return {
+        "schedule": schedule,
+        "simulated_step_s": result.step_time_s,
+        "measured_step_s": max(run["median_step_s"] for run in runs),
+        "simulated_bubble": result.bubble_fraction,
+        "measured_efficiency": efficiency,
+        # The same costs with no fill, drain or waiting: what a stream that never stops would take.
+        "no_fill_step_s": setup.num_microbatches * max(simulated["per_stage"]["predicted"]),
+        # Simulated with each stage at the time the run measured: the simulator's error without the profile's.
+        "simulated_from_run_step_s": from_run.step_time_s,
+        "simulated_from_run_bubble": from_run.bubble_fraction,
+        "simulated_busy_s": result.busy_s,
+        "measured_busy_s": [sum(run["busy_s"].values()) / len(run["step_times_s"]) for run in runs],
+        # Weight updates per rank and step (the optimizer's step; inside the pipeline for async and 2bw),
+        # which the simulator prices at 0: part of the measured bubble.
+        "measured_update_s": [run["update_s"] / len(run["step_times_s"]) for run in runs],
+        "stages": stages,
+        "num_microbatches": setup.num_microbatches,
+        "num_ranks": setup.num_ranks,
+    }
+
+
+def checks(rows: list[dict[str, Any]]) -> list[Check]:
+    """(check, verdict) per schedule: the step, the bubble, every stage's prediction (the roofline's error beside)."""
+    out: list[Check] = []
+    for row in rows:
+        name = row["schedule"]
+        error = row["simulated_step_s"] / row["measured_step_s"] - 1
+        ok = abs(error) <= MAX_STEP_ERROR
+        out.append((f"{name}: simulated step within {MAX_STEP_ERROR:.0%} of measured", verdict(ok, f"{error:+.1%}")))
+        measured_bubble = 1 - row["measured_efficiency"]
+        ok = abs(row["simulated_bubble"] - measured_bubble) <= MAX_BUBBLE_POINTS
+        figures = f"simulated {row['simulated_bubble']:.1%}, measured {measured_bubble:.1%}"
+        out.append((f"{name}: bubble within {MAX_BUBBLE_POINTS * 100:.0f} points", verdict(ok, figures)))
+        errors = [
+            (st["predicted_s"] / st["measured_s"] - 1, st["roofline_s"] / st["measured_s"] - 1) for st in row["stages"]
+        ]
+        figures = "; ".join(f"stage {s} {p:+.0%} (roofline {r:+.0%})" for s, (p, r) in enumerate(errors))
+        ok = all(abs(p) <= MAX_STAGE_ERROR for p, _ in errors)
+        out.append((f"{name}: stages' measured-cost fwd+bwd within {MAX_STAGE_ERROR:.0%}", verdict(ok, figures)))
+    return out
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    header = ["schedule", "sim step ms", "no-fill ms", "sim(run) ms", "meas step ms", "sim/meas", "sim(run)/meas"]
+    header += ["sim bubble", "sim(run) bubble", "meas bubble", "upd ms"]
+    table = [[*header, "stage ms: roofline / predicted / measured"]]
+    for row in rows:
+        stages = "; ".join(
+            f"{st['roofline_s'] * 1e3:.1f} / {st['predicted_s'] * 1e3:.1f} / {st['measured_s'] * 1e3:.1f}"
+            for st in row["stages"]
+        )
+        table.append(
+            [
+                row["schedule"],
+                f"{row['simulated_step_s'] * 1e3:.0f}",
+                f"{row['no_fill_step_s'] * 1e3:.0f}",
+                f"{row['simulated_from_run_step_s'] * 1e3:.0f}",
+                f"{row['measured_step_s'] * 1e3:.0f}",
+                f"{row['simulated_step_s'] / row['measured_step_s']:.2f}",
+                f"{row['simulated_from_run_step_s'] / row['measured_step_s']:.2f}",
+                f"{row['simulated_bubble']:.1%}",
+                f"{row['simulated_from_run_bubble']:.1%}",
+                f"{1 - row['measured_efficiency']:.1%}",
+                " / ".join(f"{u * 1e3:.0f}" for u in row["measured_update_s"]),
+                stages,
+            ]
+        )
+    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
+    for i, r in enumerate(table):
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+        if i == 0:
+            print("  ".join("-" * w for w in widths))
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--schedules", nargs="+", choices=SCHEDULES, default=list(SCHEDULES))
+    parser.add_argument("--microbatches", type=int, default=4)
+    parser.add_argument("--microbatch-size", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=5, help="timed steps per schedule (median taken)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--d-model", type=int, default=256)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--vocab", type=int, default=2048)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per rank, in the profile and the run")
+    parser.add_argument(
+        "--profile",
+        choices=["alone", "together"],
+        default="alone",
+        help="alone: rank 0 profiles while the others wait (cost_table='measured' does); together: every rank at once",
+    )
+    parser.add_argument("--repeats", type=int, default=1, help="launches; per schedule the fastest median step is kept")
+    parser.add_argument("--timeout-s", type=float, default=600.0, help="limit per launch")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke test")
+    parser.add_argument("--json", action="store_true", help="print a JSON list, one object per schedule")
+    args = parser.parse_args()
+    if args.quick:
+        for name, value in QUICK.items():
+            setattr(args, name, value)
+    for name in ("microbatches", "microbatch_size", "steps", "repeats", "threads", "warmup"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.microbatches < 2:
+        parser.error(f"--microbatches ({args.microbatches}) must be at least 2, the ranks, for 1F1B")
+    return args
+
+
+def main() -> int:
+    args = parse_args()
+    setup = Setup(
+        num_ranks=2,
+        num_microbatches=args.microbatches,
+        microbatch_size=args.microbatch_size,
+        steps=args.steps,
+        warmup=args.warmup,
+        device="cpu",
+        threads_per_rank=args.threads,
+        n_layer=args.layers,
+        d_model=args.d_model,
+        n_head=args.heads,
+        seq_len=args.seq_len,
+        vocab_size=args.vocab,
+    )
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    started = time.perf_counter()
+    best: dict[str, dict[str, Any]] = {}
+    for repeat in range(args.repeats):
+        work = {"schedules": list(args.schedules), "profile": args.profile}
+        ranks = run_ranks(setup, run_rank, work, args.timeout_s)
+        simulated = simulate_all(setup, ranks, list(args.schedules))
+        for schedule in args.schedules:
+            row = make_row(setup, schedule, ranks, simulated)
+            if schedule not in best or row["measured_step_s"] < best[schedule]["measured_step_s"]:
+                best[schedule] = row
+        if not args.json:
+            elapsed_s = time.perf_counter() - started
+            print(f"  launch {repeat + 1}/{args.repeats} done at {elapsed_s:.0f} s", file=sys.stderr)
+    rows = [{**best[s], "profile": args.profile} for s in args.schedules]
+    verdicts = checks(rows)
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    print(
+        f"GPT-2 {setup.n_layer} layers, d_model {setup.d_model}, sequence {setup.seq_len}, "
+        f"vocabulary {setup.vocab_size}; 2 stages on 2 gloo ranks, {setup.threads_per_rank} torch thread(s) each; "
+        f"{setup.num_microbatches} micro-batches × {setup.microbatch_size}; median of {setup.steps} steps after "
+        f"{setup.warmup} warm-up\n"
+    )
+    print_table(rows)
+    print(
+        "\nstage ms: forward + backward of one micro-batch: the roofline ('cpu' profile), the measured cost table "
+        f"(profiled {args.profile}), and as timed inside the run (waits on messages taken off).\n"
+        "no-fill ms: micro-batches × the slowest stage's predicted forward + backward (no fill, drain or wait).\n"
+        "sim(run): simulated with each stage's forward and backward at the run's own times (the simulator alone).\n"
+        "meas bubble: 1 - measured efficiency (the ranks' stage compute / (ranks × step)).\n"
+        "upd ms: per rank and step, the weight updates (the optimizer's step), which the simulator prices at 0.\n"
+    )
+    print_checks(verdicts, started)
+    return 1 if failed(verdicts) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

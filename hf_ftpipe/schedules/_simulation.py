@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Sequence
 
 from hf_ftpipe.schedules.actions import Action
@@ -24,9 +25,15 @@ class Simulation:
     At every moment each idle rank starts its most urgent ready action: that of its deepest stage
     with one ready, the stage's backward before its next forward (a forward only while the stage
     holds fewer than ``limits[s]`` micro-batches). On a Mixed-Pipe placement this keeps a rank
-    busier than oldest-micro-batch-first. Forwards cost 1, backwards 2. The start
-    order is the global order. With ``update_every``, a stage updates after every that many
-    backwards (a ``U`` action right after the backward).
+    busier than oldest-micro-batch-first. A forward costs 1/n, a backward 2/n, on a rank running
+    n stages: the partitioner balances GPUs, not stages, so a GPU's n stages share its time (one
+    stage split in two on one GPU, GPUs [0, 0, 1], then orders like the unsplit [0, 1]: priced
+    1 each, GPU 0 looked twice as slow and let its backwards pile up while GPU 1 waited). A stage
+    that may hold every micro-batch (``limits[s]`` ≥ ``available``) runs all its forwards first,
+    as GPipe does: the memory rules count no gradients beside its activations
+    (`hf_ftpipe.schedules.rules.gradients_persist`). The start order is the global order. With
+    ``update_every``, a stage updates after every that many backwards (a ``U`` action right
+    after the backward).
 
     With ``num_slices`` = k the units are token slices: a stage's n-th forward is slice n mod k of
     micro-batch n // k, and its backwards take each sequence's slices last-in-first-out (Seq1F1B),
@@ -56,6 +63,9 @@ class Simulation:
             self.consumers[producer].append(consumer)
         self.ranks = sorted(set(self.stage_rank))
         self.rank_stages = {r: [s for s in range(self.num_stages) if self.stage_rank[s] == r] for r in self.ranks}
+        # A rank's stages share one unit of time (integers: the least common multiple of the counts).
+        shares = math.lcm(*(len(stages) for stages in self.rank_stages.values()))
+        self.scale = [shares // len(self.rank_stages[self.stage_rank[s]]) for s in range(self.num_stages)]
         self.now = 0
         self.busy_until = dict.fromkeys(self.ranks, 0)
         self.events: list[int] = []  # finish times of started actions (a heap), kept between runs
@@ -79,7 +89,7 @@ class Simulation:
                 action = self._most_urgent(rank, limit)
                 if action is None:
                     continue
-                cost = _FORWARD_COST if action.computation == "F" else _BACKWARD_COST
+                cost = (_FORWARD_COST if action.computation == "F" else _BACKWARD_COST) * self.scale[action.stage_index]
                 finish = self.now + cost
                 self.busy_until[rank] = finish
                 self.done[action] = finish
@@ -119,9 +129,11 @@ class Simulation:
 
     def _most_urgent(self, rank: int, available: int | None) -> Action | None:
         ready = []
+        units = None if available is None else available * (self.num_slices or 1)
         for s in self.rank_stages[rank]:
             n = self.next_backward[s]
-            if n < self.next_forward[s]:
+            forwards_first = units is not None and self.limits[s] >= units and self.next_forward[s] < units
+            if n < self.next_forward[s] and not forwards_first:
                 m, i = self._backward_unit(n)
                 if self._finished(Action(s, "F", m, i)):
                     if all(self._finished(Action(c, "B", m, i)) for c in self.consumers[s]):

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["Action", "Computation", "chain_edges", "check_order", "dependencies", "format_actions"]
+__all__ = ["Action", "Computation", "chain_edges", "check_order", "dependencies", "format_actions", "stage_runs"]
 
 Computation = Literal["F", "B", "U"]
 _ACTION = re.compile(r"^(\d+)([FBU])(\d+)(?:\.(\d+))?$")
@@ -61,6 +61,31 @@ def format_actions(actions: Sequence[Action]) -> str:
 def chain_edges(num_stages: int) -> list[tuple[int, int]]:
     """Stage s feeds stage s + 1: the data flow of a plain pipeline."""
     return [(s, s + 1) for s in range(num_stages - 1)]
+
+
+def stage_runs(stage_rank: Sequence[int], edges: Sequence[tuple[int, int]]) -> list[list[int]]:
+    """The stages in runs that a rank can take one micro-batch through back to back: stage s + 1
+    joins s's run when both sit on one rank, s feeds only s + 1 and s + 1 reads only s.
+
+    Such a run is one stage split in two on one GPU (a Mixed-Pipe plan does this to balance the
+    GPUs). GPipe takes each micro-batch through a whole run, forwards first stage to last and
+    backwards last to first: the next GPU gets micro-batch m as soon as the run's GPU can give
+    it, where all of stage s's forwards before any of s + 1's hold the next GPU back for a whole
+    stage's worth of micro-batches (GPUs [0, 0, 1], forward 0.5/0.5/1, backward 1/1/2, 8
+    micro-batches: 27 s, as GPUs [0, 1] with forward 1 and backward 2, instead of 37.5 s)."""
+    consumers: list[list[int]] = [[] for _ in stage_rank]
+    producers: list[list[int]] = [[] for _ in stage_rank]
+    for producer, consumer in edges:
+        consumers[producer].append(consumer)
+        producers[consumer].append(producer)
+    runs: list[list[int]] = []
+    for s in range(len(stage_rank)):
+        p = s - 1
+        if runs and stage_rank[p] == stage_rank[s] and consumers[p] == [s] and producers[s] == [p]:
+            runs[-1].append(s)
+        else:
+            runs.append([s])
+    return runs
 
 
 def check_order(

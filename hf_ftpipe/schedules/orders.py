@@ -25,7 +25,8 @@ Four schedules:
 The 1F1B-style orders come from a small list-scheduling simulation: every rank repeatedly starts
 its most urgent ready action (that of its deepest stage, a backward before a forward, a forward
 only while the stage holds fewer than `in_flight` micro-batches), a backward costing two
-forwards. With one stage per rank it yields the textbook orders::
+forwards and a rank's stages sharing its time. With one stage per rank it yields the textbook
+orders::
 
     1f1b, 2 stages on 2 ranks, 4 micro-batches
     rank 0: 0F0 0F1 0B0 0F2 0B1 0F3 0B2 0B3
@@ -46,7 +47,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from hf_ftpipe.schedules._simulation import Simulation, limits
-from hf_ftpipe.schedules.actions import Action, chain_edges, check_order, dependencies, format_actions
+from hf_ftpipe.schedules.actions import Action, chain_edges, check_order, dependencies, format_actions, stage_runs
 from hf_ftpipe.schedules.registry import SCHEDULES, ScheduleName, ScheduleTraits, schedule_traits
 
 __all__ = [
@@ -124,8 +125,9 @@ class Schedule:
 
 class ScheduleGPipe(Schedule):
     """GPipe: forwards stage by stage in stage order (micro-batches in order within a stage),
-    then backwards in reverse stage order. One optimizer step follows; the update equals
-    single-device training with the micro-batch losses averaged.
+    then backwards in reverse stage order; consecutive stages that one rank runs back to back
+    (`stage_runs`) take each micro-batch through all of them at once. One optimizer step
+    follows; the update equals single-device training with the micro-batch losses averaged.
 
     GPipe, 2 stages on 2 ranks, 3 micro-batches (time flows right)::
 
@@ -136,17 +138,19 @@ class ScheduleGPipe(Schedule):
     name = "gpipe"
 
     def global_order(self) -> list[Action]:
-        stages = range(self.num_stages)
+        # A run of stages on one rank (`stage_runs`, one stage split in two) goes as one stage: a
+        # micro-batch through all of it, first stage to last forward, last to first backward.
+        runs = stage_runs(self.stage_rank, self.edges)
         microbatches = range(self.num_microbatches)
-        if self.num_slices is None:
-            forwards = [Action(s, "F", m) for s in stages for m in microbatches]
-            backwards = [Action(s, "B", m) for s in reversed(stages) for m in microbatches]
-            return forwards + backwards
         # Token slices: the units (micro-batch, slice) in order, backward in exact reverse, since a
         # slice's backward waits for the dK/dV of the later slices of its sequence.
-        units = [(m, i) for m in microbatches for i in range(self.num_slices)]
-        forwards = [Action(s, "F", m, i) for s in stages for m, i in units]
-        backwards = [Action(s, "B", m, i) for s in reversed(stages) for m, i in reversed(units)]
+        units: list[tuple[int, int | None]] = [(m, None) for m in microbatches]
+        backward_units = units
+        if self.num_slices is not None:
+            units = [(m, i) for m in microbatches for i in range(self.num_slices)]
+            backward_units = units[::-1]
+        forwards = [Action(s, "F", m, i) for run in runs for m, i in units for s in run]
+        backwards = [Action(s, "B", m, i) for run in reversed(runs) for m, i in backward_units for s in reversed(run)]
         return forwards + backwards
 
 

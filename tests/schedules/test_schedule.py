@@ -24,10 +24,21 @@ def test_gpipe_two_ranks_three_microbatches() -> None:
 
 
 def test_gpipe_mixed_placement_rank_holds_non_adjacent_stages() -> None:
+    # Rank 1's stages 1 and 2 are consecutive: each micro-batch goes through both at once.
     schedule = ScheduleGPipe([0, 1, 1, 0], num_microbatches=2)
     assert format_actions(schedule.actions_of(0)) == "0F0 0F1 3F0 3F1 3B0 3B1 0B0 0B1"
-    assert format_actions(schedule.actions_of(1)) == "1F0 1F1 2F0 2F1 2B0 2B1 1B0 1B1"
-    assert str(schedule) == "rank 0: 0F0 0F1 3F0 3F1 3B0 3B1 0B0 0B1\nrank 1: 1F0 1F1 2F0 2F1 2B0 2B1 1B0 1B1"
+    assert format_actions(schedule.actions_of(1)) == "1F0 2F0 1F1 2F1 2B0 1B0 2B1 1B1"
+    assert str(schedule) == "rank 0: 0F0 0F1 3F0 3F1 3B0 3B1 0B0 0B1\nrank 1: 1F0 2F0 1F1 2F1 2B0 1B0 2B1 1B1"
+
+
+def test_gpipe_takes_a_micro_batch_through_a_split_stage_at_once() -> None:
+    # Stages 0 and 1 on rank 0 are one stage split in two: stage 1 forwards micro-batch m right
+    # after stage 0, so rank 1 can start it; backwards likewise, last stage of the run first.
+    schedule = ScheduleGPipe([0, 0, 1], num_microbatches=2)
+    assert str(schedule) == "rank 0: 0F0 1F0 0F1 1F1 1B0 0B0 1B1 0B1\nrank 1: 2F0 2F1 2B0 2B1"
+    # A stage that feeds another stage too is no split: stage-major as before.
+    skip = ScheduleGPipe([0, 0, 1], num_microbatches=2, edges=[(0, 1), (0, 2), (1, 2)])
+    assert str(skip) == "rank 0: 0F0 0F1 1F0 1F1 1B0 1B1 0B0 0B1\nrank 1: 2F0 2F1 2B0 2B1"
 
 
 def test_every_action_once_and_each_forward_before_its_backward() -> None:
@@ -50,6 +61,24 @@ def test_1f1b_four_ranks_warms_up_by_depth() -> None:
     schedule = Schedule1F1B([0, 1, 2, 3], num_microbatches=6)
     assert format_actions(schedule.actions_of(0)) == "0F0 0F1 0F2 0F3 0B0 0F4 0B1 0F5 0B2 0B3 0B4 0B5"
     assert format_actions(schedule.actions_of(3)) == "3F0 3B0 3F1 3B1 3F2 3B2 3F3 3B3 3F4 3B4 3F5 3B5"
+
+
+def test_1f1b_split_stage_keeps_the_next_rank_in_textbook_order() -> None:
+    # Stage 0 of [0, 1] split in two on rank 0: rank 0's two stages share its time (forward 1/2,
+    # backward 2/2 in the ordering's units, rank 1's 2 and 4), so rank 1 alternates as with
+    # [0, 1] and rank 0 runs each micro-batch through both halves; stage 0 holds at most 3
+    # micro-batches and stage 1 at most 2 (`in_flight`).
+    schedule = Schedule1F1B([0, 0, 1], num_microbatches=4)
+    assert format_actions(schedule.actions_of(0)) == "0F0 1F0 0F1 1F1 0F2 1B0 1F2 0B0 0F3 1B1 1F3 0B1 1B2 0B2 1B3 0B3"
+    assert format_actions(schedule.actions_of(1)) == "2F0 2B0 2F1 2B1 2F2 2B2 2F3 2B3"
+
+
+def test_1f1b_stage_that_holds_every_microbatch_runs_its_forwards_first() -> None:
+    # Rank 1's four stages are quick (a quarter of the rank each): 0B0 is ready before 0F4 would
+    # start, but stage 0 may hold all 5 micro-batches, and the memory rules count no gradients
+    # beside its activations (`gradients_persist`), so its forwards go first, as under GPipe.
+    schedule = Schedule1F1B([0, 1, 1, 1, 1], num_microbatches=5)
+    assert format_actions(schedule.actions_of(0)) == "0F0 0F1 0F2 0F3 0F4 0B0 0B1 0B2 0B3 0B4"
 
 
 def test_async_streams_into_the_next_step_and_drains() -> None:

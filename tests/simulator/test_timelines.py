@@ -85,14 +85,15 @@ def test_2bw_updates_once_per_minibatch() -> None:
 
 
 def test_mixed_pipe_placement_0110_gpipe() -> None:
-    # Stages 0 and 3 on rank 0, 1 and 2 on rank 1: a rank runs its stages' forwards in stage order,
-    # so stage 2 starts after stage 1's last forward, stage 3 after stage 2's first, and so on back.
+    # Stages 0 and 3 on rank 0, 1 and 2 on rank 1: rank 0 runs its stages' forwards in stage order;
+    # rank 1's consecutive stages 1 and 2 take each micro-batch through both (2F m right after
+    # 1F m, 1B m right after 2B m), so stage 3 starts after stage 2's first forward, and so on back.
     result = simulate_costs(toy([0, 1, 1, 0]), "gpipe", 4)
     assert timeline(result) == {
-        0: "0F0@0-1 0F1@1-2 0F2@2-3 0F3@3-4 3F0@6-7 3F1@7-8 3F2@8-9 3F3@9-10 3B0@10-12 3B1@12-14 3B2@14-16 "
-        "3B3@16-18 0B0@22-24 0B1@24-26 0B2@26-28 0B3@28-30",
-        1: "1F0@1-2 1F1@2-3 1F2@3-4 1F3@4-5 2F0@5-6 2F1@6-7 2F2@7-8 2F3@8-9 2B0@12-14 2B1@14-16 2B2@16-18 "
-        "2B3@18-20 1B0@20-22 1B1@22-24 1B2@24-26 1B3@26-28",
+        0: "0F0@0-1 0F1@1-2 0F2@2-3 0F3@3-4 3F0@4-5 3F1@5-6 3F2@7-8 3F3@9-10 3B0@10-12 3B1@12-14 3B2@14-16 "
+        "3B3@16-18 0B0@18-20 0B1@20-22 0B2@24-26 0B3@28-30",
+        1: "1F0@1-2 2F0@2-3 1F1@3-4 2F1@4-5 1F2@5-6 2F2@6-7 1F3@7-8 2F3@8-9 2B0@12-14 1B0@14-16 2B1@16-18 "
+        "1B1@18-20 2B2@20-22 1B2@22-24 2B3@24-26 1B3@26-28",
     }
     assert result.step_time_s == 30
 
@@ -108,6 +109,35 @@ def test_mixed_pipe_placement_0110_1f1b() -> None:
         1: "1F0@1-2 2F0@2-3 1F1@3-4 2F1@4-5 1F2@5-6 2B0@6-8 2F2@8-9 2B1@9-11 1B0@11-13 2B2@13-15 1B1@15-17 "
         "1B2@17-19 1F3@19-20 2F3@20-21 2B3@24-26 1B3@26-28",
     }
+
+
+def split_in_two() -> PipelineCosts:
+    """`toy([0, 1])` with stage 0 split in two halves on GPU 0: the same work, one stage more."""
+    edges = [StageEdge(0, 1, 8, 8), StageEdge(1, 2, 8, 8)]
+    return PipelineCosts(stage_rank=[0, 0, 1], forward_s=[0.5, 0.5, 1], backward_s=[1, 1, 2], edges=edges)
+
+
+def test_gpipe_takes_each_micro_batch_through_a_split_stage_at_once() -> None:
+    # GPU 0 runs 0F m then 1F m (0.5 s each), so 1F m ends at m + 1 and GPU 1 runs 2F m at m + 1;
+    # its backwards 2B m at 5 + 2m; GPU 0 then 1B m and 0B m, 1 s each: 0B3 ends at 15, as
+    # `toy([0, 1])` does (test_gpipe_two_ranks_four_microbatches). The lower bound: GPU 1 waits
+    # 1 s for its first input, works 12 s, and GPU 0 needs 2 s after GPU 1's last backward.
+    result = simulate_costs(split_in_two(), "gpipe", 4)
+    assert timeline(result) == {
+        0: "0F0@0-0.5 1F0@0.5-1 0F1@1-1.5 1F1@1.5-2 0F2@2-2.5 1F2@2.5-3 0F3@3-3.5 1F3@3.5-4 "
+        "1B0@7-8 0B0@8-9 1B1@9-10 0B1@10-11 1B2@11-12 0B2@12-13 1B3@13-14 0B3@14-15",
+        1: "2F0@1-2 2F1@2-3 2F2@3-4 2F3@4-5 2B0@5-7 2B1@7-9 2B2@9-11 2B3@11-13",
+    }
+    assert result.step_time_s == 15
+
+
+@pytest.mark.parametrize(("schedule", "step_s"), [("gpipe", 27), ("1f1b", 27), ("async", 24), ("2bw", 24)])
+def test_a_stage_split_in_two_on_one_gpu_is_no_slower(schedule: str, step_s: float) -> None:
+    # 8 micro-batches. gpipe by hand as above: 1 + 8 × 3 + 2 = 27 s. The orders price a GPU's
+    # stages as sharing its time, so the split orders as the unsplit pipeline does.
+    split = simulate_costs(split_in_two(), schedule, 8)
+    whole = simulate_costs(toy([0, 1]), schedule, 8)
+    assert split.step_time_s == whole.step_time_s == step_s
 
 
 @settings(max_examples=25, deadline=None)

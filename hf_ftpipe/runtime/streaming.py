@@ -5,12 +5,18 @@ The schedule's traits decide the version (`hf_ftpipe.schedules.registry`): with 
 buffered (``2bw``) mini-batch b runs on the weights from before the previous update. Weight
 prediction (``async`` with a momentum optimizer) runs it on weights extrapolated to the update
 that will apply its gradient (`hf_ftpipe.runtime.prediction`).
+
+A weight read by several stages of this rank (T5's ``shared`` embedding) is one tensor. Its k-th
+update applies every one of those stages' gradients for update k at once, in the update of the
+first of them (the last to finish each micro-batch's backward). Stepped by each stage in turn, the
+tensor would hold, between the stages' updates, a mix of two versions, and a version taken then
+(2BW keeps the weights an update replaces) would be neither.
 """
 
 from __future__ import annotations
 
 import torch
-from torch import fx
+from torch import fx, nn
 
 from hf_ftpipe.runtime.prediction import predicted_weights, updates_ahead
 from hf_ftpipe.runtime.versions import PendingGradients, StageVersions, move_gradients
@@ -52,8 +58,16 @@ class StreamingWeights:
         self.backward_log: list[tuple[int, int, int]] = []
         """``(stage, micro-batch, weights version)`` of every backward run here: the version its
         gradient was taken at, which weight stashing makes its forward's."""
-        self.pending_grads: PendingGradients = {}
-        """Gradients waiting for their stage's next update (see `update`)."""
+        self.pending_grads: dict[int, PendingGradients] = {s: {} for s in modules}
+        """Each stage's gradients waiting for its next update (see `update`)."""
+        holders: dict[nn.Parameter, list[int]] = {}
+        for s in sorted(modules):
+            for param in modules[s].parameters():
+                holders.setdefault(param, []).append(s)
+        self._shared = {param: stages for param, stages in holders.items() if len(stages) > 1}
+        """Weights several of this rank's stages read, with those stages; the first one updates them."""
+        self._shared_grads: dict[nn.Parameter, dict[int, torch.Tensor]] = {p: {} for p in self._shared}
+        """Update number → the gradients for it a shared weight's stages have given so far."""
         self.reset()
 
     def reset(self) -> None:
@@ -95,10 +109,10 @@ class StreamingWeights:
         self.backward_log.append((stage, m, version))
         if self.weight_prediction:
             params = dict(self.modules[stage].named_parameters())
-            move_gradients(self._predicted.pop((stage, m)), params, self.pending_grads)
+            move_gradients(self._predicted.pop((stage, m)), params, self.pending_grads[stage])
             self._backwards[stage] += 1
         else:
-            self.versions[stage].backward_done(version, self.pending_grads)
+            self.versions[stage].backward_done(version, self.pending_grads[stage])
 
     def update(
         self, stage: int, optimizer: torch.optim.Optimizer, max_grad_norm: float | None, norms: list[torch.Tensor]
@@ -106,11 +120,20 @@ class StreamingWeights:
         """Step the optimizer on ``stage``'s parameters only, keeping stashed versions intact.
 
         Only this stage's pending gradients are put in ``param.grad`` for the step and taken out
-        after it, so every other parameter has none and the optimizer leaves it alone.
+        after it, so every other parameter has none and the optimizer leaves it alone. A weight
+        shared with other stages of this rank is stepped by the first of them only, with all of
+        their gradients for this update.
         """
-        params = list(self.modules[stage].parameters())
-        for param in params:
-            param.grad = self.pending_grads.pop(param, None)
+        number = self.versions[stage].updates + 1
+        params = []
+        for param in self.modules[stage].parameters():
+            grad = self.pending_grads[stage].pop(param, None)
+            if param in self._shared:
+                grad = self._shared_gradient(param, stage, number, grad)
+                if self._shared[param][0] != stage:
+                    continue
+            param.grad = grad
+            params.append(param)
         stepped = [p for p in params if p.grad is not None]
         if stepped:  # the norm is logged; clipping would multiply every gradient even by 1
             if max_grad_norm is None:
@@ -118,11 +141,33 @@ class StreamingWeights:
             else:
                 norm = torch.nn.utils.clip_grad_norm_(stepped, max_grad_norm)
             norms.append(norm.detach().float())
-        self.versions[stage].before_update(lambda: [t for v in self.versions.values() for t in v.live_tensors()])
+        self.versions[stage].before_update(
+            lambda: [t for v in self.versions.values() for t in v.live_tensors()], updated=set(params)
+        )
         optimizer.step()
         for param in params:
             param.grad = None
         self.versions[stage].after_update()
+
+    def _shared_gradient(
+        self, param: nn.Parameter, stage: int, number: int, grad: torch.Tensor | None
+    ) -> torch.Tensor | None:
+        """Give ``stage``'s gradient of a shared weight to update ``number``; for its first stage,
+        which updates it, return what all its stages gave (each stage finishes a micro-batch's
+        backward, and so its update, before every stage in front of it)."""
+        given = self._shared_grads[param]
+        if grad is not None:
+            given[number] = grad if number not in given else given[number] + grad
+        stages = self._shared[param]
+        if stages[0] != stage:
+            return None
+        behind = [s for s in stages if self.versions[s].updates + (s == stage) < number]
+        if behind:
+            raise RuntimeError(
+                f"stage {stage} updates a weight it shares with stages {behind} before they gave their "
+                f"gradients for update {number}; this is a bug in hf_ftpipe's schedule, please report it"
+            )
+        return given.pop(number, None)
 
     def settle(self) -> None:
         for versions in self.versions.values():

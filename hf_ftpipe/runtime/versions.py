@@ -14,7 +14,7 @@ micro-batch (or, for 2BW, the next mini-batch) still needs it, and is freed with
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -84,12 +84,16 @@ class StageVersions:
         view.users -= 1
         self._release()
 
-    def before_update(self, live: Callable[[], Iterable[torch.Tensor]]) -> None:
+    def before_update(
+        self, live: Callable[[], Iterable[torch.Tensor]], updated: Collection[nn.Parameter] | None = None
+    ) -> None:
         """Prepare for an in-place update of this stage's parameters: 2BW keeps the current weights
         for the next mini-batch, and every parameter a live view still shares moves to its own copy.
 
         Args:
             live: every view of this rank still alive (other stages may share a tied weight).
+            updated: the parameters the update may change (default: all); a weight another stage
+                updates keeps its storage.
         """
         if self.keep_previous:
             self._view(self.updates).pinned = True
@@ -99,7 +103,7 @@ class StageVersions:
                 del self._views[self.updates]
         shared = {tensor.untyped_storage().data_ptr() for tensor in live()}
         for param in self._params.values():
-            if param.untyped_storage().data_ptr() in shared:
+            if (updated is None or param in updated) and param.untyped_storage().data_ptr() in shared:
                 param.data = param.data.clone()
 
     def after_update(self) -> None:

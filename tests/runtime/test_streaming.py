@@ -99,6 +99,7 @@ TWO_RANK_RUNS = {
     "async": ("bert", [0, 1], "async", 4, 3),
     "async-variable": ("bert", [0, 1], "async", 2, 0, 0.0, False, False, True),
     "2bw-variable": ("bert", [0, 1], "2bw", 2, 0, 0.0, False, False, True),
+    "2bw-t5-tied": ("t5", [0, 0, 1, 0], "2bw", 2, 4),
 }
 
 
@@ -233,11 +234,11 @@ def test_weight_prediction_needs_a_momentum_optimizer() -> None:
         values_or_raise(run_ranks(streaming_run, 1, "bert", [0], "async", 2, 1, 0.0, True))
 
 
-def replay_2bw(steps: list[list[tuple[dict, float]]]) -> tuple[list[float], dict]:
+def replay_2bw(steps: list[list[tuple[dict, float]]], kind: str = "bert") -> tuple[list[float], dict]:
     """PipeDream-2BW over ``steps`` (each a list of (micro-batch, loss weight w)): mini-batch b runs
     on W(b - 1) (the first two on W(0)) and W(b + 1) = W(b) - lr * sum(w * grad). Returns each step's
     loss, sum(w * loss), and the last weights."""
-    model = tiny_model("bert").train()
+    model = tiny_model(kind).train()
     weights = [{n: p.detach().clone() for n, p in model.named_parameters()}]  # W(0)
     losses = []
     for b, step in enumerate(steps):
@@ -280,6 +281,19 @@ def test_2bw_on_variable_shapes_updates_by_the_row_weighted_mini_batch_gradient(
     check_streaming_run(results, losses, weights)
     versions = {v for _, _, log, *_ in results for _, _, v in log}
     assert versions == {0, 1, 2, 3}, "five mini-batches run on W(0), W(0), W(1), W(2), W(3)"
+
+
+def test_2bw_weight_read_by_several_stages_of_a_rank_takes_one_update_per_mini_batch(two_rank_runs: dict) -> None:
+    """T5's shared embedding, read by stages 0, 1 and 3 of rank 0 (one tensor there): each of its
+    updates applies the three stages' gradients at once, so every version kept for a mini-batch is
+    a W(b) of the 2BW rule, never one stage's update ahead of another's."""
+    results = two_rank_runs["2bw-t5-tied"]
+    holders = {(rank, s) for rank, (*_, params, _) in enumerate(results) for s, names in params.items()}
+    holders = {(rank, s) for rank, s in holders if "shared.weight" in results[rank][3][s]}
+    assert holders == {(0, 0), (0, 1), (0, 3)}, "the shared embedding should be on several stages of rank 0 only"
+    parts = microbatches("t5", 8)
+    losses, weights = replay_2bw([[(part, 1 / 2) for part in parts[i : i + 2]] for i in range(0, 8, 2)], "t5")
+    check_streaming_run(results, losses, weights)
 
 
 def test_async_tied_copies_on_two_ranks_are_equal_after_drain() -> None:

@@ -1,11 +1,12 @@
 """Shared test set-up: one thread per process, so multi-rank tests do not oversubscribe 2 cores; and a
-temporary HF_HOME, so no test reads or writes the user's Hugging Face cache (PipeTrainer caches the
-plans it computes there) and no test picks up a plan another test cached."""
+temporary HF_HOME per session, module and test, so no test reads or writes the user's Hugging Face
+cache (PipeTrainer caches the plans it computes there) and no test picks up a plan another cached."""
 
 import atexit
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,9 +14,20 @@ import torch
 
 torch.set_num_threads(1)
 
-# Module-scoped fixtures (jobs run once per module) see this one; each test gets its own below.
+# What runs outside any module's fixtures sees this one; each module and each test get their own below.
 os.environ["HF_HOME"] = tempfile.mkdtemp(prefix="hf_ftpipe-tests-hf_home-")
 atexit.register(shutil.rmtree, os.environ["HF_HOME"], ignore_errors=True)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _module_hf_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """A fresh HF_HOME for each module's shared jobs (autouse: set before its other module fixtures),
+    so that no module finds a plan another module cached: with the suite on several workers, which
+    modules ran before this one on the same process is not fixed."""
+    previous = os.environ["HF_HOME"]
+    os.environ["HF_HOME"] = str(tmp_path_factory.mktemp("hf_home"))
+    yield
+    os.environ["HF_HOME"] = previous
 
 
 @pytest.fixture(autouse=True)

@@ -3,6 +3,8 @@ NaN, and decoded into typed dataclasses field by field, so every defect is named
 
 One reader for every hf_ftpipe file format (partition files, latency models): each caller passes
 its own error class and the noun its messages use ("partition file"), so the checks live once.
+`write_json` is the one writer of the small formats (latency models, cost tables, GPU profiles):
+sorted keys and a final newline, so that files diff cleanly.
 """
 
 from __future__ import annotations
@@ -15,6 +17,13 @@ from dataclasses import MISSING, fields, is_dataclass
 from typing import Any
 
 from hf_ftpipe._json_depth import check_json_depth
+
+
+def write_json(path: str | os.PathLike, data: object, *, indent: int = 2) -> None:
+    """Write ``data`` to ``path`` as JSON with sorted keys and a final newline."""
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=indent, sort_keys=True)
+        f.write("\n")
 
 
 def read_json(path: str, *, error: type[Exception], what: str, max_bytes: int) -> object:

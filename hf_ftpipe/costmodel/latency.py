@@ -171,11 +171,7 @@ class SliceLatency:
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the model as JSON (see `load`)."""
-        import json
-
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(self.to_dict(), f, indent=2, sort_keys=True)
-            f.write("\n")
+        _strict_json.write_json(path, self.to_dict())
 
     @classmethod
     def load(cls, path: str | os.PathLike, expected_key: LatencyKey | None = None) -> SliceLatency:

@@ -214,9 +214,7 @@ class CostTable:
     def save(self, path: str | os.PathLike) -> None:
         """Write the table as JSON (see `load`); the folder is created when missing."""
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(self.to_dict(), f, indent=1, sort_keys=True)
-            f.write("\n")
+        _strict_json.write_json(path, self.to_dict(), indent=1)
 
     @classmethod
     def load(cls, path: str | os.PathLike, expected_key: CostKey | None = None) -> CostTable:

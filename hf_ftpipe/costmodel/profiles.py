@@ -17,6 +17,7 @@ from dataclasses import MISSING, asdict, dataclass, fields, replace
 from typing import Any, Literal, get_args
 
 from hf_ftpipe._json_depth import check_json_depth
+from hf_ftpipe._strict_json import write_json
 from hf_ftpipe._units import GiB
 from hf_ftpipe.errors import ProfileError
 
@@ -168,9 +169,7 @@ class GPUProfile:
     def to_json(self, path: str | os.PathLike) -> None:
         """Write the profile as JSON (with a format version) to ``path``."""
         data = {"format_version": _JSON_VERSION, **self.to_dict()}
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=2, sort_keys=True)
-            f.write("\n")
+        write_json(path, data)
 
     @classmethod
     def from_json(cls, path: str | os.PathLike) -> GPUProfile:

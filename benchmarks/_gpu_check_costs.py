@@ -111,9 +111,9 @@ def _compare_block(traced: Any, timed: Any, device: torch.device, dtype: str, pr
     """``timed`` (a `TimedBlock`) against the roofline, in all and per op kind (profiled once more here)."""
     from hf_ftpipe.costmodel import node_costs
     from hf_ftpipe.plan.blocks import blocks_of
-    from hf_ftpipe.runtime.block_timing import _BlockRunner  # the profiler's own block, built the same way
+    from hf_ftpipe.runtime.block_timing import BlockRunner  # the profiler's own block, built the same way
 
-    block = _BlockRunner(traced, next(b for b in blocks_of(traced.cost_graph) if b.name == timed.name), device)
+    block = BlockRunner(traced, next(b for b in blocks_of(traced.cost_graph) if b.name == timed.name), device)
     with torch.autocast(device.type, dtype=getattr(torch, dtype), enabled=dtype != "float32"):
         measured_kinds = _profiled_kinds(block, device)
     forward_s, backward_s = timed.forward_s, timed.backward_s

@@ -35,6 +35,7 @@ from hf_ftpipe.runtime.shapes import ShapeBook
 from hf_ftpipe.runtime.stage import StageSpec, build_stage_module, plan_stages
 
 __all__ = [
+    "BlockRunner",
     "BlockTimings",
     "TimedBlock",
     "default_device",
@@ -146,7 +147,7 @@ def time_blocks(
     bar = progress(len(first), "profiling") if show_progress else None
     autocast = dtype != weights_dtype
     for signature, block in first.items():
-        runner = _BlockRunner(traced, block, device)
+        runner = BlockRunner(traced, block, device)
         with torch.autocast(device.type, dtype=getattr(torch, dtype)) if autocast else contextlib.nullcontext():
             forward_s, backward_s = median_times(runner.phases, warmup=warmup, repeats=repeats, device=device)
         timed[signature] = (forward_s, backward_s if runner.has_backward else 0.0)
@@ -185,7 +186,7 @@ def dtype_name(dtype: str) -> str:
     return str(value).removeprefix("torch.")
 
 
-class _BlockRunner:
+class BlockRunner:
     """One block built as a stage with random weights and inputs on ``device``, run as forward then backward."""
 
     def __init__(self, traced: TracedModel, block: Block, device: torch.device) -> None:

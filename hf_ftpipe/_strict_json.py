@@ -16,7 +16,7 @@ import os
 import types
 import typing
 from collections.abc import Callable
-from dataclasses import MISSING, fields, is_dataclass
+from dataclasses import MISSING, asdict, fields, is_dataclass
 from typing import Any
 
 from hf_ftpipe._json_depth import check_json_depth
@@ -82,6 +82,13 @@ def read_versioned(
     except error as e:
         raise error(f"{where}: {e}; {fix}") from None
     return value
+
+
+def key_differences(expected: Any, found: Any) -> list[str]:
+    """``["key.dtype is 'float16', expected 'float32'"]``: each field where the dataclass ``found`` (a
+    file's key) differs from ``expected``."""
+    ours, theirs = asdict(expected), asdict(found)
+    return [f"key.{k} is {theirs[k]!r}, expected {ours[k]!r}" for k in ours if ours[k] != theirs[k]]
 
 
 def _versioned_body(

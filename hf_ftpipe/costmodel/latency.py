@@ -183,8 +183,7 @@ class SliceLatency:
             error=LatencyFormatError, max_bytes=MAX_FILE_BYTES, fix=_REFIT, check=_check_key,
         )  # fmt: skip
         if expected_key is not None and latency.key != expected_key:
-            ours, theirs = asdict(expected_key), asdict(latency.key)
-            differ = [f"key.{k} is {theirs[k]!r}, expected {ours[k]!r}" for k in ours if ours[k] != theirs[k]]
+            differ = _strict_json.key_differences(expected_key, latency.key)
             raise LatencyFormatError(f"{where}: fitted for another setup: {'; '.join(differ)}; {_REFIT}")
         return latency
 

@@ -203,8 +203,7 @@ class CostTable:
 
     def check_key(self, expected: CostKey, where: str = "the cost table") -> None:
         """A `CostTableError` naming each key field that differs from ``expected`` (device and dtype included)."""
-        ours, theirs = asdict(expected), asdict(self.key)
-        differ = [f"key.{k} is {theirs[k]!r}, expected {ours[k]!r}" for k in ours if ours[k] != theirs[k]]
+        differ = _strict_json.key_differences(expected, self.key)
         if differ:
             raise CostTableError(f"{where} was measured for another setup: {'; '.join(differ)}; {_REPROFILE}")
 

@@ -3,7 +3,9 @@ NaN, and decoded into typed dataclasses field by field, so every defect is named
 
 One reader for every hf_ftpipe file format (partition files, latency models): each caller passes
 its own error class and the noun its messages use ("partition file"), so the checks live once.
-`write_json` is the one writer of the small formats (latency models, cost tables, GPU profiles):
+`read_versioned` reads a file of a small format (latency models, cost tables): its ``"format"`` and
+``"format_version"`` fields checked, its body built, every defect prefixed with the file and followed
+by the fix. `write_json` is the one writer of the small formats (latency models, cost tables, GPU profiles):
 sorted keys and a final newline, so that files diff cleanly.
 """
 
@@ -13,7 +15,8 @@ import json
 import os
 import types
 import typing
-from dataclasses import MISSING, fields, is_dataclass
+from collections.abc import Callable
+from dataclasses import MISSING, asdict, fields, is_dataclass
 from typing import Any
 
 from hf_ftpipe._json_depth import check_json_depth
@@ -53,6 +56,55 @@ def read_json(path: str, *, error: type[Exception], what: str, max_bytes: int) -
         raise error(f"{path}: not valid JSON, {why}: {e.msg} at line {e.lineno} column {e.colno}") from e
     except ValueError as e:  # from the hooks
         raise error(f"{path}: {e}") from e
+
+
+def read_versioned(
+    path: str | os.PathLike,
+    cls: type,
+    *,
+    format_name: str,
+    format_version: int,
+    what: str,
+    error: type[Exception],
+    max_bytes: int,
+    fix: str,
+    check: Callable[[Any], None] | None = None,
+) -> Any:
+    """The ``cls`` that the file at ``path`` (a ``what`` of ``format_name`` in ``format_version``)
+    holds, checked by ``check``; every defect is an ``error`` naming the file, the field and ``fix``."""
+    where = os.fspath(path)
+    data = read_json(where, error=error, what=what, max_bytes=max_bytes)
+    try:
+        body = _versioned_body(data, format_name=format_name, format_version=format_version, what=what, error=error)
+        value = build(cls, body, "", error)
+        if check is not None:
+            check(value)
+    except error as e:
+        raise error(f"{where}: {e}; {fix}") from None
+    return value
+
+
+def key_differences(expected: Any, found: Any) -> list[str]:
+    """``["key.dtype is 'float16', expected 'float32'"]``: each field where the dataclass ``found`` (a
+    file's key) differs from ``expected``."""
+    ours, theirs = asdict(expected), asdict(found)
+    return [f"key.{k} is {theirs[k]!r}, expected {ours[k]!r}" for k in ours if ours[k] != theirs[k]]
+
+
+def _versioned_body(
+    data: object, *, format_name: str, format_version: int, what: str, error: type[Exception]
+) -> dict[str, Any]:
+    """``data`` less its ``"format"`` and ``"format_version"`` fields, once they say it is a ``what``
+    ("cost table") of ``format_name`` in ``format_version``; else an ``error`` naming the field."""
+    if not isinstance(data, dict):
+        raise error(f"not a {what}: expected a JSON object, got {json_type(data)}")
+    if data.get("format") != format_name:
+        found = f"is {data['format']!r}" if "format" in data else "is missing"
+        raise error(f"not a {what}: field 'format' {found}, expected {format_name!r}")
+    version = data.get("format_version")
+    if version != format_version or isinstance(version, bool):
+        raise error(f"field 'format_version' is {version!r}; this hf_ftpipe reads version {format_version} only")
+    return {k: v for k, v in data.items() if k not in ("format", "format_version")}
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

@@ -107,14 +107,15 @@ def _is_type_checking(node: ast.AST) -> bool:
     return isinstance(test, ast.Name | ast.Attribute) and ast.unparse(test).endswith("TYPE_CHECKING")
 
 
-def _nodes(tree: ast.AST) -> Iterator[ast.AST]:
-    """Every node, less the bodies of ``if TYPE_CHECKING:`` (annotations only: nothing is loaded)."""
+def _nodes(tree: ast.AST, *, annotations: bool = False) -> Iterator[ast.AST]:
+    """Every node, less the bodies of ``if TYPE_CHECKING:`` (annotations only: nothing is loaded)
+    unless ``annotations``."""
     for child in ast.iter_child_nodes(tree):
-        if _is_type_checking(child):
+        if _is_type_checking(child) and not annotations:
             yield from (n for orelse in child.orelse for n in [orelse, *_nodes(orelse)])
             continue
         yield child
-        yield from _nodes(child)
+        yield from _nodes(child, annotations=annotations)
 
 
 def _references(path: Path) -> Iterator[tuple[int, str]]:
@@ -123,11 +124,12 @@ def _references(path: Path) -> Iterator[tuple[int, str]]:
     return _references_in(path.read_text(encoding="utf-8"), name, is_package)
 
 
-def _references_in(source: str, name: str, is_package: bool) -> Iterator[tuple[int, str]]:
+def _references_in(source: str, name: str, is_package: bool, *, annotations: bool = False) -> Iterator[tuple[int, str]]:
     """``(line, module)`` for each module the module ``name`` imports: ``import``, ``from ... import``
-    (relative ones resolved), and hf_ftpipe module paths written as strings (the lazy faces, `import_module`)."""
+    (relative ones resolved), and hf_ftpipe module paths written as strings (the lazy faces, `import_module`);
+    ``annotations``: those under ``if TYPE_CHECKING:`` too."""
     here = name.split(".") if is_package else name.split(".")[:-1]
-    for node in _nodes(ast.parse(source)):
+    for node in _nodes(ast.parse(source), annotations=annotations):
         if isinstance(node, ast.Import):
             yield from ((node.lineno, alias.name) for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -197,3 +199,58 @@ def test_the_import_scan_sees_every_kind_of_import() -> None:
         "hf_ftpipe.trainer",
         "typing",
     ]
+
+
+# -- the partitioners, in layers ----------------------------------------------------------------
+
+
+def _cycle(edges: dict[str, set[str]]) -> list[str]:
+    """One import circle of ``edges`` (module → the modules it imports), as a path that ends where it
+    starts; empty when there is none."""
+    done: set[str] = set()
+    path: list[str] = []
+
+    def visit(module: str) -> list[str]:
+        if module in path:
+            return [*path[path.index(module) :], module]
+        if module in done:
+            return []
+        path.append(module)
+        for imported in sorted(edges.get(module, ())):
+            if found := visit(imported):
+                return found
+        path.pop()
+        done.add(module)
+        return []
+
+    for module in sorted(edges):
+        if found := visit(module):
+            return found
+    return []
+
+
+def test_the_cycle_finder_finds_a_circle() -> None:
+    edges = {"chain": {"contiguous"}, "contiguous": {"fit"}, "fit": {"seq_dp"}, "seq_dp": {"chain"}, "auto": {"fit"}}
+    assert _cycle(edges) == ["fit", "seq_dp", "chain", "contiguous", "fit"]  # reached from "auto"
+    assert _cycle(edges | {"seq_dp": {"registry"}}) == []
+
+
+def test_the_partitioners_import_one_another_in_layers() -> None:
+    """No import circle among the modules of `partitioners`, counting imports inside functions and
+    under ``TYPE_CHECKING``: `contiguous` and `registry` import no partitioner, `chain` only
+    `contiguous`, `fit` those, and the registered partitioners sit above. The package faces
+    (``__init__``) re-export what is below them and are imported by nothing inside."""
+    modules = {_module_name(path)[0]: path for path in _sources("partitioners")}
+    edges = {
+        name: {
+            module
+            for _, module in _references_in(
+                path.read_text(encoding="utf-8"), name, _module_name(path)[1], annotations=True
+            )
+            if module in modules and module != name
+        }
+        for name, path in modules.items()
+    }
+    assert "hf_ftpipe.partitioners.fit" in edges["hf_ftpipe.partitioners.seq_dp"]  # the scan sees this package
+    circle = _cycle(edges)
+    assert circle == [], "the partitioners import in a circle: " + " → ".join(circle)

@@ -19,6 +19,8 @@ import sys
 import time
 from typing import Any, get_args
 
+from hf_ftpipe.cli.trace_arguments import add_trace_arguments, model_and_inputs
+
 __all__ = ["add_partition_commands"]
 
 
@@ -46,13 +48,7 @@ def add_partition_commands(commands: Any) -> None:
         )
         command.add_argument("--batch-size", type=int, required=True, help="samples per micro-batch")
         command.add_argument("--seq-len", type=int, required=True, help="input length in tokens")
-        command.add_argument("--target-len", type=int, help="target length of an encoder-decoder (default: seq-len)")
-        command.add_argument(
-            "--task",
-            choices=["seq2seq-lm", "causal-lm", "masked-lm", "question-answering", "sequence-classification"],
-            help="head to put on the model instead of the config's `architectures`",
-        )
-        command.add_argument("--attention-mask", action="store_true", help="trace with an attention_mask input")
+        add_trace_arguments(command)
         command.add_argument("--schedule", choices=get_args(Schedule), default="gpipe", help="default: gpipe")
         command.add_argument("--num-microbatches", type=int, default=4, help="micro-batches per step (default: 4)")
         command.add_argument("--optimizer", choices=get_args(Optimizer), default="adamw", help="default: adamw")
@@ -235,14 +231,10 @@ class _Request:
 
     def trace(self) -> Any:
         from hf_ftpipe.graph import trace_model
-        from hf_ftpipe.graph.sources import load_model_for_planning, sample_inputs_for
 
         args = self.args
         started = time.perf_counter()
-        model = load_model_for_planning(args.model, task=args.task)
-        inputs = sample_inputs_for(
-            model, args.batch_size, args.seq_len, args.target_len, attention_mask=args.attention_mask
-        )
+        model, inputs = model_and_inputs(args)
         if args.lora_r is not None:  # after the inputs, which follow the model's own class
             from hf_ftpipe.graph.peft_models import apply_lora
 

@@ -19,6 +19,8 @@ import sys
 import time
 from typing import Any
 
+from hf_ftpipe.cli.trace_arguments import add_trace_arguments, model_and_inputs
+
 __all__ = ["add_profile_command"]
 
 
@@ -36,13 +38,7 @@ def add_profile_command(commands: Any) -> None:
     )
     profile.add_argument("--seq-len", type=int, required=True, help="input length in tokens")
     profile.add_argument("--batch-size", "--microbatch-size", type=int, required=True, help="samples per micro-batch")
-    profile.add_argument("--target-len", type=int, help="target length of an encoder-decoder (default: seq-len)")
-    profile.add_argument(
-        "--task",
-        choices=["seq2seq-lm", "causal-lm", "masked-lm", "question-answering", "sequence-classification"],
-        help="head to put on the model instead of the config's `architectures`",
-    )
-    profile.add_argument("--attention-mask", action="store_true", help="trace with an attention_mask input")
+    add_trace_arguments(profile)
     profile.add_argument("--dtype", help="compute dtype, e.g. bfloat16 (autocast; default: the weights')")
     profile.add_argument("--device", help="torch device to time on (default: cuda when available, else cpu)")
     profile.add_argument(
@@ -63,7 +59,6 @@ def _run_profile(args: argparse.Namespace) -> int:
     from hf_ftpipe.costmodel import CostTable, detect_profile
     from hf_ftpipe.costmodel.measured import cache_path
     from hf_ftpipe.errors import ProfileError
-    from hf_ftpipe.graph.sources import load_model_for_planning, sample_inputs_for
     from hf_ftpipe.graph.trace import capture_model
     from hf_ftpipe.plan.partition import collect_versions
     from hf_ftpipe.runtime.block_timing import dtype_name, time_blocks
@@ -80,10 +75,7 @@ def _run_profile(args: argparse.Namespace) -> int:
     if device is not None and device.type == "cuda" and not torch.cuda.is_available():
         raise ProfileError(f"--device {args.device}: no CUDA device is visible here; drop --device to time on the CPU")
     started = time.perf_counter()
-    model = load_model_for_planning(args.model, task=args.task)
-    inputs = sample_inputs_for(
-        model, args.batch_size, args.seq_len, args.target_len, attention_mask=args.attention_mask
-    )
+    model, inputs = model_and_inputs(args)
     traced = capture_model(model, inputs)
     print(f"traced {traced.cost_graph.model_class} in {time.perf_counter() - started:.1f} s", file=sys.stderr)
     # as hf_ftpipe.profile_model does (cli and trainer sit side by side: neither imports the other)

@@ -178,14 +178,12 @@ class SliceLatency:
         """Read a file written by `save`; every defect (and a key other than ``expected_key``) is a
         `LatencyFormatError` naming the file, the field and the fix."""
         where = os.fspath(path)
-        data = _strict_json.read_json(where, error=LatencyFormatError, what="latency file", max_bytes=MAX_FILE_BYTES)
-        try:
-            latency = _parse(data)
-        except LatencyFormatError as e:
-            raise LatencyFormatError(f"{where}: {e}; {_REFIT}") from None
+        latency = _strict_json.read_versioned(
+            where, SliceLatency, format_name=FORMAT_NAME, format_version=FORMAT_VERSION, what="latency file",
+            error=LatencyFormatError, max_bytes=MAX_FILE_BYTES, fix=_REFIT, check=_check_key,
+        )  # fmt: skip
         if expected_key is not None and latency.key != expected_key:
-            ours, theirs = asdict(expected_key), asdict(latency.key)
-            differ = [f"key.{k} is {theirs[k]!r}, expected {ours[k]!r}" for k in ours if ours[k] != theirs[k]]
+            differ = _strict_json.key_differences(expected_key, latency.key)
             raise LatencyFormatError(f"{where}: fitted for another setup: {'; '.join(differ)}; {_REFIT}")
         return latency
 
@@ -193,25 +191,12 @@ class SliceLatency:
 _REFIT = "fit the latency model again for this setup (or pass the file written for it)"
 
 
-def _parse(data: object) -> SliceLatency:
-    if not isinstance(data, dict):
-        raise LatencyFormatError(f"not a latency file: expected a JSON object, got {_strict_json.json_type(data)}")
-    if data.get("format") != FORMAT_NAME:
-        found = f"is {data['format']!r}" if "format" in data else "is missing"
-        raise LatencyFormatError(f"not a latency file: field 'format' {found}, expected {FORMAT_NAME!r}")
-    version = data.get("format_version")
-    if version != FORMAT_VERSION or isinstance(version, bool):
-        raise LatencyFormatError(
-            f"field 'format_version' is {version!r}; this hf_ftpipe reads version {FORMAT_VERSION} only"
-        )
-    body = {k: v for k, v in data.items() if k not in ("format", "format_version")}
-    latency = _strict_json.build(SliceLatency, body, "", LatencyFormatError)
+def _check_key(latency: SliceLatency) -> None:
     key = latency.key
     if key.seq_len < 1 or key.num_stages < 1:
         raise LatencyFormatError(
             f"fields 'key.seq_len' and 'key.num_stages' must be ≥ 1, got {key.seq_len}, {key.num_stages}"
         )
-    return latency
 
 
 def _coefficient_problems(values: dict[str, float]) -> list[str]:

@@ -203,8 +203,7 @@ class CostTable:
 
     def check_key(self, expected: CostKey, where: str = "the cost table") -> None:
         """A `CostTableError` naming each key field that differs from ``expected`` (device and dtype included)."""
-        ours, theirs = asdict(expected), asdict(self.key)
-        differ = [f"key.{k} is {theirs[k]!r}, expected {ours[k]!r}" for k in ours if ours[k] != theirs[k]]
+        differ = _strict_json.key_differences(expected, self.key)
         if differ:
             raise CostTableError(f"{where} was measured for another setup: {'; '.join(differ)}; {_REPROFILE}")
 
@@ -221,11 +220,10 @@ class CostTable:
         """Read a file written by `save`; every defect (and a key other than ``expected_key``) is a
         `CostTableError` naming the file, the field and the fix."""
         where = os.fspath(path)
-        data = _strict_json.read_json(where, error=CostTableError, what="cost table", max_bytes=MAX_FILE_BYTES)
-        try:
-            table = _parse(data)
-        except CostTableError as e:
-            raise CostTableError(f"{where}: {e}; {_REPROFILE}") from None
+        table = _strict_json.read_versioned(
+            where, CostTable, format_name=FORMAT_NAME, format_version=FORMAT_VERSION, what="cost table",
+            error=CostTableError, max_bytes=MAX_FILE_BYTES, fix=_REPROFILE,
+        )  # fmt: skip
         if expected_key is not None:
             table.check_key(expected_key, where)
         return table
@@ -235,21 +233,6 @@ def cache_path(key: CostKey) -> Path:
     """Where the table for ``key`` is cached: ``$HF_HOME/hf_ftpipe/costs/<model class>-<key digest>.json``."""
     model = "".join(c if c.isalnum() or c in "-_." else "_" for c in key.model_class) or "model"
     return cache_root() / "costs" / f"{model}-{key.digest()}.json"
-
-
-def _parse(data: object) -> CostTable:
-    if not isinstance(data, dict):
-        raise CostTableError(f"not a cost table: expected a JSON object, got {_strict_json.json_type(data)}")
-    if data.get("format") != FORMAT_NAME:
-        found = f"is {data['format']!r}" if "format" in data else "is missing"
-        raise CostTableError(f"not a cost table: field 'format' {found}, expected {FORMAT_NAME!r}")
-    version = data.get("format_version")
-    if version != FORMAT_VERSION or isinstance(version, bool):
-        raise CostTableError(
-            f"field 'format_version' is {version!r}; this hf_ftpipe reads version {FORMAT_VERSION} only"
-        )
-    body = {k: v for k, v in data.items() if k not in ("format", "format_version")}
-    return _strict_json.build(CostTable, body, "", CostTableError)
 
 
 def _input_shapes(graph: CostGraph) -> dict[str, list[int]]:

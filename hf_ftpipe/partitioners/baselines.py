@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING
 
 from hf_ftpipe.costmodel.profiles import GPUProfile
 from hf_ftpipe.graph.cost_graph import CostGraph
-from hf_ftpipe.partitioners.contiguous import ContiguousPlanner
+from hf_ftpipe.partitioners.contiguous import ContiguousPlanner, greedy_cuts
+from hf_ftpipe.partitioners.fit import check_memory
 from hf_ftpipe.partitioners.registry import register_partitioner
-from hf_ftpipe.partitioners.seq_greedy import greedy_cuts
 from hf_ftpipe.plan.partition import Partition
 from hf_ftpipe.plan.request import PlanOptions, PlanRequest
 
@@ -57,7 +57,7 @@ def partition_uniform(
         bounds = [0, *(starts[s * num_blocks // p] for s in range(1, p)), len(cuttable)]
     else:
         bounds = [0, *greedy_cuts([1.0] * len(cuttable), p), len(cuttable)]
-    return planner.partition(bounds)
+    return check_memory(planner, planner.partition(bounds))
 
 
 @register_partitioner("params")
@@ -83,7 +83,7 @@ def partition_params(
     if sum(weights) == 0:
         weights = [1.0] * len(weights)
     bounds = [0, *greedy_cuts(weights, planner.num_stages), len(weights)]
-    return planner.partition(bounds)
+    return check_memory(planner, planner.partition(bounds))
 
 
 def find_blocks(graph: CostGraph) -> dict[str, str]:

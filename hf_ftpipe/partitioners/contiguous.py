@@ -1,9 +1,13 @@
-"""What the contiguous partitioners share: the ops a stage may begin at, the checked request, the memory check.
+"""What the contiguous partitioners share: the ops a stage may begin at, the checked request, the
+priced split, and the cut of a list of weights into stages of about equal sums (``greedy_cuts``).
 
 A contiguous (Seq-Pipe) plan cuts the execution order into ``num_stages`` pieces, stage s on GPU s.
 Ops that follow their producer (``plan.atoms``: parts of a multi-output op, side effects) are
 never cut on: partitioners cut the list of the other ops (``CutOrder.cuttable``), and
 ``node_stage`` puts each follower in the latest stage among its producers.
+
+The lowest layer of the partitioners: it imports none of them. Whether a plan fits memory, and
+what would fit when it does not, is ``fit``'s (``fit.check_memory``), one layer up.
 """
 
 from __future__ import annotations
@@ -11,16 +15,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from hf_ftpipe._units import format_bytes
 from hf_ftpipe.costmodel.op_time import NodeCost
-from hf_ftpipe.errors import PartitionError, PlanDoesNotFitError
+from hf_ftpipe.errors import PartitionError
 from hf_ftpipe.graph.cost_graph import CostGraph
-from hf_ftpipe.partitioners.fit import FitAdvice
 from hf_ftpipe.plan.atoms import follows_producer
 from hf_ftpipe.plan.partition import Partition, PartitionKey
 from hf_ftpipe.plan.request import PlanRequest
 
-__all__ = ["ContiguousPlanner", "CutOrder"]
+__all__ = ["ContiguousPlanner", "CutOrder", "greedy_cuts"]
 
 
 @dataclass(frozen=True)
@@ -93,31 +95,34 @@ class ContiguousPlanner:
         return cls(name=name, graph=graph, request=request, num_stages=num_stages, key=key, costs=costs,
                    cut_order=cut_order)  # fmt: skip
 
-    def partition(self, bounds: Sequence[int], *, check_memory: bool = True) -> Partition:
+    def partition(self, bounds: Sequence[int]) -> Partition:
         """The plan for cuttable pieces ``[bounds[s], bounds[s+1])``, stage s on GPU s, priced by
-        ``estimate``; ``PlanDoesNotFitError`` naming each GPU over its usable memory."""
+        ``estimate`` (whether it fits memory: ``fit.check_memory``)."""
         node_stage = self.cut_order.node_stage(bounds)
         stage_device = list(range(len(bounds) - 1))
         predicted = self.request.estimate(self.graph, node_stage, stage_device, self.costs)
-        plan = Partition(
+        return Partition(
             node_stage=node_stage, stage_device=stage_device, partitioner=self.name, key=self.key, predicted=predicted
         )
-        capacity, request = self.request.usable_bytes, self.request
-        over = [(g, gpu.memory_bytes) for g, gpu in enumerate(predicted.gpus) if gpu.memory_bytes > capacity]
-        if check_memory and over:
-            needs = ", ".join(f"GPU {g} {format_bytes(need)}" for g, need in over)
-            reason = (
-                f"{self.name}: its plan does not fit in GPU memory: {needs}, more than the {format_bytes(capacity)} "
-                f"usable per GPU ({format_bytes(request.profile.memory_bytes)} less "
-                f"{request.memory.headroom * 100:g}% headroom)"
-            )
-            # seq-dp never makes such a plan; the others cut by compute or parameters alone
-            raise PlanDoesNotFitError(reason, self.advice(plans=[(self.name, plan)], blind=True))
-        return plan
 
-    def advice(self, plans: Sequence[tuple[str, Partition]] = (), *, blind: bool = False) -> FitAdvice:
-        """What would fit this request, for its `PlanDoesNotFitError`; ``blind``: this partitioner
-        cut without regard to memory, so the advice checks its fixes by running it again."""
-        return FitAdvice(
-            graph=self.graph, request=self.request, plans=tuple(plans), blind_partitioner=self.name if blind else None
-        )
+
+def greedy_cuts(weights: list[float], num_stages: int) -> list[int]:
+    """Cut positions (``num_stages − 1`` indices, strictly increasing, in ``1..len − 1``).
+
+    Cut k is at the prefix whose sum is nearest k · total / num_stages, among the two prefixes
+    around the crossing, then moved just enough to leave every stage at least one item.
+    """
+    n, total = len(weights), float(sum(weights))
+    prefix = [0.0]
+    for w in weights:
+        prefix.append(prefix[-1] + w)
+    cuts: list[int] = []
+    i = 0  # prefix[i] < target <= prefix[i + 1] after the scan
+    for k in range(1, num_stages):
+        target = k * total / num_stages
+        while i < n and prefix[i + 1] < target:
+            i += 1
+        cut = i if i >= n or target - prefix[i] <= prefix[i + 1] - target else i + 1
+        lowest = cuts[-1] + 1 if cuts else 1
+        cuts.append(min(max(cut, lowest), n - (num_stages - k)))
+    return cuts

@@ -17,13 +17,17 @@ are for a memory-aware partitioner, and a change is named for it only after runn
 that change (``FitAdvice.blind_partitioner``), so that following the advice works.
 
 The figures come from seq-dp's chain and the memory rules every partitioner prices plans with
-(``seq_dp.contiguous_fit``): ``partition_seq_dp`` succeeds on the GPU count named and fails on one
+(``chain.contiguous_fit``): ``partition_seq_dp`` succeeds on the GPU count named and fails on one
 fewer. They take a fraction of a second on GPT2-XL, where running every partitioner at growing
 GPU counts took most of a minute and still named counts that did not fit.
 
 Fixes are named as the reader names them (``Caller``): ``memory=MemoryOptions(recompute=True)``
 for the partition API, ``activation_checkpointing=True`` for `PipeTrainingArguments`,
 ``--recompute`` for ``hf-ftpipe``.
+
+A layer above ``contiguous`` and ``chain`` and below the partitioners: it runs the partitioner
+asked only through the registry (``run_partitioner``), so it imports none of them. The memory
+check of a contiguous plan (``check_memory``) lives here, since its error carries the advice.
 """
 
 from __future__ import annotations
@@ -33,20 +37,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from itertools import combinations
-from typing import TYPE_CHECKING
 
 from hf_ftpipe._units import format_bytes
 from hf_ftpipe.costmodel.estimate import MemoryOptions, usable_capacity
 from hf_ftpipe.costmodel.profiles import GPUProfile, list_profiles
 from hf_ftpipe.errors import Caller, PartitionError, PlanDoesNotFitError
 from hf_ftpipe.graph.cost_graph import CostGraph
+from hf_ftpipe.partitioners.chain import ContiguousFit, contiguous_fit
+from hf_ftpipe.partitioners.contiguous import ContiguousPlanner
+from hf_ftpipe.partitioners.registry import run_partitioner
 from hf_ftpipe.plan.partition import Partition
 from hf_ftpipe.plan.request import PlanRequest
 
-if TYPE_CHECKING:
-    from hf_ftpipe.partitioners.seq_dp import ContiguousFit
-
-__all__ = ["FitAdvice"]
+__all__ = ["FitAdvice", "check_memory"]
 
 # How each reader names a fix; {n}: a GPU count, {name}: a profile, {count}: the GPUs asked for,
 # {h}: a headroom. An empty entry: that reader has no such knob.
@@ -269,8 +272,6 @@ class FitAdvice:
 
     def _run_asked(self, request: PlanRequest) -> tuple[bool, float | None]:
         """Whether the blind partitioner's plan for ``request`` fits, and what it needs on its fullest GPU."""
-        from hf_ftpipe.partitioners.registry import run_partitioner  # late: the partitioners import this module
-
         assert self.blind_partitioner is not None
         try:
             plan = run_partitioner(self.blind_partitioner, self.graph, replace(request, key=None))
@@ -291,8 +292,6 @@ class FitAdvice:
         )
 
     def _contiguous_fit(self, request: PlanRequest, *, least_peak: bool) -> ContiguousFit | None:
-        from hf_ftpipe.partitioners.seq_dp import contiguous_fit  # seq-dp raises this module's errors
-
         try:
             return contiguous_fit(self.graph, request.profile, least_peak=least_peak, **request.options())
         except PartitionError:  # e.g. more GPUs than ops: no figure, the reason says enough
@@ -314,6 +313,29 @@ class FitAdvice:
 
     def _word(self, fix: str, caller: Caller, **values: object) -> str:
         return _WORDS[fix][caller].format(count=self.profile.count, **values)
+
+
+def check_memory(planner: ContiguousPlanner, plan: Partition) -> Partition:
+    """``plan`` (``planner``'s) when each GPU holds its share within the usable memory, else
+    ``PlanDoesNotFitError`` naming each GPU over it."""
+    request = planner.request
+    capacity = request.usable_bytes
+    assert plan.predicted is not None  # ContiguousPlanner.partition always predicts
+    over = [(g, gpu.memory_bytes) for g, gpu in enumerate(plan.predicted.gpus) if gpu.memory_bytes > capacity]
+    if not over:
+        return plan
+    needs = ", ".join(f"GPU {g} {format_bytes(need)}" for g, need in over)
+    reason = (
+        f"{planner.name}: its plan does not fit in GPU memory: {needs}, more than the {format_bytes(capacity)} "
+        f"usable per GPU ({format_bytes(request.profile.memory_bytes)} less "
+        f"{request.memory.headroom * 100:g}% headroom)"
+    )
+    # seq-dp never makes such a plan; the others cut by compute or parameters alone, so the advice
+    # checks its fixes by running the partitioner again
+    advice = FitAdvice(
+        graph=planner.graph, request=request, plans=((planner.name, plan),), blind_partitioner=planner.name
+    )
+    raise PlanDoesNotFitError(reason, advice)
 
 
 def _peak(plan: Partition) -> float | None:

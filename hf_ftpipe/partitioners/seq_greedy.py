@@ -6,7 +6,8 @@ the baseline the others must beat. Steps:
 1. Walk the ops in execution order (a topological order) and weigh each by its forward +
    backward time from the cost model.
 2. Cut before the op where the running total crosses k · total / num_stages, on whichever side
-   of that op the total is nearer the target; never leave a stage empty.
+   of that op the total is nearer the target; never leave a stage empty (``greedy_cuts``, in
+   ``contiguous``: the baselines and seq-dp's coarsening cut with it too).
 3. Stage s runs on GPU s. Contiguous pieces of a topological order are numbered topologically.
 
 Parts of multi-output ops (``getitem``) and side-effect ops are not cut on: they join the latest
@@ -19,7 +20,8 @@ from typing import TYPE_CHECKING
 
 from hf_ftpipe.costmodel.profiles import GPUProfile
 from hf_ftpipe.graph.cost_graph import CostGraph
-from hf_ftpipe.partitioners.contiguous import ContiguousPlanner
+from hf_ftpipe.partitioners.contiguous import ContiguousPlanner, greedy_cuts
+from hf_ftpipe.partitioners.fit import check_memory
 from hf_ftpipe.partitioners.registry import register_partitioner
 from hf_ftpipe.plan.partition import Partition
 from hf_ftpipe.plan.request import PlanOptions, PlanRequest
@@ -27,7 +29,7 @@ from hf_ftpipe.plan.request import PlanOptions, PlanRequest
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-__all__ = ["greedy_cuts", "partition_seq_greedy"]
+__all__ = ["greedy_cuts", "partition_seq_greedy"]  # greedy_cuts lives in `contiguous`; still importable from here
 
 NAME = "seq-greedy"
 
@@ -54,26 +56,4 @@ def partition_seq_greedy(
     if sum(weights) == 0:  # nothing to balance: balance op counts instead
         weights = [1.0] * len(weights)
     bounds = [0, *greedy_cuts(weights, planner.num_stages), len(weights)]
-    return planner.partition(bounds)
-
-
-def greedy_cuts(weights: list[float], num_stages: int) -> list[int]:
-    """Cut positions (``num_stages − 1`` indices, strictly increasing, in ``1..len − 1``).
-
-    Cut k is at the prefix whose sum is nearest k · total / num_stages, among the two prefixes
-    around the crossing, then moved just enough to leave every stage at least one item.
-    """
-    n, total = len(weights), float(sum(weights))
-    prefix = [0.0]
-    for w in weights:
-        prefix.append(prefix[-1] + w)
-    cuts: list[int] = []
-    i = 0  # prefix[i] < target <= prefix[i + 1] after the scan
-    for k in range(1, num_stages):
-        target = k * total / num_stages
-        while i < n and prefix[i + 1] < target:
-            i += 1
-        cut = i if i >= n or target - prefix[i] <= prefix[i + 1] - target else i + 1
-        lowest = cuts[-1] + 1 if cuts else 1
-        cuts.append(min(max(cut, lowest), n - (num_stages - k)))
-    return cuts
+    return check_memory(planner, planner.partition(bounds))

@@ -19,6 +19,7 @@ import sys
 import time
 from typing import Any, get_args
 
+from hf_ftpipe.cli.layouts import add_layout_arguments, run_layouts, topology_of
 from hf_ftpipe.cli.trace_arguments import add_trace_arguments, model_and_inputs
 
 __all__ = ["add_partition_commands"]
@@ -42,9 +43,16 @@ def add_partition_commands(commands: Any) -> None:
             help="a shipped short name (t5-3b, gpt2-xl, bert-large: offline), a folder with config.json, "
             "a config JSON file, or a Hub model id",
         )
-        command.add_argument("--gpus", type=int, required=True, help="number of GPUs (pipeline ranks)")
         command.add_argument(
-            "--gpu-profile", required=True, help="built-in GPU profile (e.g. rtx2080ti, a100-80gb) or a JSON file"
+            "--gpus",
+            type=int,
+            required=command is partition,
+            help="number of GPUs (pipeline ranks); compare: or --nodes/--topology",
+        )
+        command.add_argument(
+            "--gpu-profile",
+            required=command is partition,
+            help="built-in GPU profile (e.g. rtx2080ti, a100-80gb) or a JSON file; compare --topology: the topology's",
         )
         command.add_argument("--batch-size", type=int, required=True, help="samples per micro-batch")
         command.add_argument("--seq-len", type=int, required=True, help="input length in tokens")
@@ -88,6 +96,7 @@ def add_partition_commands(commands: Any) -> None:
         default="predicted",
         help="auto: keep the plan with the shortest predicted step (default) or simulated step (hf-ftpipe simulate)",
     )
+    add_layout_arguments(compare)
     partition.set_defaults(run=_run_partition)
     compare.set_defaults(run=_run_compare)
 
@@ -157,8 +166,14 @@ def _run_compare(args: argparse.Namespace) -> int:
         simulate_results,
     )
 
+    topology = topology_of(args)
+    if topology is not None:  # --gpus counts the GPUs of the machines, of the topology's kind
+        args.gpus = topology.world_size
+        args.gpu_profile = args.gpu_profile or topology.profile_of(0)
     request = _Request(args)
     graph = request.trace()
+    if topology is not None:
+        return run_layouts(args, topology, graph, request.options)
     started = time.perf_counter()
     report = compare_partitioners(
         graph, request.profile, **request.options, time_budget_s=args.time_budget_s, unlimited_figures=True
@@ -208,6 +223,8 @@ class _Request:
             raise PartitionError(f"unknown partitioner {args.partitioner!r}; choose one of {available_partitioners()}")
         if args.lora_targets and args.lora_r is None:
             raise PartitionError("--lora-targets needs --lora-r (the adapters' rank)")
+        if args.gpus is None or args.gpu_profile is None:
+            raise PartitionError("give --gpus and --gpu-profile, or --nodes with --gpus-per-node, or --topology")
         for name in ("gpus", "batch_size", "seq_len", "num_microbatches"):
             if getattr(args, name) < 1:
                 raise PartitionError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")

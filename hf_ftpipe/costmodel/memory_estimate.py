@@ -39,6 +39,7 @@ from hf_ftpipe.costmodel.memory_rules import (
     saved_bytes,
     sliced_saved_bytes,
     stage_rules,
+    weight_gradient_bytes,
     weight_versions_of,
 )
 from hf_ftpipe.costmodel.options import MemoryOptions, Optimizer, Schedule, TokenSlices, check_choice, check_positive
@@ -99,7 +100,8 @@ class StageMemory:
                 kept += sum(graph.node(u)["output_bytes"] for u in inputs)
             else:
                 kept += saved
-            self.held_bytes.append(kept * rules.in_flight)
+            awaiting_w = rules.awaiting_weights * weight_gradient_bytes(graph, nodes)  # a split backward's W
+            self.held_bytes.append(kept * rules.in_flight + awaiting_w)
             self.backward.append(
                 backward_bytes(
                     persist=rules.persist,

@@ -75,6 +75,8 @@ class StageMemory:
         """Per stage: what it keeps for all its micro-batches in flight."""
         self.backward: list[int] = []
         """Per stage: what its backward adds while it runs (a GPU counts its largest)."""
+        self.weight_kept: list[int] = []
+        """Per stage: what a split backward keeps of one micro-batch from its B to its W."""
         for s, nodes in enumerate(stage_nodes):
             rules = stage_rules(
                 schedule,
@@ -92,6 +94,7 @@ class StageMemory:
                 )
                 self.held_bytes.append(held)
                 self.backward.append(backward)
+                self.weight_kept.append(0)  # sliced schedules do not split their backwards
                 continue
             saved = sum(saved_bytes(graph, n) for n in nodes)
             kept = kept_output_bytes(graph, nodes, node_stage)
@@ -100,8 +103,8 @@ class StageMemory:
                 kept += sum(graph.node(u)["output_bytes"] for u in inputs)
             else:
                 kept += saved
-            awaiting_w = rules.awaiting_weights * weight_gradient_bytes(graph, nodes)  # a split backward's W
-            self.held_bytes.append(kept * rules.in_flight + awaiting_w)
+            self.weight_kept.append(weight_gradient_bytes(graph, nodes))
+            self.held_bytes.append(kept * rules.in_flight + rules.awaiting_weights * self.weight_kept[-1])
             self.backward.append(
                 backward_bytes(
                     persist=rules.persist,

@@ -2,8 +2,9 @@
 
 A contiguous (Seq-Pipe) plan cuts the execution order into ``num_stages`` pieces, stage s on GPU s;
 asked for a V placement (``PlanRequest.placement = "v"``), 2·P pieces, stage s on GPU
-min(s, 2P − 1 − s). The cuts balance the stages (equal stages are equal GPUs in a V too), and the
-plan's memory is checked per GPU, its two stages together.
+min(s, 2P − 1 − s). The cuts balance the stages (equal stages are equal GPUs in a V too); in a V
+each stage is cut to fit half a GPU (`ContiguousPlanner.stage_capacity`), and the plan's memory
+is checked per GPU, its two stages together.
 Ops that follow their producer (``plan.atoms``: parts of a multi-output op, side effects) are
 never cut on: partitioners cut the list of the other ops (``CutOrder.cuttable``), and
 ``node_stage`` puts each follower in the latest stage among its producers.
@@ -97,6 +98,13 @@ class ContiguousPlanner:
         costs = request.node_costs(graph)
         return cls(name=name, graph=graph, request=request, num_stages=num_stages, key=key, costs=costs,
                    cut_order=cut_order)  # fmt: skip
+
+    @property
+    def stage_capacity(self) -> int:
+        """Memory one stage may use: a GPU's usable memory, or in a V, where two stages share a GPU,
+        half of it each (the plan's check then sums the two: `partition`)."""
+        usable = self.request.usable_bytes
+        return usable // 2 if self.request.placement == "v" else usable
 
     def partition(self, bounds: Sequence[int], *, check_memory: bool = True) -> Partition:
         """The plan for cuttable pieces ``[bounds[s], bounds[s+1])``, stage s on GPU s (in a V, on

@@ -42,7 +42,15 @@ from hf_ftpipe.costmodel.memory_rules import (
     weight_gradient_bytes,
     weight_versions_of,
 )
-from hf_ftpipe.costmodel.options import MemoryOptions, Optimizer, Schedule, TokenSlices, check_choice, check_positive
+from hf_ftpipe.costmodel.options import (
+    MemoryOptions,
+    Optimizer,
+    Schedule,
+    TokenSlices,
+    check_choice,
+    check_positive,
+    check_schedule,
+)
 from hf_ftpipe.errors import PartitionError
 from hf_ftpipe.graph.cost_graph import CostGraph
 from hf_ftpipe.schedules.rules import in_flight
@@ -166,7 +174,7 @@ def estimate_memory(
     With ``token_slices`` each of the ``num_microbatches`` micro-batches is a sequence cut into
     token slices (`TokenSlices`); ``graph`` and ``node_stage`` are the whole sequence's.
     """
-    check_choice("schedule", schedule, Schedule)
+    check_schedule(schedule)
     check_choice("optimizer", optimizer, Optimizer)
     check_positive("num_microbatches", num_microbatches)
     stage_nodes = nodes_by_stage(graph, node_stage, stage_device)

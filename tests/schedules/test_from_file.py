@@ -4,7 +4,10 @@ from pathlib import Path
 
 import pytest
 
+from hf_ftpipe.costmodel import estimate
 from hf_ftpipe.schedules import awaiting_weight_gradients, in_flight, make_schedule, schedule_traits
+
+from toy_graphs import UNIT, chain
 
 
 def write(tmp_path: Path, text: str, name: str = "order.txt") -> str:
@@ -55,3 +58,12 @@ def test_a_bad_file_is_refused_saying_what_is_wrong(tmp_path: Path, text: str, m
 def test_a_missing_file_is_named(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"pipeline schedule file '.*nowhere.csv' does not exist"):
         make_schedule(str(tmp_path / "nowhere.csv"), [0, 1], 1)
+
+
+def test_the_cost_model_prices_a_file_schedule_by_its_order(tmp_path: Path) -> None:
+    # 1F1B's order from a file: the plan's memory is 1f1b's.
+    path = write(tmp_path, str(make_schedule("1f1b", [0, 1], 4)))
+    sizes = {"num_microbatches": 4, "microbatch_size": 1}
+    graph, node_stage = chain([1.0, 1.0]), {"n0": 0, "n1": 1}
+    from_file = estimate(graph, node_stage, [0, 1], UNIT, schedule=path, **sizes)
+    assert from_file.gpus == estimate(graph, node_stage, [0, 1], UNIT, schedule="1f1b", **sizes).gpus

@@ -66,7 +66,7 @@ def simulate(
     schedule = schedule or plan.key.schedule
     schedule_traits(schedule)  # an unknown name fails here, naming the valid ones
     num_microbatches = num_microbatches or plan.key.num_microbatches
-    link = _profile(plan, profile)
+    link = plan_profile(plan, profile)
     predicted = plan.predicted
     if graph is not None:
         pipeline = pipeline_costs(
@@ -187,7 +187,8 @@ def _replay(costs: PipelineCosts, order_maker: Schedule, steps: int, num_slices:
     return replay
 
 
-def _profile(plan: Partition, profile: GPUProfile | str | None) -> GPUProfile:
+def plan_profile(plan: Partition, profile: GPUProfile | str | None = None) -> GPUProfile:
+    """The GPUs whose link prices ``plan``'s messages: ``profile`` (a name or a JSON file), else the plan's own."""
     if isinstance(profile, GPUProfile):
         return profile
     name = profile or plan.key.gpu_profile

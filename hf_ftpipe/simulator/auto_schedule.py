@@ -15,14 +15,16 @@ prints), which ``pipeline_schedule`` or `make_schedule` take as a path
 
 from __future__ import annotations
 
+from hf_ftpipe.costmodel.profiles import GPUProfile
+from hf_ftpipe.plan.partition import Partition
 from hf_ftpipe.schedules.from_file import GivenSchedule
 from hf_ftpipe.schedules.orders import Schedule, make_schedule
 from hf_ftpipe.schedules.zero_bubble import zero_bubble_order
-from hf_ftpipe.simulator.api import simulate_costs
-from hf_ftpipe.simulator.costs import PipelineCosts
+from hf_ftpipe.simulator.api import plan_profile, simulate_costs
+from hf_ftpipe.simulator.costs import PipelineCosts, costs_from_prediction
 from hf_ftpipe.simulator.result import SimulationResult
 
-__all__ = ["auto_schedule"]
+__all__ = ["auto_schedule", "plan_auto_schedule"]
 
 
 def auto_schedule(costs: PipelineCosts, num_microbatches: int) -> tuple[Schedule, SimulationResult]:
@@ -40,3 +42,12 @@ def auto_schedule(costs: PipelineCosts, num_microbatches: int) -> tuple[Schedule
     fixed = make_schedule("zb-h1", costs.stage_rank, num_microbatches, edges)
     baseline = simulate_costs(costs, fixed, num_microbatches)
     return (fixed, baseline) if baseline.step_time_s < result.step_time_s else (built, result)
+
+
+def plan_auto_schedule(
+    plan: Partition, *, profile: GPUProfile | str | None = None, num_microbatches: int | None = None
+) -> tuple[Schedule, SimulationResult]:
+    """`auto_schedule` for ``plan``, timed by its recorded per-stage prediction (measured where the
+    plan was priced by a cost table: ``hf-ftpipe simulate --costs``)."""
+    costs = costs_from_prediction(plan, plan_profile(plan, profile))
+    return auto_schedule(costs, num_microbatches or plan.key.num_microbatches)

@@ -52,7 +52,7 @@ def add_simulate_command(commands: Any) -> None:
         "--write-zb-auto",
         metavar="FILE",
         help="build zb-auto, a zero-bubble order timed by the plan's stage costs (checked, never slower than "
-        "zb-h1 in the simulation), write it to FILE (pipeline_schedule takes the path) and simulate it",
+        "zb-h1 in the simulation), write it to FILE (a schedule file) and simulate it",
     )
     simulate.add_argument("--plot", metavar="PNG", help="draw the timeline (one row per rank) to this image")
     simulate.add_argument("--json", action="store_true", help="print the whole result (events included) as JSON")

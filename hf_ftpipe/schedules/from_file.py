@@ -1,7 +1,7 @@
 """A schedule from a file: each rank's actions, as ``hf-ftpipe schedule`` prints them or as CSV.
 
-``pipeline_schedule="path/to/order.csv"`` runs the order a file gives, in the manner of
-torchtitan's CSV schedules. Two forms are read:
+``make_schedule("path/to/order.csv", ...)`` (and the cost model and the simulator, which take a
+schedule by name) runs the order a file gives, in the manner of torchtitan's CSV schedules. Two forms are read:
 
 - the text ``hf-ftpipe schedule`` prints, one line per rank (a ``step:`` line is skipped)::
 

@@ -8,8 +8,8 @@ ones where a cost table exists) instead of one unit each, on the plan's placemen
 included. Where the stages are unequal, a rank then fills its idle time with the actions that
 really fit it. The order is checked (every dependency, no deadlock: `GivenSchedule`) and
 replayed by the simulator against ``zb-h1``'s; the faster one is kept, so it is never slower
-there. It is handed to the runtime as a file (``str(schedule)``, the text ``hf-ftpipe schedule``
-prints), which ``pipeline_schedule`` or `make_schedule` take as a path
+there. It is handed on as a file (``str(schedule)``, the text ``hf-ftpipe schedule`` prints),
+which `make_schedule`, the cost model and the simulator take as a path
 (`hf_ftpipe.schedules.from_file`): what runs is what was simulated.
 """
 

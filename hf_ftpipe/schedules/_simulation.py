@@ -6,17 +6,9 @@ import heapq
 import math
 from collections.abc import Sequence
 
-from hf_ftpipe.schedules.actions import Action
-from hf_ftpipe.schedules.rules import in_flight
+from hf_ftpipe.schedules.actions import Action, stage_neighbours
 
 _FORWARD_COST, _BACKWARD_COST = 1, 2
-
-
-def limits(name: str, stage_rank: Sequence[int], num_microbatches: int, num_slices: int | None = None) -> list[int]:
-    """Micro-batches (token slices, with ``num_slices``) each stage may hold between forward and
-    backward — the partitioner's `in_flight`, so the memory it predicts is the memory the schedule uses."""
-    schedule = "1f1b" if name == "gpipe" else name
-    return [in_flight(schedule, s, stage_rank, num_microbatches, num_slices=num_slices) for s in range(len(stage_rank))]
 
 
 class Simulation:
@@ -24,7 +16,8 @@ class Simulation:
 
     At every moment each idle rank starts its most urgent ready action: that of its deepest stage
     with one ready, the stage's backward before its next forward (a forward only while the stage
-    holds fewer than ``limits[s]`` micro-batches). On a Mixed-Pipe placement this keeps a rank
+    holds fewer than ``limits[s]`` micro-batches: `hf_ftpipe.schedules.rules.in_flight_limits`, so
+    the memory the partitioner predicts is the memory the schedule uses). On a Mixed-Pipe placement this keeps a rank
     busier than oldest-micro-batch-first. A forward costs 1/n, a backward 2/n, on a rank running
     n stages: the partitioner balances GPUs, not stages, so a GPU's n stages share its time (one
     stage split in two on one GPU, GPUs [0, 0, 1], then orders like the unsplit [0, 1]: priced
@@ -56,11 +49,7 @@ class Simulation:
         self.limits = list(limits)
         self.update_every = update_every
         self.num_stages = len(self.stage_rank)
-        self.producers: list[list[int]] = [[] for _ in range(self.num_stages)]
-        self.consumers: list[list[int]] = [[] for _ in range(self.num_stages)]
-        for producer, consumer in edges:
-            self.producers[consumer].append(producer)
-            self.consumers[producer].append(consumer)
+        self.producers, self.consumers = stage_neighbours(self.num_stages, edges)
         self.ranks = sorted(set(self.stage_rank))
         self.rank_stages = {r: [s for s in range(self.num_stages) if self.stage_rank[s] == r] for r in self.ranks}
         # A rank's stages share one unit of time (integers: the least common multiple of the counts).

@@ -46,9 +46,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from hf_ftpipe.schedules._simulation import Simulation, limits
+from hf_ftpipe.schedules._simulation import Simulation
 from hf_ftpipe.schedules.actions import Action, chain_edges, check_order, dependencies, format_actions, stage_runs
 from hf_ftpipe.schedules.registry import SCHEDULES, ScheduleName, ScheduleTraits, schedule_traits
+from hf_ftpipe.schedules.rules import in_flight_limits
 
 __all__ = [
     "Action",
@@ -107,6 +108,11 @@ class Schedule:
                     f"stage edge {producer}->{consumer} does not go forward in stage order; "
                     f"stages are numbered 0..{self.num_stages - 1} in topological order"
                 )
+        self.check_placement()
+
+    def check_placement(self) -> None:
+        """Raise `ValueError`, naming the placements that fit, where the schedule does not run
+        ``stage_rank`` (``zbv``: a V; ``interleaved-1f1b``: a loop); the others run any."""
 
     def global_order(self) -> list[Action]:
         raise NotImplementedError
@@ -161,7 +167,7 @@ class Schedule1F1B(Schedule):
     name = "1f1b"
 
     def global_order(self) -> list[Action]:
-        held = limits("1f1b", self.stage_rank, self.num_microbatches, self.num_slices)
+        held = in_flight_limits("1f1b", self.stage_rank, self.num_microbatches, num_slices=self.num_slices)
         simulation = Simulation(self.stage_rank, self.edges, held, num_slices=self.num_slices)
         order = simulation.run(available=self.num_microbatches)
         simulation.check_finished(self.num_microbatches * (self.num_slices or 1))
@@ -208,7 +214,7 @@ class StreamingSchedule(Schedule):
 
     def reset(self) -> None:
         """Start again from an empty pipeline."""
-        held = limits(self.name, self.stage_rank, self.num_microbatches)
+        held = in_flight_limits(self.name, self.stage_rank, self.num_microbatches)
         self._simulation = Simulation(self.stage_rank, self.edges, held, update_every=self.update_every)
         self._pending: list[Action] = []
         self.given = 0  # micro-batches handed to the schedule so far
@@ -277,11 +283,23 @@ def make_schedule(
     gradient_accumulation_steps: int = 1,
     num_slices: int | None = None,
 ) -> Schedule:
-    """The schedule called ``name`` (one of `ScheduleName`), chosen by its traits; with
-    ``num_slices``, over that many token slices per sequence (``gpipe`` and ``1f1b`` only)."""
+    """The schedule called ``name`` (one of `ScheduleName`, or a file of per-rank orders:
+    `hf_ftpipe.schedules.from_file`), chosen by its traits; with ``num_slices``, over that many
+    token slices per sequence (``gpipe`` and ``1f1b`` only)."""
     traits = schedule_traits(name)
     if num_slices is not None:
         _check_slices(name, num_slices)
+    from hf_ftpipe.schedules import from_file, zero_bubble  # they build on `Schedule`
+
+    if name not in SCHEDULES:  # a file (`schedule_traits` refused any other name)
+        return from_file.FileSchedule(name, stage_rank, num_microbatches, edges)
+
+    ordered = {
+        c.name: c
+        for c in (zero_bubble.ScheduleZeroBubbleH1, zero_bubble.ScheduleZBV, zero_bubble.ScheduleInterleaved1F1B)
+    }
+    if name in ordered:
+        return ordered[name](stage_rank, num_microbatches, edges)
     if not traits.flushes:
         return StreamingSchedule(
             traits.name, stage_rank, num_microbatches, edges, gradient_accumulation_steps=gradient_accumulation_steps

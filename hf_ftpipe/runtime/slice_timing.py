@@ -14,6 +14,7 @@ the cost model; ``hf_ftpipe.costmodel.latency.SliceLatency.fit`` takes them as `
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
@@ -22,7 +23,8 @@ import torch
 
 from hf_ftpipe.graph.token_slices import SlicedModel
 from hf_ftpipe.plan.blocks import blocks_of, signature_of
-from hf_ftpipe.runtime.block_timing import median_times, progress
+from hf_ftpipe.plan.keys import params_dtype
+from hf_ftpipe.runtime.block_timing import median_times, progress, weights_for
 from hf_ftpipe.runtime.prefix_attention import SequenceKV
 from hf_ftpipe.runtime.stage import StageSpec, build_stage_module, plan_stages
 from hf_ftpipe.runtime.token_slicing import TokenSlicing
@@ -122,6 +124,7 @@ def time_stages(
     device: torch.device,
     *,
     repeats: int = 3,
+    dtype: str | None = None,
     show_progress: bool = True,
 ) -> list[Sample]:
     """The slowest stage of ``node_stage`` at each point of ``grid``, timed in this one process:
@@ -132,8 +135,10 @@ def time_stages(
     stage's time is the sum of its blocks': GPT2-XL on 8 stages is 3 blocks per point, not 8 stages
     of 6 layers. Otherwise stages are the units, and equal ones (`signature_of`) are timed once.
     How many units and points run is said up front, and a progress bar counts them (stderr,
-    unless ``show_progress`` is off). The units are built on ``sliced``'s own model (its weights
-    get gradients): time a model made for timing, e.g. from its config.
+    unless ``show_progress`` is off). Only the timed units' weights are made (`weights_for`): the
+    model may live on the meta device, and then gets random ones; a real model's own weights get
+    gradients, so time a model made for timing. ``dtype`` other than the weights' runs under
+    autocast, as a run with ``bf16=True`` does.
     """
     whole = sliced.full
     graph = whole.cost_graph
@@ -150,24 +155,31 @@ def time_stages(
     representative: dict[str, int] = {}
     same_as = [representative.setdefault(signature_of(graph, spec.nodes), u) for u, spec in enumerate(specs)]
     timed = sorted(representative.values())
+    weights = {u: weights_for(whole, specs[u].nodes, device) for u in timed}
     modules = {
-        u: build_stage_module(whole.graph_module, specs[u], whole.canonical_names, whole.tensors, device).to(device)
+        u: build_stage_module(whole.graph_module, specs[u], whole.canonical_names, weights[u], device).to(device)
         for u in timed
     }
     slicing = TokenSlicing(sliced, specs, unit_of, modules, device)
     points = list(grid)
+    made = sum(w.numel() for u in timed for w in weights[u].values() if isinstance(w, torch.nn.Parameter))
+    total = sum(info.numel for info in graph.params.values() if not info.is_buffer)
     if show_progress:
         print(
             f"timing {len(timed)} of {len(specs)} {what} (the others repeat one) at {len(points)} (slice, context) "
-            f"points: {len(timed) * len(points)} timings of 1 warm-up + {repeats} runs",
+            f"points: {len(timed) * len(points)} timings of 1 warm-up + {repeats} runs, on {made:,} of the model's "
+            f"{total:,} parameters",
             file=sys.stderr,
         )
     bar = progress(len(timed) * len(points), "timing slices") if show_progress else None
     times: dict[int, list[Sample]] = {}
+    weights_dtype = params_dtype(graph)
+    autocast = dtype is not None and dtype != weights_dtype
     for u in timed:
         times[u] = []
         for point in points:
-            times[u].extend(time_slice_grid(slicing, u, microbatch, [point], repeats=repeats))
+            with torch.autocast(device.type, dtype=getattr(torch, dtype)) if autocast else contextlib.nullcontext():
+                times[u].extend(time_slice_grid(slicing, u, microbatch, [point], repeats=repeats))
             if bar is not None:
                 bar.update(1)
     if bar is not None:

@@ -51,7 +51,8 @@ def configs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """Config files of tiny models; offline, and each traced once for the module."""
     folder = tmp_path_factory.mktemp("configs")
     paths = {}
-    for name, config in (("gpt2", TINY_GPT2), ("t5", TINY_T5), ("bert", TINY_BERT)):
+    deep = {**TINY_GPT2, "n_layer": 4}
+    for name, config in (("gpt2", TINY_GPT2), ("gpt2-deep", deep), ("t5", TINY_T5), ("bert", TINY_BERT)):
         paths[name] = str(folder / f"{name}.json")
         Path(paths[name]).write_text(json.dumps(config))
     cache: dict = {}
@@ -157,3 +158,16 @@ def test_measure_fits_this_machines_timings_and_the_file_reads_back(configs: dic
     assert code == 0 and "latency from " + str(latency_file) + " (measured)" in out, err
     code, _, err = run(*argv, "--gpu-profile", "a100-80gb")
     assert code == 2 and "--measure times this machine" in err
+
+
+def test_measure_makes_only_the_timed_blocks_weights(configs: dict[str, str]) -> None:
+    # 4 layers on 2 stages: the embeddings, one layer and the head are timed; the model stays on meta.
+    code, out, err = run("slices", configs["gpt2-deep"], "--seq-len", "64", "--gpus", "2", "--measure", "--json")
+    assert code == 0, err
+    assert "capturing GPT2LMHeadModel on the meta device at 3 slice lengths (8, 16, 32 tokens)" in err
+    # wte 64×32 + wpe 128×32; a layer: 2 layer norms 2×64, c_attn 32×96 + 96, c_proj 32×32 + 32, c_fc 32×128 + 128,
+    # c_proj 128×32 + 32 = 12704; ln_f 64 + the tied lm_head 64×32: made 6144 + 12704 + 2112 = 20960 of
+    # 6144 + 4 × 12704 + 64 = 57024
+    assert "timing 3 of 6 blocks (the others repeat one) at 11 (slice, context) points: 33 timings" in err
+    assert "on 20,960 of the model's 57,024 parameters" in err
+    assert sum(json.loads(out)["chosen"]["microbatches"][0][1]) == 64

@@ -25,7 +25,7 @@ from hf_ftpipe.graph.token_slices import SlicedModel
 from hf_ftpipe.plan.blocks import blocks_of, signature_of
 from hf_ftpipe.plan.keys import params_dtype
 from hf_ftpipe.runtime.block_timing import median_times, progress, weights_for
-from hf_ftpipe.runtime.prefix_attention import SequenceKV
+from hf_ftpipe.runtime.prefix_attention import PrefixAttention, SequenceKV
 from hf_ftpipe.runtime.stage import StageSpec, build_stage_module, plan_stages
 from hf_ftpipe.runtime.token_slicing import TokenSlicing
 
@@ -134,6 +134,7 @@ def time_stages(
     (`plan.blocks`: a layer, the ops before and after the layers) is timed once per point and a
     stage's time is the sum of its blocks': GPT2-XL on 8 stages is 3 blocks per point, not 8 stages
     of 6 layers. Otherwise stages are the units, and equal ones (`signature_of`) are timed once.
+    A unit without attention takes as long after any context, so it is timed once per slice length.
     How many units and points run is said up front, and a progress bar counts them (stderr,
     unless ``show_progress`` is off). Only the timed units' weights are made (`weights_for`): the
     model may live on the meta device, and then gets random ones; a real model's own weights get
@@ -155,33 +156,41 @@ def time_stages(
     representative: dict[str, int] = {}
     same_as = [representative.setdefault(signature_of(graph, spec.nodes), u) for u, spec in enumerate(specs)]
     timed = sorted(representative.values())
-    weights = {u: weights_for(whole, specs[u].nodes, device) for u in timed}
+    # One set of weights for every timed unit: a tied weight (GPT-2's wte and lm_head) is made once.
+    weights = weights_for(whole, [n for u in timed for n in specs[u].nodes], device)
     modules = {
-        u: build_stage_module(whole.graph_module, specs[u], whole.canonical_names, weights[u], device).to(device)
+        u: build_stage_module(whole.graph_module, specs[u], whole.canonical_names, weights, device).to(device)
         for u in timed
     }
     slicing = TokenSlicing(sliced, specs, unit_of, modules, device)
     points = list(grid)
-    made = sum(w.numel() for u in timed for w in weights[u].values() if isinstance(w, torch.nn.Parameter))
+    # A unit without attention (the embeddings, the head) takes as long after any context: timed
+    # once per slice length, at the first context the grid has for it.
+    attends = {u: any(isinstance(m, PrefixAttention) for m in slicing.module(u, 0).modules()) for u in timed}
+    first_point = {s: p for p, (s, _) in reversed(list(enumerate(points)))}
+    runs = {u: list(range(len(points))) if attends[u] else sorted(first_point.values()) for u in timed}
+    made = sum(w.numel() for w in weights.values() if isinstance(w, torch.nn.Parameter))
     total = sum(info.numel for info in graph.params.values() if not info.is_buffer)
+    count = sum(len(r) for r in runs.values())
     if show_progress:
         print(
             f"timing {len(timed)} of {len(specs)} {what} (the others repeat one) at {len(points)} (slice, context) "
-            f"points: {len(timed) * len(points)} timings of 1 warm-up + {repeats} runs, on {made:,} of the model's "
-            f"{total:,} parameters",
+            f"points, those without attention once per slice length: {count} timings of 1 warm-up + {repeats} "
+            f"runs, on {made:,} of the model's {total:,} parameters",
             file=sys.stderr,
         )
-    bar = progress(len(timed) * len(points), "timing slices") if show_progress else None
+    bar = progress(count, "timing slices") if show_progress else None
     times: dict[int, list[Sample]] = {}
     weights_dtype = params_dtype(graph)
     autocast = dtype is not None and dtype != weights_dtype
     for u in timed:
-        times[u] = []
-        for point in points:
+        timed_at: dict[int, Sample] = {}
+        for p in runs[u]:
             with torch.autocast(device.type, dtype=getattr(torch, dtype)) if autocast else contextlib.nullcontext():
-                times[u].extend(time_slice_grid(slicing, u, microbatch, [point], repeats=repeats))
+                (timed_at[p],) = time_slice_grid(slicing, u, microbatch, [points[p]], repeats=repeats)
             if bar is not None:
                 bar.update(1)
+        times[u] = [timed_at[p if attends[u] else first_point[s]] for p, (s, _) in enumerate(points)]
     if bar is not None:
         bar.close()
     samples = []

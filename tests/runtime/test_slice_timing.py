@@ -81,8 +81,8 @@ def test_stages_cut_on_layers_are_timed_as_their_blocks(captured, capsys):
     assert [(s, c, b) for s, c, b, _ in samples] == [(s, c, 1) for s, c in grid]
     assert all(t > 0 for *_, t in samples)
     assert (
-        "timing 3 of 4 blocks (the others repeat one) at 3 (slice, context) points: 9 timings"
-        in capsys.readouterr().err
+        "timing 3 of 4 blocks (the others repeat one) at 3 (slice, context) points, those without attention once "
+        "per slice length: 9 timings" in capsys.readouterr().err
     )
 
 
@@ -102,8 +102,9 @@ def test_a_model_on_the_meta_device_is_timed_on_its_timed_blocks_weights_alone(c
     assert [(s, c) for s, c, _, _ in samples] == [(16, 0), (16, 16)] and all(t > 0 for *_, t in samples)
     assert all(p.is_meta for p in model.parameters())
     # Made: wte 64×16 + wpe 32×16 (embeddings), one layer (ln_1 32, c_attn 16×48 + 48, attn c_proj 16×16 + 16,
-    # ln_2 32, c_fc 16×64 + 64, mlp c_proj 64×16 + 16 = 3280), ln_f 32 + the tied lm_head 64×16 (the head):
-    # 5872 of 1024 + 512 + 4 × 3280 + 32 = 14688.
+    # ln_2 32, c_fc 16×64 + 64, mlp c_proj 64×16 + 16 = 3280), ln_f 32 (the head; lm_head is wte, made once):
+    # 4848 of 1024 + 512 + 4 × 3280 + 32 = 14688. The embeddings and the head have no attention: timed
+    # once for the one slice length, the layer at both points.
     err = capsys.readouterr().err
     assert "timing 3 of 6 blocks (the others repeat one) at 2 (slice, context) points" in err
-    assert "on 5,872 of the model's 14,688 parameters" in err
+    assert ": 4 timings of 1 warm-up + 1 runs, on 4,848 of the model's 14,688 parameters" in err

@@ -137,8 +137,8 @@ def time_stages(
     A unit without attention takes as long after any context, so it is timed once per slice length.
     How many units and points run is said up front, and a progress bar counts them (stderr,
     unless ``show_progress`` is off). Only the timed units' weights are made (`weights_for`): the
-    model may live on the meta device, and then gets random ones; a real model's own weights get
-    gradients, so time a model made for timing. ``dtype`` other than the weights' runs under
+    model may live on the meta device, and then gets random ones; a real model lends its values
+    (the gradients go to the timed units' own parameters, not the model's). ``dtype`` other than the weights' runs under
     autocast, as a run with ``bf16=True`` does.
     """
     whole = sliced.full

@@ -169,10 +169,10 @@ def _measured_latency(args: argparse.Namespace, key: Any, profile: Any) -> Any:
     slowest per point, on a grid: slice lengths ``--step`` × 1, 2, 4, ... up to half the sequence,
     after contexts of 0, 1/4, 1/2 and 3/4 of it.
 
-    The model stays on the meta device: it is captured there at each slice length, and only the
-    blocks `time_stages` times (one per repeated layer type, and the ops before and after the
-    layers) get weights, random ones, on the device. GPT2-XL at 1024 tokens on 8 stages is 3
-    blocks at 27 points, not 1.6 billion parameters.
+    The model stays on the meta device: it is captured there once, with a symbolic length that
+    serves every slice (as training runs them), and only the blocks `time_stages` times (one per
+    repeated layer type, and the ops before and after the layers) get weights, random ones, on the
+    device. GPT2-XL at 1024 tokens on 8 stages is 3 blocks, 113 million of its 1.56 billion parameters.
     """
     import torch
 
@@ -199,15 +199,16 @@ def _measured_latency(args: argparse.Namespace, key: Any, profile: Any) -> Any:
     sample = {"input_ids": ids, "labels": ids.clone()}
     meta_sample = {name: value.to("meta") for name, value in sample.items()}
     print(
-        f"capturing {type(model).__name__} on the meta device at {len(set(slice_lengths))} slice lengths "
-        f"({', '.join(map(str, sorted(set(slice_lengths))))} tokens)",
+        f"capturing {type(model).__name__} on the meta device for slices of "
+        f"{', '.join(map(str, sorted(set(slice_lengths))))} tokens",
         file=sys.stderr,
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # dropout: timing is not training
-        # a fixed-shape capture per length: each stage is timed at the length it was built for
-        sliced = capture_token_slices(model, meta_sample, slice_lengths, dynamic=False)
-    print(f"captured in {time.perf_counter() - started:.1f} s", file=sys.stderr)
+        # one graph of a symbolic length runs every slice, as in training (else one per length)
+        sliced = capture_token_slices(model, meta_sample, slice_lengths)
+    graphs = "one graph for every length" if sliced.dynamic else f"{len(sliced.by_length)} fixed-shape graphs"
+    print(f"captured in {time.perf_counter() - started:.1f} s ({graphs})", file=sys.stderr)
     # Equal layers per stage (TeraPipe's equal stages): the middle stages then do the same work and are timed once.
     node_stage = layer_stages(sliced.full.cost_graph, args.gpus)
     if node_stage is None:  # fewer layers than stages

@@ -26,6 +26,7 @@ from hf_ftpipe.plan.blocks import blocks_of, signature_of
 from hf_ftpipe.plan.keys import params_dtype
 from hf_ftpipe.runtime.block_timing import median_times, progress, weights_for
 from hf_ftpipe.runtime.prefix_attention import PrefixAttention, SequenceKV
+from hf_ftpipe.runtime.shapes import ShapeBook
 from hf_ftpipe.runtime.stage import StageSpec, build_stage_module, plan_stages
 from hf_ftpipe.runtime.token_slicing import TokenSlicing
 
@@ -47,17 +48,13 @@ def time_slice(
     """Median seconds of ``stage_index``'s forward + backward on a ``slice_len``-token slice after
     ``context_len`` tokens of context (one untimed run first).
 
-    ``slice_len`` must be one of ``slicing.slice_lengths`` (a stage is built per length: a capture
-    with ``dynamic=False``). Received
+    ``slice_len`` must be one of ``slicing.slice_lengths``: a capture with a symbolic length runs it
+    on the whole graph's stages (the shapes from its formulas), a fixed-shape one on the stage built
+    for that length. Received
     values are random of the slice's shapes; every output that goes on gets a gradient of ones.
     The backward adds into the stage's parameters' ``.grad``, which are the model's: time a copy
     of the model, or zero its gradients before training.
     """
-    if slicing.dynamic:
-        raise ValueError(
-            "slice timing builds a stage per slice length: capture the model with "
-            "`capture_token_slices(..., dynamic=False)`"
-        )
     if slice_len not in slicing.slice_lengths:
         raise ValueError(
             f"no stage is built for slices of {slice_len} tokens; capture the model with it among "
@@ -82,7 +79,7 @@ def time_slice(
         # The sequence's buffers are reused from run to run (the slice rewrites its own keys and
         # values; gradients left for earlier slices add up), so only the slice's work is timed.
         cursor.point(sequence, context_len)
-        leaves = [x.detach().requires_grad_(x.is_floating_point()) for x in inputs]
+        leaves = [x.detach().requires_grad_(x.is_floating_point()) if torch.is_tensor(x) else x for x in inputs]
         outputs = module(*leaves)
         roots = [y for y in outputs if isinstance(y, torch.Tensor) and y.requires_grad]
         torch.autograd.backward(roots, [torch.ones_like(y) for y in roots])
@@ -221,7 +218,7 @@ def _slice_inputs(
     device: torch.device,
 ) -> list[torch.Tensor]:
     """The stage's batch inputs at slice ``index`` (positions moved to start at ``context_len``),
-    then random received values of the slice's shapes."""
+    its sizes, then random received values of the slice's shapes."""
     pieces = slicing.split(0, microbatch)
     piece = dict(pieces[index])
     length = slicing.slice_lengths[index]
@@ -229,5 +226,8 @@ def _slice_inputs(
         positions = torch.arange(context_len, context_len + length)
         piece["position_ids"] = positions.expand_as(torch.as_tensor(piece["position_ids"])).contiguous()
     batch = [torch.as_tensor(piece[name]).to(device) for name in spec.batch_inputs]
-    received = [torch.randn(slicing.shape(value, index), device=device) for value in spec.received]
-    return batch + received
+    book = ShapeBook(slicing.full.shapes, slicing.full.cost_graph, spec.received, spec.size_inputs)
+    shapes = slicing.shapes(index, piece, book)
+    sizes = [shapes.sizes[name] for name in spec.size_inputs]
+    received = [torch.randn(shapes.values[value], device=device) for value in spec.received]
+    return [*batch, *sizes, *received]

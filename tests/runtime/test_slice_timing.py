@@ -96,7 +96,9 @@ def test_a_model_on_the_meta_device_is_timed_on_its_timed_blocks_weights_alone(c
         model = transformers.GPT2LMHeadModel(config).train()
     ids = torch.randint(0, 64, (1, 32))
     batch = {"input_ids": ids, "labels": ids.clone()}
-    sliced = capture_token_slices(model, {k: v.to("meta") for k, v in batch.items()}, [16, 16], dynamic=False)
+    # one capture with a symbolic length, as training and `slices --measure` use
+    sliced = capture_token_slices(model, {k: v.to("meta") for k, v in batch.items()}, [16, 16])
+    assert sliced.dynamic
     node_stage = layer_stages(sliced.full.cost_graph, 2)
     samples = time_stages(sliced, node_stage, batch, [(16, 0), (16, 16)], torch.device("cpu"), repeats=1)
     assert [(s, c) for s, c, _, _ in samples] == [(16, 0), (16, 16)] and all(t > 0 for *_, t in samples)

@@ -113,6 +113,25 @@ def with_engine_cost(latency: Any, setup: Setup, step: int, timeout_s: float) ->
     return replace(latency, fixed_s=latency.fixed_s + per_slice), 1e3 * per_slice
 
 
+def modelled_gain(latency: Any, seq_len: int, num_stages: int, step: int) -> dict[str, Any]:
+    """What ``latency`` itself says slicing can gain: the DP's modelled step time against the best
+    slicing into equal slices (any count that divides the sequence in steps of ``step``), at
+    ``step`` and at 8 tokens (TeraPipe's step, the finest the DP plans in; close to the bound for
+    any slicing). When this is within the fit's error, no measurement can tell the DP from uniform."""
+    from hf_ftpipe.partitioners.slicing import plan_slicing, step_time_s
+
+    units = seq_len // step
+    counts = [k for k in range(1, units + 1) if units % k == 0]
+    equal = {k: step_time_s(latency, [(1, [seq_len // k] * k)], num_stages) for k in counts}
+    best_k = min(equal, key=equal.get)
+    gains = {}
+    for dp_step in sorted({step, 8}, reverse=True):
+        if seq_len % dp_step == 0 and seq_len // dp_step <= 512:
+            chosen = plan_slicing(latency, seq_len, num_stages, step=dp_step, tolerance=0.0)
+            gains[f"dp_step_{dp_step}"] = round(equal[best_k] / chosen.step_time_s, 4)
+    return {"best_equal": f"uniform-{best_k}", "best_equal_ms": round(1e3 * equal[best_k], 1), **gains}
+
+
 def predicted_memory_mb(setup: Setup, slices: tuple[int, ...] | None) -> list[float]:
     from hf_ftpipe.costmodel import TokenSlices, estimate_memory
 
@@ -174,6 +193,8 @@ def main() -> int:
             latency, engine_ms = with_engine_cost(latency, setup, args.step, args.timeout)
             chosen = plan_slicing(latency, setup.seq_len, setup.num_ranks, step=args.step)
             slicings[runner] = tuple(chosen.slices)
+            bound = modelled_gain(latency, setup.seq_len, setup.num_ranks, args.step)
+            print(f"modelled gain of slicing over equal slices (this fit): {bound}", file=sys.stderr)
             print(
                 f"latency: {len(samples)} timings in {time.perf_counter() - start:.0f} s, fit within "
                 f"{latency.fit_error:.0%}: fixed {1e3 * latency.fixed_s:.2f} ms, token {1e6 * latency.token_s:.1f} us, "

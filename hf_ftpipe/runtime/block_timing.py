@@ -20,7 +20,7 @@ import contextlib
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -44,6 +44,7 @@ __all__ = [
     "median_times",
     "progress",
     "time_blocks",
+    "weights_for",
 ]
 
 
@@ -198,7 +199,7 @@ class BlockRunner:
         used = sorted(set(node_stage.values()))  # no stage before the first block, or after the last
         node_stage = {n: used.index(s) for n, s in node_stage.items()}
         spec = plan_stages(graph, node_stage)[used.index(1)]
-        tensors = {name: _weight(graph, name, traced.tensors.get(name), device) for name in graph.params_of(inside)}
+        tensors = weights_for(traced, inside, device)
         self.module = build_stage_module(traced.graph_module, spec, traced.canonical_names, tensors, device)
         self.inputs = _inputs(traced, graph, spec, device)
         self.params = [p for p in self.module.parameters() if p.requires_grad]
@@ -214,6 +215,14 @@ class BlockRunner:
         if roots:
             torch.autograd.backward(roots, [torch.ones_like(y) for y in roots])
         yield
+
+
+def weights_for(traced: TracedModel, nodes: Iterable[str], device: torch.device) -> dict[str, torch.Tensor]:
+    """The weights ``nodes`` read, by canonical name, on ``device``: the model's own where it has
+    them, random ones of their shapes where it lives on the meta device. Only these are made, so a
+    full-size model is timed a block at a time at the memory of one."""
+    graph = traced.cost_graph
+    return {name: _weight(graph, name, traced.tensors.get(name), device) for name in graph.params_of(nodes)}
 
 
 def _weight(graph: CostGraph, name: str, tensor: torch.Tensor | None, device: torch.device) -> torch.Tensor:

@@ -14,6 +14,7 @@ the cost model; ``hf_ftpipe.costmodel.latency.SliceLatency.fit`` takes them as `
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
@@ -22,8 +23,10 @@ import torch
 
 from hf_ftpipe.graph.token_slices import SlicedModel
 from hf_ftpipe.plan.blocks import blocks_of, signature_of
-from hf_ftpipe.runtime.block_timing import median_times, progress
-from hf_ftpipe.runtime.prefix_attention import SequenceKV
+from hf_ftpipe.plan.keys import params_dtype
+from hf_ftpipe.runtime.block_timing import median_times, progress, weights_for
+from hf_ftpipe.runtime.prefix_attention import PrefixAttention, SequenceKV
+from hf_ftpipe.runtime.shapes import ShapeBook
 from hf_ftpipe.runtime.stage import StageSpec, build_stage_module, plan_stages
 from hf_ftpipe.runtime.token_slicing import TokenSlicing
 
@@ -45,17 +48,13 @@ def time_slice(
     """Median seconds of ``stage_index``'s forward + backward on a ``slice_len``-token slice after
     ``context_len`` tokens of context (one untimed run first).
 
-    ``slice_len`` must be one of ``slicing.slice_lengths`` (a stage is built per length: a capture
-    with ``dynamic=False``). Received
+    ``slice_len`` must be one of ``slicing.slice_lengths``: a capture with a symbolic length runs it
+    on the whole graph's stages (the shapes from its formulas), a fixed-shape one on the stage built
+    for that length. Received
     values are random of the slice's shapes; every output that goes on gets a gradient of ones.
     The backward adds into the stage's parameters' ``.grad``, which are the model's: time a copy
     of the model, or zero its gradients before training.
     """
-    if slicing.dynamic:
-        raise ValueError(
-            "slice timing builds a stage per slice length: capture the model with "
-            "`capture_token_slices(..., dynamic=False)`"
-        )
     if slice_len not in slicing.slice_lengths:
         raise ValueError(
             f"no stage is built for slices of {slice_len} tokens; capture the model with it among "
@@ -80,7 +79,7 @@ def time_slice(
         # The sequence's buffers are reused from run to run (the slice rewrites its own keys and
         # values; gradients left for earlier slices add up), so only the slice's work is timed.
         cursor.point(sequence, context_len)
-        leaves = [x.detach().requires_grad_(x.is_floating_point()) for x in inputs]
+        leaves = [x.detach().requires_grad_(x.is_floating_point()) if torch.is_tensor(x) else x for x in inputs]
         outputs = module(*leaves)
         roots = [y for y in outputs if isinstance(y, torch.Tensor) and y.requires_grad]
         torch.autograd.backward(roots, [torch.ones_like(y) for y in roots])
@@ -122,6 +121,7 @@ def time_stages(
     device: torch.device,
     *,
     repeats: int = 3,
+    dtype: str | None = None,
     show_progress: bool = True,
 ) -> list[Sample]:
     """The slowest stage of ``node_stage`` at each point of ``grid``, timed in this one process:
@@ -131,9 +131,12 @@ def time_stages(
     (`plan.blocks`: a layer, the ops before and after the layers) is timed once per point and a
     stage's time is the sum of its blocks': GPT2-XL on 8 stages is 3 blocks per point, not 8 stages
     of 6 layers. Otherwise stages are the units, and equal ones (`signature_of`) are timed once.
+    A unit without attention takes as long after any context, so it is timed once per slice length.
     How many units and points run is said up front, and a progress bar counts them (stderr,
-    unless ``show_progress`` is off). The units are built on ``sliced``'s own model (its weights
-    get gradients): time a model made for timing, e.g. from its config.
+    unless ``show_progress`` is off). Only the timed units' weights are made (`weights_for`): the
+    model may live on the meta device, and then gets random ones; a real model lends its values
+    (the gradients go to the timed units' own parameters, not the model's). ``dtype`` other than the weights' runs under
+    autocast, as a run with ``bf16=True`` does.
     """
     whole = sliced.full
     graph = whole.cost_graph
@@ -150,26 +153,41 @@ def time_stages(
     representative: dict[str, int] = {}
     same_as = [representative.setdefault(signature_of(graph, spec.nodes), u) for u, spec in enumerate(specs)]
     timed = sorted(representative.values())
+    # One set of weights for every timed unit: a tied weight (GPT-2's wte and lm_head) is made once.
+    weights = weights_for(whole, [n for u in timed for n in specs[u].nodes], device)
     modules = {
-        u: build_stage_module(whole.graph_module, specs[u], whole.canonical_names, whole.tensors, device).to(device)
+        u: build_stage_module(whole.graph_module, specs[u], whole.canonical_names, weights, device).to(device)
         for u in timed
     }
     slicing = TokenSlicing(sliced, specs, unit_of, modules, device)
     points = list(grid)
+    # A unit without attention (the embeddings, the head) takes as long after any context: timed
+    # once per slice length, at the first context the grid has for it.
+    attends = {u: any(isinstance(m, PrefixAttention) for m in slicing.module(u, 0).modules()) for u in timed}
+    first_point = {s: p for p, (s, _) in reversed(list(enumerate(points)))}
+    runs = {u: list(range(len(points))) if attends[u] else sorted(first_point.values()) for u in timed}
+    made = sum(w.numel() for w in weights.values() if isinstance(w, torch.nn.Parameter))
+    total = sum(info.numel for info in graph.params.values() if not info.is_buffer)
+    count = sum(len(r) for r in runs.values())
     if show_progress:
         print(
             f"timing {len(timed)} of {len(specs)} {what} (the others repeat one) at {len(points)} (slice, context) "
-            f"points: {len(timed) * len(points)} timings of 1 warm-up + {repeats} runs",
+            f"points, those without attention once per slice length: {count} timings of 1 warm-up + {repeats} "
+            f"runs, on {made:,} of the model's {total:,} parameters",
             file=sys.stderr,
         )
-    bar = progress(len(timed) * len(points), "timing slices") if show_progress else None
+    bar = progress(count, "timing slices") if show_progress else None
     times: dict[int, list[Sample]] = {}
+    weights_dtype = params_dtype(graph)
+    autocast = dtype is not None and dtype != weights_dtype
     for u in timed:
-        times[u] = []
-        for point in points:
-            times[u].extend(time_slice_grid(slicing, u, microbatch, [point], repeats=repeats))
+        timed_at: dict[int, Sample] = {}
+        for p in runs[u]:
+            with torch.autocast(device.type, dtype=getattr(torch, dtype)) if autocast else contextlib.nullcontext():
+                (timed_at[p],) = time_slice_grid(slicing, u, microbatch, [points[p]], repeats=repeats)
             if bar is not None:
                 bar.update(1)
+        times[u] = [timed_at[p if attends[u] else first_point[s]] for p, (s, _) in enumerate(points)]
     if bar is not None:
         bar.close()
     samples = []
@@ -200,7 +218,7 @@ def _slice_inputs(
     device: torch.device,
 ) -> list[torch.Tensor]:
     """The stage's batch inputs at slice ``index`` (positions moved to start at ``context_len``),
-    then random received values of the slice's shapes."""
+    its sizes, then random received values of the slice's shapes."""
     pieces = slicing.split(0, microbatch)
     piece = dict(pieces[index])
     length = slicing.slice_lengths[index]
@@ -208,5 +226,8 @@ def _slice_inputs(
         positions = torch.arange(context_len, context_len + length)
         piece["position_ids"] = positions.expand_as(torch.as_tensor(piece["position_ids"])).contiguous()
     batch = [torch.as_tensor(piece[name]).to(device) for name in spec.batch_inputs]
-    received = [torch.randn(slicing.shape(value, index), device=device) for value in spec.received]
-    return batch + received
+    book = ShapeBook(slicing.full.shapes, slicing.full.cost_graph, spec.received, spec.size_inputs)
+    shapes = slicing.shapes(index, piece, book)
+    sizes = [shapes.sizes[name] for name in spec.size_inputs]
+    received = [torch.randn(shapes.values[value], device=device) for value in spec.received]
+    return [*batch, *sizes, *received]

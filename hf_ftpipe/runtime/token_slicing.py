@@ -56,6 +56,8 @@ class TokenSlicing:
         device: torch.device,
     ) -> None:
         self.slices_for = sliced.slices_for
+        self.full = sliced.full
+        """The whole-sequence capture: its shape formulas give a slice's shapes when it is dynamic."""
         self.slice_lengths: tuple[int, ...] = ()
         self.offsets: tuple[int, ...] = ()
         self.num_slices = 0

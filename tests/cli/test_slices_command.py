@@ -51,7 +51,8 @@ def configs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """Config files of tiny models; offline, and each traced once for the module."""
     folder = tmp_path_factory.mktemp("configs")
     paths = {}
-    for name, config in (("gpt2", TINY_GPT2), ("t5", TINY_T5), ("bert", TINY_BERT)):
+    deep = {**TINY_GPT2, "n_layer": 4}
+    for name, config in (("gpt2", TINY_GPT2), ("gpt2-deep", deep), ("t5", TINY_T5), ("bert", TINY_BERT)):
         paths[name] = str(folder / f"{name}.json")
         Path(paths[name]).write_text(json.dumps(config))
     cache: dict = {}
@@ -152,8 +153,22 @@ def test_measure_fits_this_machines_timings_and_the_file_reads_back(configs: dic
     # 8, 16 and 32 tokens after 0, 16, 32 or 48 of context: the 11 points within 64 tokens, 2 stages
     assert "timed 11 slices on 2 stages" in err
     # one layer cannot be cut on layer boundaries into 2 stages: the stages are timed whole
-    assert "timing 2 of 2 stages (the others repeat one) at 11 (slice, context) points: 22 timings" in err
+    assert "timing 2 of 2 stages (the others repeat one) at 11 (slice, context) points" in err
     code, out, err = run("slices", configs["gpt2"], "--seq-len", "64", "--gpus", "2", "--latency", str(latency_file))
     assert code == 0 and "latency from " + str(latency_file) + " (measured)" in out, err
     code, _, err = run(*argv, "--gpu-profile", "a100-80gb")
     assert code == 2 and "--measure times this machine" in err
+
+
+def test_measure_makes_only_the_timed_blocks_weights(configs: dict[str, str]) -> None:
+    # 4 layers on 2 stages: the embeddings, one layer and the head are timed; the model stays on meta.
+    code, out, err = run("slices", configs["gpt2-deep"], "--seq-len", "64", "--gpus", "2", "--measure", "--json")
+    assert code == 0, err
+    assert "capturing GPT2LMHeadModel on the meta device for slices of 8, 16, 32 tokens" in err
+    assert "(one graph for every length)" in err
+    # wte 64×32 + wpe 128×32; a layer: 2 layer norms 2×64, c_attn 32×96 + 96, c_proj 32×32 + 32, c_fc 32×128 + 128,
+    # c_proj 128×32 + 32 = 12704; ln_f 64 (lm_head is wte, made once): made 6144 + 12704 + 64 = 18912 of
+    # 6144 + 4 × 12704 + 64 = 57024. The layer at all 11 points, the embeddings and head once per length (3).
+    assert "timing 3 of 6 blocks (the others repeat one) at 11 (slice, context) points" in err
+    assert ": 17 timings of 1 warm-up + 3 runs, on 18,912 of the model's 57,024 parameters" in err
+    assert sum(json.loads(out)["chosen"]["microbatches"][0][1]) == 64

@@ -4,10 +4,17 @@ arguments and seed, trained by PipeTrainer (in parity_job.py, 2 ranks) or plain 
 ``gpt2-sliced`` is the GPT-2 run with each sequence cut into uneven token slices (TeraPipe); plain
 `Trainer` has no such thing, so its reference is the ``gpt2`` run (`base_kind`).
 ``gpt2-sliced-accumulate`` is that with ``gradient_accumulation_steps=2`` (its reference: plain
-`Trainer`'s GPT-2 run with it, `reference_key`)."""
+`Trainer`'s GPT-2 run with it, `reference_key`). The BERT run plans from costs measured on rank 0
+(``cost_table="measured"``, `COST_TABLES`); each rank then has its own HF_HOME, so the test sees
+which ranks profiled (a profile is cached there) and that they ran one plan (``plan-rank{r}.json``)."""
 
 from __future__ import annotations
 
+import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -21,6 +28,8 @@ KINDS = ("gpt2", "t5", "bert", "gpt2-sliced", "gpt2-sliced-accumulate")
 TOKEN_SLICES = {"gpt2-sliced": [3, 1, 4], "gpt2-sliced-accumulate": [3, 1, 4]}  # uneven, adding up to SEQ
 ACCUMULATION = {"gpt2-sliced-accumulate": 2}
 """``gradient_accumulation_steps`` of a kind (default 1), for PipeTrainer and its `Trainer` reference alike."""
+COST_TABLES = {"bert": "measured"}
+"""``cost_table`` of a kind's PipeTrainer run (default: the roofline)."""
 STEPS = 4
 OPTIMIZERS = {"gpt2": "adamw_torch", "t5": "adafactor", "bert": "sgd"}  # Trainer's `optim` names
 
@@ -99,7 +108,11 @@ def setup(kind: str, output_dir: str, pipe: bool) -> dict[str, Any]:
     )
     if pipe:
         args = PipeTrainingArguments(
-            num_microbatches=2, pipeline_schedule="gpipe", token_slices=TOKEN_SLICES.get(kind), **common
+            num_microbatches=2,
+            pipeline_schedule="gpipe",
+            token_slices=TOKEN_SLICES.get(kind),
+            cost_table=COST_TABLES.get(kind),
+            **common,
         )
     else:
         args = TrainingArguments(**common)
@@ -112,11 +125,32 @@ def setup(kind: str, output_dir: str, pipe: bool) -> dict[str, Any]:
     }
 
 
+@contextmanager
+def rank_hf_home(output_dir: str) -> Iterator[None]:
+    """``HF_HOME`` of this rank alone (``OUTPUT/hf_home-rank{r}``) while inside: the caches a rank writes."""
+    previous = os.environ.get("HF_HOME")
+    os.environ["HF_HOME"] = str(Path(output_dir) / f"hf_home-rank{os.environ['RANK']}")
+    try:
+        yield
+    finally:
+        if previous is None:
+            del os.environ["HF_HOME"]
+        else:
+            os.environ["HF_HOME"] = previous
+
+
 def run(kind: str, output_dir: str, trainer_class: type) -> dict[str, Any]:
     """Train, evaluate, predict; the results of one run as plain data."""
-    parts = setup(kind, output_dir, pipe=trainer_class.__name__ == "PipeTrainer")
+    pipe = trainer_class.__name__ == "PipeTrainer"
+    parts = setup(kind, output_dir, pipe=pipe)
     trainer = trainer_class(**parts)
-    trainer.train()
+    if pipe and kind in COST_TABLES:
+        with rank_hf_home(output_dir):  # the plan is made (and the costs measured) in the first train step
+            trainer.train()
+        plan = Path(output_dir) / f"plan-rank{os.environ['RANK']}.json"
+        plan.write_text(json.dumps({"partition": trainer.partition.to_dict(), "source": trainer.partition_source}))
+    else:
+        trainer.train()
     result: dict[str, Any] = {"history": trainer.state.log_history, "evaluate": trainer.evaluate()}
     slicing = getattr(getattr(trainer, "engine", None), "token_slicing", None)
     result["token_slices"] = None if slicing is None else list(slicing.slice_lengths)  # what the pipeline ran

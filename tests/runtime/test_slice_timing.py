@@ -8,6 +8,7 @@ import transformers
 
 from hf_ftpipe.costmodel.latency import LatencyKey, LatencySample, SliceLatency
 from hf_ftpipe.graph.token_slices import SlicedModel, capture_token_slices
+from hf_ftpipe.plan.blocks import layer_stages
 from hf_ftpipe.runtime import build_stage_module, plan_stages
 from hf_ftpipe.runtime.slice_timing import time_slice, time_slice_grid, time_stages
 from hf_ftpipe.runtime.token_slicing import TokenSlicing
@@ -80,6 +81,32 @@ def test_stages_cut_on_layers_are_timed_as_their_blocks(captured, capsys):
     assert [(s, c, b) for s, c, b, _ in samples] == [(s, c, 1) for s, c in grid]
     assert all(t > 0 for *_, t in samples)
     assert (
-        "timing 3 of 4 blocks (the others repeat one) at 3 (slice, context) points: 9 timings"
-        in capsys.readouterr().err
+        "timing 3 of 4 blocks (the others repeat one) at 3 (slice, context) points, those without attention once "
+        "per slice length: 9 timings" in capsys.readouterr().err
     )
+
+
+def test_a_model_on_the_meta_device_is_timed_on_its_timed_blocks_weights_alone(capsys):
+    # The model never gets weights: only the 3 timed blocks do, random (`slices --measure` on GPT2-XL).
+    config = transformers.GPT2Config(
+        vocab_size=64, n_positions=32, n_embd=16, n_layer=4, n_head=2, resid_pdrop=0.0, embd_pdrop=0.0,
+        attn_pdrop=0.0, bos_token_id=0, eos_token_id=0, attn_implementation="sdpa",
+    )  # fmt: skip
+    with torch.device("meta"):
+        model = transformers.GPT2LMHeadModel(config).train()
+    ids = torch.randint(0, 64, (1, 32))
+    batch = {"input_ids": ids, "labels": ids.clone()}
+    # one capture with a symbolic length, as training and `slices --measure` use
+    sliced = capture_token_slices(model, {k: v.to("meta") for k, v in batch.items()}, [16, 16])
+    assert sliced.dynamic
+    node_stage = layer_stages(sliced.full.cost_graph, 2)
+    samples = time_stages(sliced, node_stage, batch, [(16, 0), (16, 16)], torch.device("cpu"), repeats=1)
+    assert [(s, c) for s, c, _, _ in samples] == [(16, 0), (16, 16)] and all(t > 0 for *_, t in samples)
+    assert all(p.is_meta for p in model.parameters())
+    # Made: wte 64×16 + wpe 32×16 (embeddings), one layer (ln_1 32, c_attn 16×48 + 48, attn c_proj 16×16 + 16,
+    # ln_2 32, c_fc 16×64 + 64, mlp c_proj 64×16 + 16 = 3280), ln_f 32 (the head; lm_head is wte, made once):
+    # 4848 of 1024 + 512 + 4 × 3280 + 32 = 14688. The embeddings and the head have no attention: timed
+    # once for the one slice length, the layer at both points.
+    err = capsys.readouterr().err
+    assert "timing 3 of 6 blocks (the others repeat one) at 2 (slice, context) points" in err
+    assert ": 4 timings of 1 warm-up + 1 runs, on 4,848 of the model's 14,688 parameters" in err

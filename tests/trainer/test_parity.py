@@ -5,13 +5,15 @@ the same GPT-2 cut into uneven token slices (TeraPipe), with and without gradien
 (G = 2: the slices of two batches in one flush), T5 (Adafactor) and BERT classifier (SGD);
 this process runs plain `Trainer` on the same seed, data and arguments (once per model) and
 compares every logged loss and gradient norm, the learning rates, `evaluate()`, `predict()` and
-the final weights. The job's T5 then predicts with generation through the pipeline, and its T5 and
+the final weights. The BERT run plans from costs measured on rank 0 (``cost_table="measured"``).
+The job's T5 then predicts with generation through the pipeline, and its T5 and
 GPT-2 generate with `PipeTrainer.generate` (greedy, beams, sampling), which must equal
 `model.generate` on the trained weights.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -26,10 +28,22 @@ from transformers import (
     Trainer,
 )
 
+from hf_ftpipe.costmodel import CostTable
+
 from distributed import REPO
 from distributed import accelerate_launch as launch
 from generation_cases import assert_generated_like_one_process
-from parity_runs import KINDS, STEPS, TOKEN_SLICES, base_kind, compute_metrics, make_data, reference_key, run
+from parity_runs import (
+    COST_TABLES,
+    KINDS,
+    STEPS,
+    TOKEN_SLICES,
+    base_kind,
+    compute_metrics,
+    make_data,
+    reference_key,
+    run,
+)
 from trainer_comparison import (
     assert_metrics_close,
     assert_outputs_close,
@@ -87,6 +101,25 @@ def test_pipe_trainer_matches_trainer(
     loader = LOADERS[base_kind(kind)]
     trained = loader.from_pretrained(pipeline_results / kind).state_dict()
     assert_weights_close(trained, loader.from_pretrained(reference_dir).state_dict())
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_measured_costs_are_timed_on_rank_0_alone_and_both_ranks_run_its_plan(pipeline_results: Path) -> None:
+    """BERT's run (``cost_table="measured"``; its training matches `Trainer`'s above): each rank had
+    its own HF_HOME, and a profile is cached where it is made, so only rank 0's holds a table."""
+    assert COST_TABLES == {"bert": "measured"}
+    run = pipeline_results / "bert"
+    tables = sorted((run / "hf_home-rank0" / "hf_ftpipe" / "costs").glob("*.json"))
+    assert len(tables) == 1, f"rank 0 should have profiled once, found {tables}"
+    assert not (run / "hf_home-rank1" / "hf_ftpipe" / "costs").exists(), "rank 1 profiled too"
+    table = CostTable.load(tables[0])
+    plans = [json.loads((run / f"plan-rank{r}.json").read_text()) for r in (0, 1)]
+    assert plans[0]["partition"] == plans[1]["partition"]
+    assert (plans[0]["source"], plans[1]["source"]) == ("computed", None)  # planned on rank 0, received on 1
+    key = plans[0]["partition"]["key"]
+    assert (table.key.device, table.key.model_class) == ("cpu", "BertForSequenceClassification")
+    assert (table.key.model_fingerprint, table.key.input_shapes) == (key["model_fingerprint"], key["input_shapes"])
 
 
 @pytest.mark.distributed

@@ -19,6 +19,7 @@ MIN_ASYNC_SPEEDUP = 1.15
 MIN_ASYNC_EFFICIENCY = 0.90
 MIN_ZBV_SPEEDUP = 1.15
 MAX_MEMORY_ERROR = 0.10
+MAX_STEP_ERROR = 0.10
 MAX_ACCUMULATION_SLOWDOWN = 0.05
 PAIRED = ("gpipe", "1f1b")
 """Schedules both libraries run on one stage per rank, compared pairwise."""
@@ -102,6 +103,16 @@ def _memory(out: list[Check], runner: str, row: dict | None) -> None:
     out.append((name, verdict(all(abs(e) <= MAX_MEMORY_ERROR for e in errors), figures)))
 
 
+def _simulated(out: list[Check], runner: str, row: dict | None) -> None:
+    name = f"{runner} simulated step within {MAX_STEP_ERROR:.0%} of the measured one"
+    if row is None or row.get("simulated_step_ms") is None:
+        out.append((name, "n/a"))
+        return
+    error = row["simulated_step_ms"] / row["step_time_ms"] - 1
+    figures = f"{row['simulated_step_ms']:.0f} vs {row['step_time_ms']:.0f} ms, {error:+.0%}"
+    out.append((name, verdict(abs(error) <= MAX_STEP_ERROR, figures)))
+
+
 def checks(rows: list[dict[str, Any]]) -> list[Check]:
     """(check, verdict) pairs; verdicts are PASS, FAIL or n/a with the figures (ratios: medians of the
     rounds' ratios)."""
@@ -120,6 +131,8 @@ def checks(rows: list[dict[str, Any]]) -> list[Check]:
     _speedup(out, name, ok_rows.get("hf_ftpipe/zbv"), ok_rows.get("hf_ftpipe/gpipe"), MIN_ZBV_SPEEDUP)
     for runner in NEW_SCHEDULES:
         _memory(out, runner, ok_rows.get(runner))
+    for runner in NEW_SCHEDULES:
+        _simulated(out, runner, ok_rows.get(runner))
     async_row = ok_rows.get("hf_ftpipe/async")
     name = f"hf_ftpipe/async >= {MIN_ASYNC_SPEEDUP}x {BASELINE}"
     _speedup(out, name, async_row, ok_rows.get(BASELINE), MIN_ASYNC_SPEEDUP)
@@ -151,7 +164,8 @@ def _per_rank(values: list[float] | None, digits: int = 0) -> str:
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
-    header = ["runner", "samples/s", f"vs {BASELINE}", "step ms", "CPU ms", "efficiency", "stage ms", "peak MB"]
+    header = ["runner", "samples/s", f"vs {BASELINE}", "step ms", "sim ms", "CPU ms", "efficiency", "stage ms"]
+    header.append("peak MB")
     header.append("predicted MB")
     table = [[*header, "loss"]]
     for row in rows:
@@ -165,6 +179,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
                 f"{row['samples_per_s']:.2f}",
                 "-" if row["ratio_vs_torch_gpipe"] is None else f"{row['ratio_vs_torch_gpipe']:.2f}x",
                 f"{row['step_time_ms']:.0f}",
+                "-" if row.get("simulated_step_ms") is None else f"{row['simulated_step_ms']:.0f}",
                 _per_rank(row["step_cpu_ms"]),
                 f"{row['efficiency']:.0%}",
                 _per_rank(row["stage_time_ms"]),
@@ -235,6 +250,9 @@ def print_notes(
         "  "
         + ", ".join(f"{row['runner']} -> {row['predicted_schedule']}" for row in rows if row.get("predicted_schedule"))
         + ".",
+        "sim ms: hf_ftpipe.simulate of the runner's split, placement and schedule, priced by a cost table profiled",
+        "  in this process before the runs (hf_ftpipe.profile_model, a rank's threads), as benchmarks/simulator.py",
+        "  --profile alone does; synchronous hf_ftpipe runners only.",
         "loss: first warm-up step -> last timed step (every runner starts from the same weights and data).",
     ]
     if any(row["error"] is None and row["efficiency"] > 1.0 for row in rows):

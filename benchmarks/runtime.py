@@ -70,6 +70,7 @@ from _gpt2_split import (  # noqa: E402
 from _rank_processes import run_ranks  # noqa: E402
 from _runtime_ranks import ACCUMULATION_STEPS, RUNNER_SPLITS, run_rank, runner_schedule, runner_setup  # noqa: E402
 from _runtime_report import MB, checks, failed_row, make_row, median_rows, print_notes, print_table  # noqa: E402
+from _runtime_simulation import measured_costs, simulated_step_ms, simulates  # noqa: E402
 
 RUNNERS = (
     "hf_ftpipe/gpipe",
@@ -212,6 +213,12 @@ def main() -> int:
     )
     parser.add_argument("--timeout-s", type=float, default=300.0, help="limit per runner")
     parser.add_argument("--json", action="store_true", help="print a JSON list, one object per runner")
+    parser.add_argument(
+        "--no-simulate",
+        dest="simulate",
+        action="store_false",
+        help="skip the profile and the simulated step of the synchronous hf_ftpipe runners",
+    )
     args = parser.parse_args()
 
     import torch
@@ -263,6 +270,9 @@ def main() -> int:
             splits[runner_setup_.num_stages] = check_split(runner_setup_)
         schedule = predicted_schedule(runner)
         predicted[runner] = (schedule, predict_memory(runner_setup_, splits[runner_setup_.num_stages], schedule))
+    table = None
+    if args.simulate and any(simulates(runner) for runner in args.runners):
+        table = measured_costs(setup)  # before the runs, nothing else of this benchmark running
     runs: dict[str, list[dict[str, Any]]] = {runner: [] for runner in args.runners}
     for repeat in range(args.repeats):  # round-robin, so a busy spell of the machine hits every runner alike
         for runner in args.runners:
@@ -285,6 +295,10 @@ def main() -> int:
     for row in rows:
         row.update(num_ranks=setup.num_ranks, device=setup.device, num_microbatches=setup.num_microbatches)
         row.update(microbatch_size=setup.microbatch_size, num_stages=runner_setups[row["runner"]].num_stages)
+        if table is not None and row["error"] is None and simulates(row["runner"]):
+            runner_setup_ = runner_setups[row["runner"]]
+            split = splits[runner_setup_.num_stages]
+            row["simulated_step_ms"] = simulated_step_ms(runner_setup_, row["runner"], split, table)
     verdicts = checks(rows)
     if args.json:
         print(json.dumps(rows, indent=1))

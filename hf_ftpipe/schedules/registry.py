@@ -42,6 +42,11 @@ class ScheduleTraits:
     """Whether it can cut each sequence into token slices (TeraPipe) and pipeline the slices
     (``gpipe``, ``1f1b``). The streaming schedules version weights by sequence: a slice's
     backward must see the weights of its sequence's other slices, so they do not, for now."""
+    split_backward: bool
+    """Whether a backward is split in two actions (Qi et al., ICLR 2024): ``B`` computes only the
+    input gradients, which the stage before waits for, and a later ``W`` of the same stage and
+    micro-batch the weight gradients, which nothing waits for, so W can fill idle time. What W
+    needs (each weighted layer's input and output gradient) is kept between the two."""
     help: str
     """One sentence for the trainer's ``pipeline_schedule`` help."""
 
@@ -55,6 +60,7 @@ SCHEDULES: dict[str, ScheduleTraits] = {
     for traits in (
         ScheduleTraits(
             name="gpipe",
+            split_backward=False,
             flushes=True,
             holds_every_microbatch=True,
             weights="single",
@@ -65,6 +71,7 @@ SCHEDULES: dict[str, ScheduleTraits] = {
         ),
         ScheduleTraits(
             name="1f1b",
+            split_backward=False,
             flushes=True,
             holds_every_microbatch=False,
             weights="single",
@@ -75,6 +82,7 @@ SCHEDULES: dict[str, ScheduleTraits] = {
         ),
         ScheduleTraits(
             name="async",
+            split_backward=False,
             flushes=False,
             holds_every_microbatch=False,
             weights="stashed",
@@ -87,6 +95,7 @@ SCHEDULES: dict[str, ScheduleTraits] = {
         ),
         ScheduleTraits(
             name="2bw",
+            split_backward=False,
             flushes=False,
             holds_every_microbatch=False,
             weights="double-buffered",

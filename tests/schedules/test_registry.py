@@ -19,14 +19,21 @@ from hf_ftpipe.schedules import (
 
 def test_traits_of_every_schedule() -> None:
     table = {
-        name: (t.flushes, t.holds_every_microbatch, t.weights, t.updates_every_group, t.weight_prediction)
+        name: (
+            t.flushes,
+            t.holds_every_microbatch,
+            t.weights,
+            t.updates_every_group,
+            t.weight_prediction,
+            t.split_backward,
+        )
         for name, t in SCHEDULES.items()
     }
     assert table == {
-        "gpipe": (True, True, "single", False, False),
-        "1f1b": (True, False, "single", False, False),
-        "async": (False, False, "stashed", True, True),
-        "2bw": (False, False, "double-buffered", False, False),
+        "gpipe": (True, True, "single", False, False, False),
+        "1f1b": (True, False, "single", False, False, False),
+        "async": (False, False, "stashed", True, True, False),
+        "2bw": (False, False, "double-buffered", False, False, False),
     }
 
 

@@ -4,16 +4,26 @@ under bfloat16 autocast. The pipelines that run B and W as separate actions are 
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from torch.utils.checkpoint import checkpoint
 
 from hf_ftpipe.graph import capture_model
+from hf_ftpipe.runtime import PipelineEngine
 from hf_ftpipe.runtime.shapes import ShapeBook
 from hf_ftpipe.runtime.split_backward import collecting, defer_weight_gradients
 from hf_ftpipe.runtime.stage import build_stage_module, plan_stages
+from hf_ftpipe.schedules.actions import Action, check_order
+from hf_ftpipe.schedules.orders import Schedule1F1B
+from hf_ftpipe.schedules.programs import RankPrograms
+from hf_ftpipe.schedules.registry import ScheduleTraits
 
+from distributed import run_ranks, values_or_raise
+from engine_runs import LR, MICROBATCH, NUM_MICROBATCHES, batches, reference_run
 from models import tiny_batch, tiny_model
+from placements import contiguous_placement
 
 
 @pytest.fixture(scope="module", params=["gpt2", "t5"])
@@ -68,3 +78,108 @@ def test_b_then_w_gives_the_whole_backwards_gradients(stages, recompute: bool, d
     assert all("attn" in n or "mlp" in n or "Dense" in n or "Attention" in n for n in missing_after_b)
     for name, grad in whole.items():
         torch.testing.assert_close(split[name], grad, atol=1e-6 if dtype is None else 1e-5, rtol=0, msg=name)
+
+
+# -- pipelines: B and W as separate actions --------------------------------------------------------
+
+
+class HandSplit1F1B(Schedule1F1B):
+    """1F1B's order with each backward's weight gradients (``W``) run after the rank's next backward:
+    a split-backward order written by hand, run by the executor as the zero-bubble schedules are."""
+
+    @property
+    def traits(self) -> ScheduleTraits:
+        return dataclasses.replace(super().traits, split_backward=True)
+
+    def global_order(self) -> list[Action]:
+        order, waiting = [], {}
+        for action in super().global_order():
+            order.append(action)
+            rank = self.stage_rank[action.stage_index]
+            if action.computation == "B":
+                if rank in waiting:
+                    order.append(waiting.pop(rank))
+                waiting[rank] = Action(action.stage_index, "W", action.microbatch_index)
+        return order + list(waiting.values())
+
+
+def split_by_hand(engine: PipelineEngine) -> None:
+    schedule = HandSplit1F1B(engine.schedule.stage_rank, engine.schedule.num_microbatches, engine.schedule.edges)
+    check_order(schedule.global_order(), schedule.stage_rank, schedule.edges, range(2), split_backward=True)
+    engine.schedule, engine.traits = schedule, schedule.traits
+    engine.programs = RankPrograms(schedule, engine.programs.dataflow, engine.rank)
+    engine._reset_state()
+
+
+def split_runs(rank: int, world_size: int, kind: str, configs: list[tuple]) -> list:
+    """Train ``kind`` under each ``(schedule, stage_device, recompute, autocast dtype, loss scale)``,
+    from the same initial weights; returns each one's losses and this rank's weights."""
+    data = batches(kind)
+    traced = capture_model(tiny_model(kind), {name: value[:MICROBATCH] for name, value in data[0].items()})
+    initial = {name: tensor.detach().clone() for name, tensor in traced.tensors.items()}
+    results = []
+    for schedule, stage_device, recompute, dtype, loss_scale in configs:
+        with torch.no_grad():  # the stages are the model's own tensors: every run starts from the same
+            for name, tensor in traced.tensors.items():
+                tensor.copy_(initial[name])
+        engine = PipelineEngine(
+            traced,
+            contiguous_placement(traced.cost_graph, stage_device),
+            num_microbatches=NUM_MICROBATCHES,
+            schedule="1f1b" if schedule == "hand" else schedule,
+            recompute=recompute,
+            autocast_dtype=dtype,
+        )
+        if schedule == "hand":
+            split_by_hand(engine)
+        engine.loss_scale = loss_scale
+        optimizer = torch.optim.SGD(engine.parameters(), lr=LR)
+        losses = []
+        for batch in data:
+            optimizer.zero_grad()
+            losses.append(engine.train_step(batch).item())
+            for param in engine.parameters():
+                param.grad.div_(loss_scale)
+            optimizer.step()
+        results.append((losses, {name: value.clone() for name, value in engine.state_dict().items()}))
+    return results
+
+
+CONFIGS = {
+    "gpt2": [
+        ("hand", [0, 1], False, None, 1.0),
+        ("hand", [0, 1, 1, 0], True, None, 1.0),
+        ("hand", [0, 1], False, torch.bfloat16, 1.0),
+        ("hand", [0, 1], False, torch.float16, 1024.0),
+    ],
+    "t5": [
+        ("hand", [0, 1], True, None, 1.0),
+        ("hand", [0, 1, 1, 0], False, None, 1.0),
+    ],
+}
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "t5"])
+def test_split_backward_schedules_equal_single_process(kind: str) -> None:
+    results = values_or_raise(run_ranks(split_runs, 2, kind, CONFIGS[kind]))
+    references = {}
+    trainable = {name for name, _ in tiny_model(kind).named_parameters()}
+    for i, (schedule, stage_device, recompute, dtype, loss_scale) in enumerate(CONFIGS[kind]):
+        what = f"{schedule} on {stage_device}{', recomputed' if recompute else ''}{f', {dtype}' if dtype else ''}"
+        if dtype not in references:
+            references[dtype] = reference_run(kind, autocast_dtype=dtype, loss_scale=loss_scale)
+        reference_losses, reference_state = references[dtype]
+        covered = set()
+        for rank, per_config in enumerate(results):
+            losses, state = per_config[i]
+            assert losses == pytest.approx(reference_losses, abs=1e-5), f"{what}: rank {rank} losses"
+            for name, value in state.items():
+                torch.testing.assert_close(
+                    value,
+                    reference_state[name],
+                    atol=1e-5,
+                    rtol=0,
+                    msg=lambda m, w=what, r=rank, n=name: f"{w}: rank {r}: {n}: {m}",
+                )
+                covered.add(name)
+        assert trainable <= covered, f"{what}: parameters on no rank: {sorted(trainable - covered)}"

@@ -4,8 +4,6 @@ under bfloat16 autocast. The pipelines that run B and W as separate actions are 
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -15,10 +13,6 @@ from hf_ftpipe.runtime import PipelineEngine
 from hf_ftpipe.runtime.shapes import ShapeBook
 from hf_ftpipe.runtime.split_backward import collecting, defer_weight_gradients
 from hf_ftpipe.runtime.stage import build_stage_module, plan_stages
-from hf_ftpipe.schedules.actions import Action, check_order
-from hf_ftpipe.schedules.orders import Schedule1F1B
-from hf_ftpipe.schedules.programs import RankPrograms
-from hf_ftpipe.schedules.registry import ScheduleTraits
 
 from distributed import run_ranks, values_or_raise
 from engine_runs import LR, MICROBATCH, NUM_MICROBATCHES, batches, reference_run
@@ -80,35 +74,7 @@ def test_b_then_w_gives_the_whole_backwards_gradients(stages, recompute: bool, d
         torch.testing.assert_close(split[name], grad, atol=1e-6 if dtype is None else 1e-5, rtol=0, msg=name)
 
 
-# -- pipelines: B and W as separate actions --------------------------------------------------------
-
-
-class HandSplit1F1B(Schedule1F1B):
-    """1F1B's order with each backward's weight gradients (``W``) run after the rank's next backward:
-    a split-backward order written by hand, run by the executor as the zero-bubble schedules are."""
-
-    @property
-    def traits(self) -> ScheduleTraits:
-        return dataclasses.replace(super().traits, split_backward=True)
-
-    def global_order(self) -> list[Action]:
-        order, waiting = [], {}
-        for action in super().global_order():
-            order.append(action)
-            rank = self.stage_rank[action.stage_index]
-            if action.computation == "B":
-                if rank in waiting:
-                    order.append(waiting.pop(rank))
-                waiting[rank] = Action(action.stage_index, "W", action.microbatch_index)
-        return order + list(waiting.values())
-
-
-def split_by_hand(engine: PipelineEngine) -> None:
-    schedule = HandSplit1F1B(engine.schedule.stage_rank, engine.schedule.num_microbatches, engine.schedule.edges)
-    check_order(schedule.global_order(), schedule.stage_rank, schedule.edges, range(2), split_backward=True)
-    engine.schedule, engine.traits = schedule, schedule.traits
-    engine.programs = RankPrograms(schedule, engine.programs.dataflow, engine.rank)
-    engine._reset_state()
+# -- pipelines: B and W as separate actions (zb-h1, zbv), and interleaved-1f1b -----------------------
 
 
 def split_runs(rank: int, world_size: int, kind: str, configs: list[tuple]) -> list:
@@ -126,12 +92,10 @@ def split_runs(rank: int, world_size: int, kind: str, configs: list[tuple]) -> l
             traced,
             contiguous_placement(traced.cost_graph, stage_device),
             num_microbatches=NUM_MICROBATCHES,
-            schedule="1f1b" if schedule == "hand" else schedule,
+            schedule=schedule,
             recompute=recompute,
             autocast_dtype=dtype,
         )
-        if schedule == "hand":
-            split_by_hand(engine)
         engine.loss_scale = loss_scale
         optimizer = torch.optim.SGD(engine.parameters(), lr=LR)
         losses = []
@@ -145,16 +109,20 @@ def split_runs(rank: int, world_size: int, kind: str, configs: list[tuple]) -> l
     return results
 
 
-CONFIGS = {
+CONFIGS = {  # (schedule, stage_device, recompute, autocast dtype, loss scale)
     "gpt2": [
-        ("hand", [0, 1], False, None, 1.0),
-        ("hand", [0, 1, 1, 0], True, None, 1.0),
-        ("hand", [0, 1], False, torch.bfloat16, 1.0),
-        ("hand", [0, 1], False, torch.float16, 1024.0),
+        ("zb-h1", [0, 1], False, None, 1.0),  # wte / lm_head tied across ranks
+        ("zb-h1", [0, 1, 1, 0], True, None, 1.0),
+        ("zbv", [0, 1, 1, 0], False, None, 1.0),
+        ("interleaved-1f1b", [0, 1, 0, 1], True, None, 1.0),
+        ("zbv", [0, 1, 1, 0], False, torch.bfloat16, 1.0),
+        ("zb-h1", [0, 1], False, torch.float16, 1024.0),  # the loss's gradient seeded with the loss scale
     ],
-    "t5": [
-        ("hand", [0, 1], True, None, 1.0),
-        ("hand", [0, 1, 1, 0], False, None, 1.0),
+    "t5": [  # the shared embedding tied across encoder, decoder and lm_head
+        ("zb-h1", [0, 1], True, None, 1.0),
+        ("zbv", [0, 1, 1, 0], True, None, 1.0),
+        ("zbv", [0, 1, 1, 0], False, None, 1.0),
+        ("interleaved-1f1b", [0, 1, 0, 1], False, None, 1.0),
     ],
 }
 

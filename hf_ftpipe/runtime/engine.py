@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import sys
 from collections.abc import Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -49,7 +48,7 @@ from hf_ftpipe.runtime.weight_sync import WeightSync
 from hf_ftpipe.schedules.orders import Schedule, StreamingSchedule, make_schedule
 from hf_ftpipe.schedules.programs import RankPrograms
 from hf_ftpipe.schedules.registry import SCHEDULES
-from hf_ftpipe.schedules.rules import in_flight
+from hf_ftpipe.schedules.rules import proof_limits
 
 if TYPE_CHECKING:
     from hf_ftpipe.graph.trace import TracedModel
@@ -167,14 +166,7 @@ class PipelineEngine(Executor, RankWeights):
             raise PipelineError(str(error)) from error
         self.traits = self.schedule.traits
         self.streaming = not self.traits.flushes
-        # Units a stage holds at most between forward and backward (the schedules' rule). A sequence's
-        # slices go backward last-first, so a slice's forward proves nothing of older units' backwards,
-        # whatever number of slices a step has: no limit.
-        units = self.schedule.num_microbatches
-        self._limits = [
-            sys.maxsize if num_slices else in_flight(schedule, s, self.stage_rank, units)
-            for s in range(len(self.stage_rank))
-        ]
+        self._limits = proof_limits(schedule, self.stage_rank, self.schedule.num_microbatches, sliced=bool(num_slices))
         self.gradient_accumulation_steps = gradient_accumulation_steps
         self.recompute = recompute
         if weight_prediction and not self.traits.weight_prediction:
@@ -259,7 +251,7 @@ class PipelineEngine(Executor, RankWeights):
 
     def _reset_state(self) -> None:
         """Per-micro-batch state; streaming schedules carry it from one step to the next."""
-        self.state = MicrobatchState(actions_per_microbatch=2 * len(self.local_stages))
+        self.state = MicrobatchState(actions_per_microbatch=(2 + self.traits.split_backward) * len(self.local_stages))
         self.programs.reset()
         if self.streaming_weights is not None:
             self.streaming_weights.reset()

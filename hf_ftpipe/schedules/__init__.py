@@ -7,7 +7,13 @@ Pure Python: no torch, so a schedule can be printed and checked without processe
 from hf_ftpipe.schedules.actions import Action, chain_edges, check_order, format_actions
 from hf_ftpipe.schedules.orders import Schedule, Schedule1F1B, ScheduleGPipe, StreamingSchedule, make_schedule
 from hf_ftpipe.schedules.registry import SCHEDULE_NAMES, SCHEDULES, ScheduleName, ScheduleTraits, schedule_traits
-from hf_ftpipe.schedules.rules import gradients_persist, in_flight, weight_versions
+from hf_ftpipe.schedules.rules import (
+    awaiting_weight_gradients,
+    gradients_persist,
+    in_flight,
+    in_flight_limits,
+    weight_versions,
+)
 
 __all__ = [
     "SCHEDULES",
@@ -19,11 +25,13 @@ __all__ = [
     "ScheduleName",
     "ScheduleTraits",
     "StreamingSchedule",
+    "awaiting_weight_gradients",
     "chain_edges",
     "check_order",
     "format_actions",
     "gradients_persist",
     "in_flight",
+    "in_flight_limits",
     "make_schedule",
     "schedule_traits",
     "weight_versions",

@@ -7,16 +7,8 @@ import math
 from collections.abc import Sequence
 
 from hf_ftpipe.schedules.actions import Action
-from hf_ftpipe.schedules.rules import in_flight
 
 _FORWARD_COST, _BACKWARD_COST = 1, 2
-
-
-def limits(name: str, stage_rank: Sequence[int], num_microbatches: int, num_slices: int | None = None) -> list[int]:
-    """Micro-batches (token slices, with ``num_slices``) each stage may hold between forward and
-    backward — the partitioner's `in_flight`, so the memory it predicts is the memory the schedule uses."""
-    schedule = "1f1b" if name == "gpipe" else name
-    return [in_flight(schedule, s, stage_rank, num_microbatches, num_slices=num_slices) for s in range(len(stage_rank))]
 
 
 class Simulation:
@@ -24,7 +16,8 @@ class Simulation:
 
     At every moment each idle rank starts its most urgent ready action: that of its deepest stage
     with one ready, the stage's backward before its next forward (a forward only while the stage
-    holds fewer than ``limits[s]`` micro-batches). On a Mixed-Pipe placement this keeps a rank
+    holds fewer than ``limits[s]`` micro-batches: `hf_ftpipe.schedules.rules.in_flight_limits`, so
+    the memory the partitioner predicts is the memory the schedule uses). On a Mixed-Pipe placement this keeps a rank
     busier than oldest-micro-batch-first. A forward costs 1/n, a backward 2/n, on a rank running
     n stages: the partitioner balances GPUs, not stages, so a GPU's n stages share its time (one
     stage split in two on one GPU, GPUs [0, 0, 1], then orders like the unsplit [0, 1]: priced

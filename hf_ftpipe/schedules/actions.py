@@ -5,6 +5,12 @@ forward, micro-batch 0), ``0B3`` (backward) or ``0U3`` (stage 0 updates its weig
 the backward of micro-batch 3); `Action.parse` reads that form back, in the manner of
 torch.distributed.pipelining's ``_Action``.
 
+A split-backward schedule (``zb-h1``, ``zbv``; Qi et al., ICLR 2024) cuts a backward in two: ``B``
+computes only the input gradients, which the stage before waits for, and a later ``W`` of the same
+stage and micro-batch (``1W3``) the weight gradients, which nothing downstream waits for — so W can
+fill the time a rank would otherwise idle. Under such a schedule every ``sBm`` is followed, later on
+the same rank, by exactly one ``sWm``; under the others ``B`` is the whole backward and no ``W`` appears.
+
 Token-level pipelining (TeraPipe, Li et al., 2021) cuts each sequence of a causal LM into slices
 along its tokens: ``1F0.2`` is stage 1's forward of slice 2 of micro-batch 0. Token t at a layer
 reads only tokens <= t at the layer below, so a slice's forward needs that slice's hidden states
@@ -22,14 +28,15 @@ from typing import Literal
 
 __all__ = ["Action", "Computation", "chain_edges", "check_order", "dependencies", "format_actions", "stage_runs"]
 
-Computation = Literal["F", "B", "U"]
-_ACTION = re.compile(r"^(\d+)([FBU])(\d+)(?:\.(\d+))?$")
+Computation = Literal["F", "B", "W", "U"]
+_ACTION = re.compile(r"^(\d+)([FBWU])(\d+)(?:\.(\d+))?$")
 
 
 @dataclass(frozen=True)
 class Action:
-    """One unit of work: the forward or backward of one micro-batch through one stage, or a
-    stage's weight update (``U``, numbered by the micro-batch whose backward it follows).
+    """One unit of work: the forward or backward of one micro-batch through one stage, the weight
+    gradients of a split backward (``W``), or a stage's weight update (``U``, numbered by the
+    micro-batch whose backward it follows).
 
     ``slice_index`` is the token slice of the micro-batch's sequences, ``None`` for the whole
     sequence: one more index on the same action, so the checks, the lowering and the printing
@@ -49,7 +56,7 @@ class Action:
     def parse(cls, text: str) -> Action:
         match = _ACTION.match(text.strip())
         if match is None:
-            raise ValueError(f"cannot parse action {text!r}; expected e.g. '1F0', '0B3', '0U3' or '1F0.2'")
+            raise ValueError(f"cannot parse action {text!r}; expected e.g. '1F0', '0B3', '0W3', '0U3' or '1F0.2'")
         slice_index = None if match[4] is None else int(match[4])
         return cls(int(match[1]), match[2], int(match[3]), slice_index)  # type: ignore[arg-type]
 
@@ -94,10 +101,13 @@ def check_order(
     edges: Sequence[tuple[int, int]],
     microbatches: range,
     num_slices: int | None = None,
+    *,
+    split_backward: bool = False,
 ) -> None:
     """Raise `ValueError` unless ``order`` runs every forward and backward of ``microbatches`` (of
     each of their ``num_slices`` token slices, if given) once, each after what it depends on
-    (`dependencies`) — a schedule checked without starting any process."""
+    (`dependencies`) — a schedule checked without starting any process. With ``split_backward``
+    every backward is also followed by its ``W`` (once); without, a ``W`` is an error."""
     num_stages = len(stage_rank)
     consumers: list[list[int]] = [[] for _ in range(num_stages)]
     producers: list[list[int]] = [[] for _ in range(num_stages)]
@@ -112,6 +122,8 @@ def check_order(
             raise ValueError(f"{action} does not belong to this order, which has {expected}")
         if action.computation == "U":
             continue
+        if action.computation == "W" and not split_backward:
+            raise ValueError(f"{action} is a weight-gradient action, but this schedule does not split its backwards")
         if action in done:
             raise ValueError(f"{action} appears twice")
         missing = [str(need) for need in dependencies(action, producers, consumers, num_slices) if need not in done]
@@ -121,7 +133,7 @@ def check_order(
     expected_actions = {
         Action(s, c, m, i)
         for s in range(num_stages)
-        for c in "FB"
+        for c in ("FBW" if split_backward else "FB")
         for m in microbatches
         for i in slices  # type: ignore[arg-type]
     }
@@ -137,7 +149,7 @@ def dependencies(
     num_slices: int | None = None,
 ) -> list[Action]:
     """What ``action`` needs done first: the forwards feeding a forward; a stage's own forward and
-    its consumers' backwards for a backward; the backward it follows for an update.
+    its consumers' backwards for a backward; the backward it follows for a ``W`` or an update.
 
     A token slice i of micro-batch m also needs, at its own stage, the forward of slice i − 1 (the
     keys/values of the earlier tokens) for its forward, and the backward of slice i + 1 (the dK/dV

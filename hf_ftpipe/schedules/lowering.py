@@ -13,6 +13,9 @@ Every rank lowers the same global order, so both ends of every message derive it
   the global order: receives are posted ahead, in exactly the order the peer sends (NCCL matches
   point-to-point messages between two ranks by order alone; gloo by tag, which this fixes too).
 
+A ``W`` (the weight gradients of a split backward) is local: it has no message. The ``B`` before it
+sends the input gradient exactly as a whole backward does.
+
 A RECV prints as ``RECV_F0:h<0`` (the forward value ``h`` of micro-batch 0, from rank 0) and a
 SEND as ``SEND_B0:h>0`` (its gradient, to rank 0)::
 

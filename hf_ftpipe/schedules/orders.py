@@ -46,9 +46,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from hf_ftpipe.schedules._simulation import Simulation, limits
+from hf_ftpipe.schedules._simulation import Simulation
 from hf_ftpipe.schedules.actions import Action, chain_edges, check_order, dependencies, format_actions, stage_runs
 from hf_ftpipe.schedules.registry import SCHEDULES, ScheduleName, ScheduleTraits, schedule_traits
+from hf_ftpipe.schedules.rules import in_flight_limits
 
 __all__ = [
     "Action",
@@ -161,7 +162,7 @@ class Schedule1F1B(Schedule):
     name = "1f1b"
 
     def global_order(self) -> list[Action]:
-        held = limits("1f1b", self.stage_rank, self.num_microbatches, self.num_slices)
+        held = in_flight_limits("1f1b", self.stage_rank, self.num_microbatches, num_slices=self.num_slices)
         simulation = Simulation(self.stage_rank, self.edges, held, num_slices=self.num_slices)
         order = simulation.run(available=self.num_microbatches)
         simulation.check_finished(self.num_microbatches * (self.num_slices or 1))
@@ -208,7 +209,7 @@ class StreamingSchedule(Schedule):
 
     def reset(self) -> None:
         """Start again from an empty pipeline."""
-        held = limits(self.name, self.stage_rank, self.num_microbatches)
+        held = in_flight_limits(self.name, self.stage_rank, self.num_microbatches)
         self._simulation = Simulation(self.stage_rank, self.edges, held, update_every=self.update_every)
         self._pending: list[Action] = []
         self.given = 0  # micro-batches handed to the schedule so far
@@ -282,6 +283,14 @@ def make_schedule(
     traits = schedule_traits(name)
     if num_slices is not None:
         _check_slices(name, num_slices)
+    from hf_ftpipe.schedules import zero_bubble  # it builds on `Schedule`
+
+    ordered = {
+        c.name: c
+        for c in (zero_bubble.ScheduleZeroBubbleH1, zero_bubble.ScheduleZBV, zero_bubble.ScheduleInterleaved1F1B)
+    }
+    if name in ordered:
+        return ordered[name](stage_rank, num_microbatches, edges)
     if not traits.flushes:
         return StreamingSchedule(
             traits.name, stage_rank, num_microbatches, edges, gradient_accumulation_steps=gradient_accumulation_steps

@@ -13,7 +13,7 @@ from typing import Literal, get_args
 
 __all__ = ["SCHEDULES", "SCHEDULE_NAMES", "ScheduleName", "ScheduleTraits", "schedule_traits"]
 
-ScheduleName = Literal["gpipe", "1f1b", "async", "2bw"]
+ScheduleName = Literal["gpipe", "1f1b", "async", "2bw", "zb-h1", "zbv", "interleaved-1f1b"]
 """The schedules, for type hints and argument parsers; `SCHEDULES` gives each one's traits."""
 
 
@@ -42,6 +42,15 @@ class ScheduleTraits:
     """Whether it can cut each sequence into token slices (TeraPipe) and pipeline the slices
     (``gpipe``, ``1f1b``). The streaming schedules version weights by sequence: a slice's
     backward must see the weights of its sequence's other slices, so they do not, for now."""
+    split_backward: bool
+    """Whether a backward is split in two actions (Qi et al., ICLR 2024): ``B`` computes only the
+    input gradients, which the stage before waits for, and a later ``W`` of the same stage and
+    micro-batch the weight gradients, which nothing waits for, so W can fill idle time. What W
+    needs (each weighted layer's input and output gradient) is kept between the two."""
+    held_by_order: bool = False
+    """The micro-batches a stage holds at once are counted from the schedule's own order
+    (``interleaved-1f1b``: Megatron's warm-up of 2·(P − r − 1) + (v − 1)·P forwards holds more than
+    the depth rule of `hf_ftpipe.schedules.rules.in_flight`); otherwise that rule gives them."""
     help: str
     """One sentence for the trainer's ``pipeline_schedule`` help."""
 
@@ -55,6 +64,7 @@ SCHEDULES: dict[str, ScheduleTraits] = {
     for traits in (
         ScheduleTraits(
             name="gpipe",
+            split_backward=False,
             flushes=True,
             holds_every_microbatch=True,
             weights="single",
@@ -65,6 +75,7 @@ SCHEDULES: dict[str, ScheduleTraits] = {
         ),
         ScheduleTraits(
             name="1f1b",
+            split_backward=False,
             flushes=True,
             holds_every_microbatch=False,
             weights="single",
@@ -75,6 +86,7 @@ SCHEDULES: dict[str, ScheduleTraits] = {
         ),
         ScheduleTraits(
             name="async",
+            split_backward=False,
             flushes=False,
             holds_every_microbatch=False,
             weights="stashed",
@@ -87,6 +99,7 @@ SCHEDULES: dict[str, ScheduleTraits] = {
         ),
         ScheduleTraits(
             name="2bw",
+            split_backward=False,
             flushes=False,
             holds_every_microbatch=False,
             weights="double-buffered",
@@ -95,6 +108,43 @@ SCHEDULES: dict[str, ScheduleTraits] = {
             token_slices=False,
             help="PipeDream-2BW: no flush, one update per mini-batch applying the gradient of the weights one "
             "update older, two weight copies.",
+        ),
+        ScheduleTraits(
+            name="zb-h1",
+            split_backward=True,
+            flushes=True,
+            holds_every_microbatch=False,
+            weights="single",
+            updates_every_group=False,
+            weight_prediction=False,
+            token_slices=False,
+            help="ZB-H1 (zero bubble): 1F1B with each backward split into input gradients and later weight "
+            "gradients, which fill the cool-down; 1F1B's memory and update, any placement.",
+        ),
+        ScheduleTraits(
+            name="zbv",
+            split_backward=True,
+            flushes=True,
+            holds_every_microbatch=False,
+            weights="single",
+            updates_every_group=False,
+            weight_prediction=False,
+            token_slices=False,
+            help="ZB-V (zero bubble): zb-h1's rules on a V placement (2 stages per GPU, stage s on GPU "
+            "min(s, 2P-1-s)), nearly bubble-free; the same update as 1f1b.",
+        ),
+        ScheduleTraits(
+            name="interleaved-1f1b",
+            split_backward=False,
+            held_by_order=True,
+            flushes=True,
+            holds_every_microbatch=False,
+            weights="single",
+            updates_every_group=False,
+            weight_prediction=False,
+            token_slices=False,
+            help="Megatron's interleaved 1F1B on a looped placement (stage s on GPU s mod P): a smaller "
+            "bubble than 1f1b for the same update.",
         ),
     )
 }

@@ -7,12 +7,21 @@ rule, so the memory a plan predicts is the memory the schedule uses.
 
 from __future__ import annotations
 
+import functools
+import sys
 from collections.abc import Sequence
 
 from hf_ftpipe.errors import PartitionError
 from hf_ftpipe.schedules.registry import schedule_traits
 
-__all__ = ["gradients_persist", "in_flight", "weight_versions"]
+__all__ = [
+    "awaiting_weight_gradients",
+    "gradients_persist",
+    "in_flight",
+    "in_flight_limits",
+    "proof_limits",
+    "weight_versions",
+]
 
 
 def in_flight(
@@ -53,6 +62,10 @@ def in_flight(
     more: a warm-up of S − stage_index + k − 2 forwards, then one forward per backward. Fewer leave
     the stage idle while the last stage works through the sequence (k = 1 is the rule above).
 
+    ``interleaved-1f1b`` (`ScheduleTraits.held_by_order`) holds what its order holds, counted from
+    it: Megatron's warm-up runs 2·(P − r − 1) + (v − 1)·P forwards on the rank at position r, more
+    than the depth rule on some stages (looped [0, 1, 2, 0, 1, 2], M = 6: 6 6 4 3 3 1, not 6 5 4 3 2 1).
+
     Args:
         stage_device (`Sequence[int]`): stage index → GPU index, for every stage of the plan.
         num_slices (`int`, *optional*): token slices per sequence; the count is then in slices.
@@ -63,9 +76,72 @@ def in_flight(
             f"(`stage_device` has {len(stage_device)} entries)"
         )
     k = 1 if num_slices is None else num_slices
-    if schedule_traits(schedule).holds_every_microbatch:
+    traits = schedule_traits(schedule)
+    if traits.holds_every_microbatch:
         return num_microbatches * k
+    if traits.held_by_order:
+        return _held_by_order(schedule, tuple(stage_device), num_microbatches)[stage_index]
     return min(num_microbatches * k, len(stage_device) - stage_index + k - 1)
+
+
+def in_flight_limits(
+    schedule: str, stage_device: Sequence[int], num_microbatches: int, *, num_slices: int | None = None
+) -> list[int]:
+    """`in_flight` of every stage: what the orders (`hf_ftpipe.schedules.orders`) keep to, the
+    engine bounds its deliveries by, and the memory rules price."""
+    return [
+        in_flight(schedule, s, stage_device, num_microbatches, num_slices=num_slices) for s in range(len(stage_device))
+    ]
+
+
+def proof_limits(schedule: str, stage_device: Sequence[int], num_microbatches: int, *, sliced: bool) -> list[int]:
+    """Per stage, how far a forward of micro-batch m proves its backwards done: those up to m − the
+    limit (`hf_ftpipe.runtime.deliveries`; a stage runs its forwards and backwards in micro-batch
+    order and holds at most `in_flight` between them). Token slices go backward last-first, so a
+    slice's forward proves nothing of older units' backwards, whatever the slices per step: no
+    limit (``sys.maxsize``)."""
+    if sliced:
+        return [sys.maxsize] * len(stage_device)
+    return in_flight_limits(schedule, stage_device, num_microbatches)
+
+
+def awaiting_weight_gradients(
+    schedule: str, stage_index: int, stage_device: Sequence[int], num_microbatches: int
+) -> int:
+    """Micro-batches whose weight gradients (``W``) a stage may still owe beside the `in_flight`
+    ones holding activations: 0 unless the schedule splits its backwards.
+
+    A split backward's ``B`` frees a micro-batch's activations except what its ``W`` reads (for a
+    linear layer its input and the gradient of its output), kept until ``W``. ``zb-h1`` and
+    ``zbv`` let a stage keep min(M, S + 1) micro-batches between F and W (S stages, M
+    micro-batches; `hf_ftpipe.schedules.zero_bubble`), at most `in_flight` of them between F and B:
+    the memory peaks with `in_flight` holding activations and the rest, min(M, S + 1) −
+    `in_flight`, holding W's inputs (those are smaller than the activations). Stages 0-1 on GPUs
+    [0, 1], M = 4: in flight 2 and 1, awaiting W 1 and 2.
+    """
+    if not schedule_traits(schedule).split_backward:
+        return 0
+    kept = min(num_microbatches, len(stage_device) + 1)
+    return kept - in_flight(schedule, stage_index, stage_device, num_microbatches)
+
+
+@functools.lru_cache(maxsize=64)
+def _held_by_order(schedule: str, stage_device: tuple[int, ...], num_microbatches: int) -> list[int]:
+    from hf_ftpipe.schedules.orders import make_schedule  # the orders build on these rules
+
+    try:
+        order = make_schedule(schedule, stage_device, num_microbatches).global_order()
+    except ValueError as error:
+        raise PartitionError(str(error)) from error
+    started, finished, most = [0] * len(stage_device), [0] * len(stage_device), [0] * len(stage_device)
+    for action in order:
+        s = action.stage_index
+        if action.computation == "F":
+            started[s] += 1
+            most[s] = max(most[s], started[s] - finished[s])
+        elif action.computation == "B":
+            finished[s] += 1
+    return most
 
 
 def weight_versions(

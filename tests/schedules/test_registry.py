@@ -19,26 +19,43 @@ from hf_ftpipe.schedules import (
 
 def test_traits_of_every_schedule() -> None:
     table = {
-        name: (t.flushes, t.holds_every_microbatch, t.weights, t.updates_every_group, t.weight_prediction)
+        name: (
+            t.flushes,
+            t.holds_every_microbatch,
+            t.weights,
+            t.updates_every_group,
+            t.weight_prediction,
+            t.split_backward,
+        )
         for name, t in SCHEDULES.items()
     }
     assert table == {
-        "gpipe": (True, True, "single", False, False),
-        "1f1b": (True, False, "single", False, False),
-        "async": (False, False, "stashed", True, True),
-        "2bw": (False, False, "double-buffered", False, False),
+        "gpipe": (True, True, "single", False, False, False),
+        "1f1b": (True, False, "single", False, False, False),
+        "async": (False, False, "stashed", True, True, False),
+        "2bw": (False, False, "double-buffered", False, False, False),
+        "zb-h1": (True, False, "single", False, False, True),
+        "zbv": (True, False, "single", False, False, True),
+        "interleaved-1f1b": (True, False, "single", False, False, False),
     }
 
 
 def test_names_are_written_once_and_derived_everywhere() -> None:
-    assert SCHEDULE_NAMES == ("gpipe", "1f1b", "async", "2bw") == get_args(ScheduleName) == get_args(Schedule)
-    assert [make_schedule(name, [0, 1], 2).name for name in SCHEDULE_NAMES] == list(SCHEDULE_NAMES)
+    assert (
+        SCHEDULE_NAMES
+        == ("gpipe", "1f1b", "async", "2bw", "zb-h1", "zbv", "interleaved-1f1b")
+        == get_args(ScheduleName)
+        == get_args(Schedule)
+    )
+    placements = {"zbv": [0, 1, 1, 0]}
+    made = [make_schedule(name, placements.get(name, [0, 1]), 2).name for name in SCHEDULE_NAMES]
+    assert made == list(SCHEDULE_NAMES)
     with pytest.raises(ValueError, match=r"unknown pipeline schedule 'zb'; choose one of \['gpipe', '1f1b', "):
         schedule_traits("zb")
 
 
 def test_update_every() -> None:
-    assert [SCHEDULES[name].update_every(4, 2) for name in SCHEDULE_NAMES] == [4, 4, 2, 4]
+    assert [SCHEDULES[name].update_every(4, 2) for name in SCHEDULE_NAMES] == [4, 4, 2, 4, 4, 4, 4]
 
 
 def test_rules_per_schedule_on_three_stages() -> None:
@@ -51,4 +68,12 @@ def test_rules_per_schedule_on_three_stages() -> None:
         )
         for name in SCHEDULE_NAMES
     }
-    assert rules == {"gpipe": (4, 1, False), "1f1b": (3, 1, True), "async": (3, 2, True), "2bw": (3, 2, True)}
+    assert rules == {
+        "gpipe": (4, 1, False),
+        "1f1b": (3, 1, True),
+        "async": (3, 2, True),
+        "2bw": (3, 2, True),
+        "zb-h1": (3, 1, True),
+        "zbv": (3, 1, True),
+        "interleaved-1f1b": (3, 1, True),
+    }

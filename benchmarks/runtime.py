@@ -288,7 +288,7 @@ def main() -> int:
                 row = failed_row(runner, str(error))
             runs[runner].append(row)
             if not args.json:
-                outcome = "done" if row["error"] is None else "failed"
+                outcome = f"{row['samples_per_s']:.2f} samples/s" if row["error"] is None else "failed"
                 elapsed_s = time.perf_counter() - runner_started
                 print(f"  {runner} (run {repeat + 1}/{args.repeats}): {outcome} in {elapsed_s:.0f} s", file=sys.stderr)
     rows = median_rows(runs)

@@ -156,7 +156,8 @@ def _synchronous(runner: str) -> bool:
 
 
 def _best(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
-    return max(rows, key=lambda r: r["samples_per_s"], default=None)
+    """The fastest by its ratio to torch/gpipe (within rounds) where there is one, else by samples/s."""
+    return max(rows, key=lambda r: (r.get("ratio_vs_torch_gpipe") or 0.0, r["samples_per_s"]), default=None)
 
 
 def _per_rank(values: list[float] | None, digits: int = 0) -> str:

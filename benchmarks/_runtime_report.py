@@ -59,7 +59,14 @@ def _rounded(values: list[float] | None) -> list[float] | None:
 
 
 def failed_row(runner: str, error: str) -> dict:
-    return {"runner": runner, "samples_per_s": None, "peak_memory_mb": None, "efficiency": None, "error": error}
+    return {
+        "runner": runner,
+        "samples_per_s": None,
+        "peak_memory_mb": None,
+        "predicted_memory_mb": None,
+        "efficiency": None,
+        "error": error,
+    }
 
 
 def median_rows(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:

@@ -33,7 +33,8 @@ runner runs N rounds, round-robin; a row is its round of median speed and a rati
 the rounds' ratios (each within one round). Targets: hf_ftpipe gpipe/1f1b ≥ torch's; async ≥ 1.15×
 torch GPipe at 4 micro-batches on 2 stages with ≥ 90% efficiency and peak memory within 10% of the
 prediction; (issue 28) our best synchronous schedule ≥ torch's best, zbv ≥ 1.15× our gpipe, every
-new schedule's peak memory within 10% of the prediction.
+new schedule's peak memory within 10% of the prediction and its simulated step (``sim ms``, a cost
+table profiled before the runs; ``--no-simulate`` skips it) within 10% of the measured one.
 
 ``hf_ftpipe/gradient_accumulation`` is 1F1B with gradient accumulation: 4 batches of a quarter of
 the micro-batches each per optimizer step, run as one flush (``PipelineEngine(batches_per_step=4)``,

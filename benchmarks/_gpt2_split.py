@@ -26,6 +26,7 @@ class Setup:
     """One benchmark configuration; every rank of every runner gets the same."""
 
     num_ranks: int
+    """Processes (one per GPU on CUDA)."""
     num_microbatches: int
     microbatch_size: int
     steps: int
@@ -40,15 +41,31 @@ class Setup:
     lr: float = 1e-3
     stage_repeats: int = 5
     """Forward + backward runs of one micro-batch per stage for its time alone (the fastest is taken)."""
+    stage_rank: tuple[int, ...] = ()
+    """Stage → rank when a rank holds several stages (a V: ``(0, 1, 1, 0)``; looped: ``(0, 1, 0, 1)``);
+    empty: one stage per rank, stage s on rank s."""
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.stage_rank) or self.num_ranks
+
+    def ranks_of_stages(self) -> list[int]:
+        """Stage → rank, one entry per stage (the engine's ``stage_device``)."""
+        return list(self.stage_rank) or list(range(self.num_ranks))
+
+    def stages_of(self, rank: int) -> list[int]:
+        """The stages ``rank`` runs, in stage order."""
+        return [s for s, r in enumerate(self.ranks_of_stages()) if r == rank]
 
     def blocks_of(self, stage_index: int) -> range:
         """The transformer blocks of a stage: layers divided evenly, in order."""
-        return range(stage_index * self.n_layer // self.num_ranks, (stage_index + 1) * self.n_layer // self.num_ranks)
+        n = self.num_stages
+        return range(stage_index * self.n_layer // n, (stage_index + 1) * self.n_layer // n)
 
 
 @dataclass
 class Placement:
-    """The ``StagePlacement`` the engine takes: node → stage, stage → rank (one stage per rank)."""
+    """The ``StagePlacement`` the engine takes: node → stage, stage → rank."""
 
     node_stage: dict[str, int]
     stage_device: list[int]
@@ -107,8 +124,8 @@ def split_graph(graph: Any, setup: Setup) -> dict[str, int]:
     latest stage among its inputs, or, when it reads only model inputs, the earliest stage among
     its readers.
     """
-    last = setup.num_ranks - 1
-    block_stage = {b: s for s in range(setup.num_ranks) for b in setup.blocks_of(s)}
+    last = setup.num_stages - 1
+    block_stage = {b: s for s in range(setup.num_stages) for b in setup.blocks_of(s)}
     fixed = {"transformer.wte": 0, "transformer.wpe": 0, "transformer.drop": 0, "transformer.ln_f": last}
     order = graph.topological_order()
     stage: dict[str, int | None] = {}
@@ -141,7 +158,7 @@ class GPT2Stage(nn.Module):
         super().__init__()
         transformer = model.transformer
         self.is_first = stage_index == 0
-        self.is_last = stage_index == setup.num_ranks - 1
+        self.is_last = stage_index == setup.num_stages - 1
         if self.is_first:
             self.wte, self.wpe, self.drop = transformer.wte, transformer.wpe, transformer.drop
         self.h = nn.ModuleList(transformer.h[i] for i in setup.blocks_of(stage_index))

@@ -7,11 +7,13 @@ way, times its steps, measures its peak memory and times each stage's forward + 
 
 from __future__ import annotations
 
+import dataclasses
 import gc
+import itertools
 import statistics
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
@@ -29,10 +31,47 @@ from _gpt2_split import (
 )
 from torch import nn
 
-SYNCHRONOUS = ("gpipe", "1f1b")
-"""hf_ftpipe schedules after which the caller runs the optimizer; the others apply updates themselves."""
 ACCUMULATION_STEPS = 4
 """The ``hf_ftpipe/gradient_accumulation`` runner's G: batches per optimizer step."""
+Split = Literal["one", "v", "looped"]
+RUNNER_SPLITS: dict[str, Split] = {
+    "hf_ftpipe/gpipe-v": "v",
+    "hf_ftpipe/1f1b-v": "v",
+    "hf_ftpipe/zbv": "v",
+    "hf_ftpipe/interleaved-1f1b": "looped",
+    "torch/interleaved-1f1b": "looped",
+    "torch/zbv": "v",
+    "torch/dualpipev": "v",
+}
+"""Runners with two stages per rank: ``v`` puts stage s on rank min(s, 2P − 1 − s) (ZB-V, DualPipeV,
+Mixed-Pipe's [0, 1, 1, 0]), ``looped`` on rank s mod P (interleaved 1F1B). Every other runner: one
+stage per rank."""
+
+
+def runner_schedule(runner: str) -> tuple[str, str]:
+    """(``hf_ftpipe`` or ``torch``, the schedule): ``hf_ftpipe/1f1b-v`` runs ``1f1b`` on the V split."""
+    kind, name = runner.split("/")
+    if kind == "hf_ftpipe" and name.endswith("-v"):
+        name = name[: -len("-v")]
+    return kind, name
+
+
+def runner_setup(setup: Setup, runner: str) -> Setup:
+    """``setup`` with the runner's split: 2P stages on P ranks for a V or looped runner."""
+    split = RUNNER_SPLITS.get(runner, "one")
+    if split == "one":
+        return dataclasses.replace(setup, stage_rank=())
+    ranks, stages = setup.num_ranks, 2 * setup.num_ranks
+    if split == "v":
+        return dataclasses.replace(setup, stage_rank=tuple(min(s, stages - 1 - s) for s in range(stages)))
+    return dataclasses.replace(setup, stage_rank=tuple(s % ranks for s in range(stages)))
+
+
+def flushes(schedule: str) -> bool:
+    """Whether hf_ftpipe's ``schedule`` leaves the optimizer step to the caller (synchronous)."""
+    from hf_ftpipe.schedules.registry import SCHEDULES
+
+    return schedule == "gradient_accumulation" or SCHEDULES[schedule].flushes
 
 
 def unique_bytes(tensors: Iterator[torch.Tensor]) -> int:
@@ -63,7 +102,7 @@ def _synchronize(device: torch.device) -> None:
 
 
 class HfFtpipeRunner:
-    """hf_ftpipe's `PipelineEngine` with one schedule, on the scope split."""
+    """hf_ftpipe's `PipelineEngine` with one schedule, on the scope split (any stages per rank)."""
 
     def __init__(self, rank: int, setup: Setup, model: transformers.GPT2LMHeadModel, schedule: str) -> None:
         from hf_ftpipe.graph import capture_model
@@ -73,9 +112,10 @@ class HfFtpipeRunner:
         # in one flush (the same samples per optimizer step as 1F1B over the whole batch).
         self.batches = ACCUMULATION_STEPS if schedule == "gradient_accumulation" else 1
         self.schedule = "1f1b" if schedule == "gradient_accumulation" else schedule
+        self.synchronous = flushes(self.schedule)
         self.device = _device(setup, rank)
         self.traced = capture_model(model, first_microbatch(setup, make_batch(setup, 0)))
-        self.placement = Placement(split_graph(self.traced.cost_graph, setup), list(range(setup.num_ranks)))
+        self.placement = Placement(split_graph(self.traced.cost_graph, setup), setup.ranks_of_stages())
 
     def build(self) -> None:
         import inspect
@@ -95,7 +135,7 @@ class HfFtpipeRunner:
             **keywords,
         )
         self.optimizer = torch.optim.SGD(self.engine.parameters(), lr=self.setup.lr)
-        if self.schedule not in SYNCHRONOUS:
+        if not self.synchronous:
             self.engine.attach_optimizer(self.optimizer)
 
     def step(self, batch: dict[str, torch.Tensor]) -> torch.Tensor | None:
@@ -104,32 +144,39 @@ class HfFtpipeRunner:
             loss = self.engine.train_step(pieces).sum()
         else:
             loss = self.engine.train_step(batch)
-        if self.schedule in SYNCHRONOUS:
+        if self.synchronous:
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
         return loss
 
     def finish(self) -> None:
-        if self.schedule not in SYNCHRONOUS:
+        if not self.synchronous:
             self.engine.drain()
 
     def parameters(self) -> Iterator[nn.Parameter]:
         return self.engine.parameters()
 
     def stage_time_s(self, batch: dict[str, torch.Tensor]) -> float:
-        """This rank's stage, built from the same traced graph, run on real inputs without communication."""
+        """This rank's stages, built from the same traced graph, run on real inputs without communication:
+        the sum of each one's forward + backward of one micro-batch."""
         from hf_ftpipe.runtime import build_stage_module, plan_stages
 
         graph, traced, cpu = self.traced.cost_graph, self.traced, torch.device("cpu")
         specs = plan_stages(graph, self.placement.node_stage)
         microbatch = first_microbatch(self.setup, batch)
+        own = self.setup.stages_of(self.rank)
         values: dict[str, torch.Tensor] = {}
-        with torch.no_grad():  # earlier stages' weights stay where they were built: on the CPU
-            for spec in specs[: self.rank]:
+        with torch.no_grad():  # the inputs of this rank's stages; other stages' weights stay on the CPU
+            for spec in specs[: own[-1]]:
                 module = build_stage_module(traced.graph_module, spec, traced.canonical_names, traced.tensors, cpu)
                 outputs = module(*stage_inputs(traced, spec, microbatch), *[values[n] for n in spec.received])
                 values.update(zip(spec.sent, outputs))
-        spec = specs[self.rank]
+        return sum(self._forward_backward_s(specs[s], microbatch, values) for s in own)
+
+    def _forward_backward_s(self, spec: Any, microbatch: dict[str, torch.Tensor], values: dict[str, Any]) -> float:
+        from hf_ftpipe.runtime import build_stage_module
+
+        graph, traced = self.traced.cost_graph, self.traced
         module = build_stage_module(traced.graph_module, spec, traced.canonical_names, traced.tensors, self.device)
         batch_inputs = [v.to(self.device) if torch.is_tensor(v) else v for v in stage_inputs(traced, spec, microbatch)]
         received = [values[n].to(self.device) for n in spec.received]
@@ -156,34 +203,46 @@ class HfFtpipeRunner:
 
 
 class TorchRunner:
-    """torch.distributed.pipelining's `PipelineStage` and ScheduleGPipe / Schedule1F1B on `GPT2Stage`."""
+    """torch.distributed.pipelining's `PipelineStage`s on `GPT2Stage`s and one of its schedules."""
 
     def __init__(self, rank: int, setup: Setup, model: transformers.GPT2LMHeadModel, schedule: str) -> None:
-        self.rank, self.setup, self.model = rank, setup, model
-        # gradient_accumulation: 1F1B over ACCUMULATION_STEPS batches of a quarter of the micro-batches each,
-        # in one flush (the same samples per optimizer step as 1F1B over the whole batch).
-        self.batches = ACCUMULATION_STEPS if schedule == "gradient_accumulation" else 1
-        self.schedule = "1f1b" if schedule == "gradient_accumulation" else schedule
+        self.rank, self.setup, self.model, self.schedule = rank, setup, model, schedule
         self.device = _device(setup, rank)
         self.loss_fn = causal_lm_loss(model)
+        self.stage_indices = setup.stages_of(rank)
 
     def build(self) -> None:
-        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+        from torch.distributed import pipelining
 
-        self.module = GPT2Stage(self.model, self.rank, self.setup).to(self.device)
-        stage = PipelineStage(self.module, self.rank, self.setup.num_ranks, self.device)
-        schedule_class = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[self.schedule]
+        schedule_class = {
+            "gpipe": pipelining.ScheduleGPipe,
+            "1f1b": pipelining.Schedule1F1B,
+            "interleaved-1f1b": pipelining.ScheduleInterleaved1F1B,
+            "zbv": pipelining.ScheduleZBVZeroBubble,
+            "dualpipev": pipelining.ScheduleDualPipeV,
+        }[self.schedule]
+        self.modules = [GPT2Stage(self.model, s, self.setup).to(self.device) for s in self.stage_indices]
+        stages = [
+            pipelining.PipelineStage(module, s, self.setup.num_stages, self.device)
+            for module, s in zip(self.modules, self.stage_indices)
+        ]
         # scale_grads: the loss is a mean per micro-batch, so gradients are divided by num_microbatches,
-        # which makes the update the same as hf_ftpipe's.
+        # which makes the update the same as hf_ftpipe's. The multi-stage schedules take the list of
+        # this rank's stages and place them themselves (V or looped), the others one stage.
         self.pipeline = schedule_class(
-            stage, n_microbatches=self.setup.num_microbatches, loss_fn=self.loss_fn, scale_grads=True
+            stages if len(stages) > 1 else stages[0],
+            n_microbatches=self.setup.num_microbatches,
+            loss_fn=self.loss_fn,
+            scale_grads=True,
         )
-        self.optimizer = torch.optim.SGD(self.module.parameters(), lr=self.setup.lr)
+        self.optimizer = torch.optim.SGD(self.parameters(), lr=self.setup.lr)
 
     def step(self, batch: dict[str, torch.Tensor]) -> torch.Tensor | None:
-        args = (batch["input_ids"].to(self.device),) if self.module.is_first else ()
+        is_first = 0 in self.stage_indices
+        is_last = self.setup.num_stages - 1 in self.stage_indices
+        args = (batch["input_ids"].to(self.device),) if is_first else ()
         losses: list[torch.Tensor] = []
-        if self.module.is_last:
+        if is_last:
             self.pipeline.step(*args, target=batch["labels"].to(self.device), losses=losses, return_outputs=False)
         else:
             self.pipeline.step(*args, return_outputs=False)
@@ -195,26 +254,30 @@ class TorchRunner:
         pass
 
     def parameters(self) -> Iterator[nn.Parameter]:
-        return self.module.parameters()
+        return itertools.chain.from_iterable(module.parameters() for module in self.modules)
 
     def stage_time_s(self, batch: dict[str, torch.Tensor]) -> float:
+        """The sum of this rank's stages' forward + backward of one micro-batch, without communication."""
         microbatch = first_microbatch(self.setup, batch)
-        x = microbatch["input_ids"]
+        inputs, x = [], microbatch["input_ids"]
         with torch.no_grad():
-            for s in range(self.rank):
+            for s in range(self.stage_indices[-1] + 1):
+                inputs.append(x.to(self.device))
                 x = GPT2Stage(self.model, s, self.setup)(x)
-        x = x.to(self.device)
         labels = microbatch["labels"].to(self.device)
         grad = torch.ones(x.shape[0], self.setup.seq_len, self.setup.d_model, device=self.device)
+        total_s = 0.0
+        for module, s in zip(self.modules, self.stage_indices):
 
-        def forward_backward() -> None:
-            output = self.module(x.detach().requires_grad_(x.is_floating_point()))
-            if self.module.is_last:
-                (self.loss_fn(output, labels) / self.setup.num_microbatches).backward()
-            else:
-                output.backward(grad)
+            def forward_backward(module: GPT2Stage = module, x: torch.Tensor = inputs[s]) -> None:
+                output = module(x.detach().requires_grad_(x.is_floating_point()))
+                if module.is_last:
+                    (self.loss_fn(output, labels) / self.setup.num_microbatches).backward()
+                else:
+                    output.backward(grad)
 
-        return fastest_time_s(forward_backward, self.device, self.setup.stage_repeats)
+            total_s += fastest_time_s(forward_backward, self.device, self.setup.stage_repeats)
+        return total_s
 
 
 # -- one rank of one runner -----------------------------------------------------------------
@@ -228,7 +291,7 @@ def run_rank(rank: int, setup: Setup, runner: str) -> dict[str, Any]:
     """Build ``runner`` ("hf_ftpipe/async", "torch/gpipe"...), step it, and return this rank's figures."""
     from hf_ftpipe.runtime.peak_memory import PeakMemory
 
-    kind, schedule = runner.split("/")
+    kind, schedule = runner_schedule(runner)
     model = build_model(setup)
     runner_class = HfFtpipeRunner if kind == "hf_ftpipe" else TorchRunner
     pipe = runner_class(rank, setup, model, schedule)

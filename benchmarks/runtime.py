@@ -1,11 +1,17 @@
 """hf_ftpipe's schedules against torch.distributed.pipelining on one GPT-2 split: speed, memory, efficiency.
 
 Runners: hf_ftpipe's `PipelineEngine` with the gpipe, 1f1b, async and 2bw schedules, and
-torch.distributed.pipelining's ScheduleGPipe and Schedule1F1B. Every runner trains the same
+torch.distributed.pipelining's ScheduleGPipe and Schedule1F1B, one stage per rank; and with two
+stages per rank (the 8 layers in 2P equal groups): torch's ScheduleInterleaved1F1B on the looped
+placement (stage s on rank s mod P), ScheduleZBVZeroBubble and ScheduleDualPipeV on the V (stage s on
+rank min(s, 2P − 1 − s): on 2 ranks [0, 1, 1, 0], a Mixed-Pipe plan's shape), hf_ftpipe's gpipe and 1f1b
+on the same V (``hf_ftpipe/gpipe-v``, ``hf_ftpipe/1f1b-v``: what the placement alone gives), and
+hf_ftpipe's zero-bubble schedules (issue 28) where this checkout has them: ``zb-h1`` one stage per
+rank, ``zbv`` on the V, ``interleaved-1f1b`` looped. Every runner trains the same
 GPT-2 (8 layers, d_model 256, 4 heads, sequence 128, vocabulary 2048, untied embeddings, no
 dropout) from the same seed on the same random tokens with SGD, split the same way (blocks
-divided evenly; embeddings on the first stage; ln_f, lm_head and the loss on the last), one stage
-per rank. Each runner runs in fresh rank processes (gloo on CPU, NCCL on CUDA).
+divided evenly; embeddings on the first stage; ln_f, lm_head and the loss on the last). Each
+runner runs in fresh rank processes (gloo on CPU, NCCL on CUDA).
 
 The vocabulary is small on purpose: the last stage also runs lm_head and the loss, and with 8192
 tokens it takes ~1.6× the first stage on CPU. A schedule without flushes gains at most
@@ -13,16 +19,22 @@ tokens it takes ~1.6× the first stage on CPU. A schedule without flushes gains 
 unbalanced split would hide the bubble the schedules differ by. ``--vocab 8192`` shows that case.
 
     python benchmarks/runtime.py                                  # 2 ranks on CPU, a table and checks
+    python benchmarks/runtime.py --repeats 3                      # 3 rounds of every runner: medians
     python benchmarks/runtime.py --json                           # a JSON list, one object per runner
     python benchmarks/runtime.py --runners hf_ftpipe/async torch/gpipe --steps 10
     python benchmarks/runtime.py --device cuda                    # one rank per visible GPU
 
 Reported per runner: samples/s (micro-batches × micro-batch size / median step time), the ratio to
-torch/gpipe, peak memory per rank, hf_ftpipe's predicted memory for the same split
-(``hf_ftpipe.costmodel.estimate_memory``), and the efficiency: the slowest stage's forward +
-backward of one micro-batch timed alone × micro-batches / the step time (1.0 = no bubble, no
-communication cost). Targets (issue): hf_ftpipe gpipe/1f1b ≥ torch's; async ≥ 1.15× torch GPipe
-at 4 micro-batches on 2 stages with ≥ 90% efficiency and peak memory within 10% of the prediction.
+torch/gpipe, peak memory per rank, hf_ftpipe's predicted memory for the same split and placement
+(``hf_ftpipe.costmodel.estimate_memory``; for a torch runner, that of our matching schedule), and
+the efficiency: the slowest rank's stages' forward + backward of one micro-batch timed alone ×
+micro-batches / the step time (1.0 = no bubble, no communication cost). With ``--repeats N`` every
+runner runs N rounds, round-robin; a row is its round of median speed and a ratio the median of
+the rounds' ratios (each within one round). Targets: hf_ftpipe gpipe/1f1b ≥ torch's; async ≥ 1.15×
+torch GPipe at 4 micro-batches on 2 stages with ≥ 90% efficiency and peak memory within 10% of the
+prediction; (issue 28) our best synchronous schedule ≥ torch's best, zbv ≥ 1.15× our gpipe, every
+new schedule's peak memory within 10% of the prediction and its simulated step (``sim ms``, a cost
+table profiled before the runs; ``--no-simulate`` skips it) within 10% of the measured one.
 
 ``hf_ftpipe/gradient_accumulation`` is 1F1B with gradient accumulation: 4 batches of a quarter of
 the micro-batches each per optimizer step, run as one flush (``PipelineEngine(batches_per_step=4)``,
@@ -57,8 +69,9 @@ from _gpt2_split import (  # noqa: E402
     stage_inputs,
 )
 from _rank_processes import run_ranks  # noqa: E402
-from _runtime_ranks import ACCUMULATION_STEPS, SYNCHRONOUS, run_rank  # noqa: E402
-from _runtime_report import BASELINE, MB, checks, failed_row, faster, make_row, print_notes, print_table  # noqa: E402
+from _runtime_ranks import ACCUMULATION_STEPS, RUNNER_SPLITS, run_rank, runner_schedule, runner_setup  # noqa: E402
+from _runtime_report import MB, checks, failed_row, make_row, median_rows, print_notes, print_table  # noqa: E402
+from _runtime_simulation import measured_costs, simulated_step_ms, simulates  # noqa: E402
 
 RUNNERS = (
     "hf_ftpipe/gpipe",
@@ -66,8 +79,16 @@ RUNNERS = (
     "hf_ftpipe/async",
     "hf_ftpipe/2bw",
     "hf_ftpipe/gradient_accumulation",
+    "hf_ftpipe/gpipe-v",
+    "hf_ftpipe/1f1b-v",
+    "hf_ftpipe/zb-h1",
+    "hf_ftpipe/zbv",
+    "hf_ftpipe/interleaved-1f1b",
     "torch/gpipe",
     "torch/1f1b",
+    "torch/interleaved-1f1b",
+    "torch/zbv",
+    "torch/dualpipev",
 )
 
 
@@ -75,10 +96,9 @@ RUNNERS = (
 
 
 def check_split(setup: Setup) -> dict[str, Any]:
-    """Both runners' stages hold the same parameters and compute the same loss; hf_ftpipe's predictions."""
+    """Both runners' stages hold the same parameters and compute the same loss, on ``setup``'s split."""
     import torch
 
-    from hf_ftpipe.costmodel import estimate_memory
     from hf_ftpipe.graph import capture_model
     from hf_ftpipe.runtime import build_stage_module, plan_stages
 
@@ -103,7 +123,7 @@ def check_split(setup: Setup) -> dict[str, Any]:
     with torch.no_grad():
         reference = model(**microbatch).loss.item()
         x = microbatch["input_ids"]
-        for s in range(setup.num_ranks):
+        for s in range(setup.num_stages):
             x = GPT2Stage(model, s, setup)(x)
         torch_loss = causal_lm_loss(model)(x, microbatch["labels"]).item()
         values: dict[str, Any] = {}
@@ -117,24 +137,36 @@ def check_split(setup: Setup) -> dict[str, Any]:
     for name, loss in (("torch stages", torch_loss), ("hf_ftpipe stages", ours_loss)):
         if abs(loss - reference) > 1e-4:
             raise RuntimeError(f"the {name} compute loss {loss:.6f}, the model {reference:.6f}")
+    return {"stage_params": stage_params, "loss": reference, "graph": graph, "node_stage": node_stage}
 
-    predicted: dict[str, list[float] | None] = {}
-    for schedule in ("gpipe", "1f1b", "async", "2bw"):
-        try:
-            predicted_bytes = estimate_memory(
-                graph,
-                node_stage,
-                list(range(setup.num_ranks)),
-                num_microbatches=setup.num_microbatches,
-                optimizer="sgd",
-                schedule=schedule,
-            )
-            predicted[schedule] = [b / MB for b in predicted_bytes]
-        except Exception as error:  # the benchmark still times the runners
-            print(f"no memory prediction for {schedule}: {type(error).__name__}: {error}", file=sys.stderr)
-            predicted[schedule] = None
-    predicted["gradient_accumulation"] = predicted["1f1b"]  # one 1F1B flush of as many micro-batches
-    return {"stage_params": stage_params, "loss": reference, "predicted_memory_mb": predicted}
+
+def predicted_schedule(runner: str) -> str:
+    """The hf_ftpipe schedule whose memory prediction a runner is compared with: its own, or for torch's
+    the matching one (DualPipeV: ``zbv``, the same V); ``1f1b`` where this checkout lacks that schedule."""
+    from hf_ftpipe.schedules.registry import SCHEDULES
+
+    kind, schedule = runner_schedule(runner)
+    schedule = {"gradient_accumulation": "1f1b", "dualpipev": "zbv"}.get(schedule, schedule)
+    return schedule if schedule in SCHEDULES else "1f1b"
+
+
+def predict_memory(setup: Setup, split: dict[str, Any], schedule: str) -> list[float] | None:
+    """hf_ftpipe's predicted MB per rank for ``setup``'s split and placement (None if it cannot)."""
+    from hf_ftpipe.costmodel import estimate_memory
+
+    try:
+        predicted_bytes = estimate_memory(
+            split["graph"],
+            split["node_stage"],
+            setup.ranks_of_stages(),
+            num_microbatches=setup.num_microbatches,
+            optimizer="sgd",
+            schedule=schedule,
+        )
+    except Exception as error:  # the benchmark still times the runners
+        print(f"no memory prediction for {schedule}: {type(error).__name__}: {error}", file=sys.stderr)
+        return None
+    return [b / MB for b in predicted_bytes]
 
 
 def unsupported_reason(runner: str) -> str | None:
@@ -142,19 +174,17 @@ def unsupported_reason(runner: str) -> str | None:
     import inspect
 
     from hf_ftpipe.runtime import PipelineEngine
+    from hf_ftpipe.schedules.registry import SCHEDULES
 
-    kind, schedule = runner.split("/")
+    kind, schedule = runner_schedule(runner)
     if kind != "hf_ftpipe":
         return None
-    if "schedule" not in inspect.signature(PipelineEngine.__init__).parameters and schedule != "gpipe":
-        return "skipped: PipelineEngine takes no `schedule` keyword yet (GPipe only)"
-    streaming_api = hasattr(PipelineEngine, "attach_optimizer") and hasattr(PipelineEngine, "drain")
     if schedule == "gradient_accumulation":
         if "batches_per_step" not in inspect.signature(PipelineEngine.__init__).parameters:
             return "skipped: PipelineEngine takes no `batches_per_step` keyword yet"
         return None
-    if schedule not in SYNCHRONOUS and not streaming_api:
-        return f"skipped: {schedule} needs PipelineEngine.attach_optimizer and .drain, which this version lacks"
+    if schedule not in SCHEDULES:
+        return f"skipped: this hf_ftpipe has no schedule {schedule!r} (it has {', '.join(SCHEDULES)})"
     return None
 
 
@@ -179,9 +209,17 @@ def main() -> int:
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--vocab", type=int, default=2048, help="vocabulary; larger loads the last stage more")
-    parser.add_argument("--repeats", type=int, default=1, help="runs per runner, round-robin; the fastest is kept")
+    parser.add_argument(
+        "--repeats", type=int, default=1, help="rounds of every runner in fresh processes; medians are reported"
+    )
     parser.add_argument("--timeout-s", type=float, default=300.0, help="limit per runner")
     parser.add_argument("--json", action="store_true", help="print a JSON list, one object per runner")
+    parser.add_argument(
+        "--no-simulate",
+        dest="simulate",
+        action="store_false",
+        help="skip the profile and the simulated step of the synchronous hf_ftpipe runners",
+    )
     args = parser.parse_args()
 
     import torch
@@ -198,6 +236,11 @@ def main() -> int:
         parser.error(
             f"--microbatches ({args.microbatches}) must be a multiple of {ACCUMULATION_STEPS} for "
             "hf_ftpipe/gradient_accumulation (its batches' micro-batches), e.g. 16; or leave the runner out"
+        )
+    if any(r in RUNNER_SPLITS for r in args.runners) and 2 * num_ranks > args.layers:
+        parser.error(
+            f"the V and looped runners put {2 * num_ranks} stages on {num_ranks} ranks: --layers ({args.layers}) "
+            f"must be at least {2 * num_ranks}; or leave {', '.join(r for r in args.runners if r in RUNNER_SPLITS)} out"
         )
     if args.microbatches < num_ranks:
         parser.error(f"--microbatches ({args.microbatches}) must be at least --ranks ({num_ranks}) for 1F1B")
@@ -220,33 +263,43 @@ def main() -> int:
     os.environ.setdefault("KINETO_LOG_LEVEL", "6")
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     started = time.perf_counter()
-    split = check_split(setup)
-    best: dict[str, dict[str, Any]] = {}
+    runner_setups = {runner: runner_setup(setup, runner) for runner in args.runners}
+    splits: dict[int, dict[str, Any]] = {}  # by number of stages: the V and looped splits are the same 4 stages
+    predicted: dict[str, tuple[str, list[float] | None]] = {}
+    for runner, runner_setup_ in runner_setups.items():
+        if runner_setup_.num_stages not in splits:
+            splits[runner_setup_.num_stages] = check_split(runner_setup_)
+        schedule = predicted_schedule(runner)
+        predicted[runner] = (schedule, predict_memory(runner_setup_, splits[runner_setup_.num_stages], schedule))
+    table = None
+    if args.simulate and any(simulates(runner) for runner in args.runners):
+        table = measured_costs(setup)  # before the runs, nothing else of this benchmark running
+    runs: dict[str, list[dict[str, Any]]] = {runner: [] for runner in args.runners}
     for repeat in range(args.repeats):  # round-robin, so a busy spell of the machine hits every runner alike
         for runner in args.runners:
             runner_started = time.perf_counter()
             reason = unsupported_reason(runner)
             if reason is not None:
-                best[runner] = failed_row(runner, reason)
+                runs[runner].append(failed_row(runner, reason))
                 continue
             try:
-                ranks = run_ranks(setup, run_rank, runner, args.timeout_s)
-                row = make_row(setup, runner, ranks, split["predicted_memory_mb"])
+                ranks = run_ranks(runner_setups[runner], run_rank, runner, args.timeout_s)
+                row = make_row(runner_setups[runner], runner, ranks, predicted[runner])
             except Exception as error:
                 row = failed_row(runner, str(error))
-            if runner not in best or (row["error"] is None and faster(row, best[runner])):
-                best[runner] = row
+            runs[runner].append(row)
             if not args.json:
-                outcome = "done" if row["error"] is None else "failed"
+                outcome = f"{row['samples_per_s']:.2f} samples/s" if row["error"] is None else "failed"
                 elapsed_s = time.perf_counter() - runner_started
                 print(f"  {runner} (run {repeat + 1}/{args.repeats}): {outcome} in {elapsed_s:.0f} s", file=sys.stderr)
-    rows = [best[runner] for runner in args.runners]
-    baseline = next((r for r in rows if r["runner"] == BASELINE and r["error"] is None), None)
+    rows = median_rows(runs)
     for row in rows:
         row.update(num_ranks=setup.num_ranks, device=setup.device, num_microbatches=setup.num_microbatches)
-        row.update(microbatch_size=setup.microbatch_size)
-        if row["error"] is None and baseline is not None:
-            row["ratio_vs_torch_gpipe"] = round(row["samples_per_s"] / baseline["samples_per_s"], 3)
+        row.update(microbatch_size=setup.microbatch_size, num_stages=runner_setups[row["runner"]].num_stages)
+        if table is not None and row["error"] is None and simulates(row["runner"]):
+            runner_setup_ = runner_setups[row["runner"]]
+            split = splits[runner_setup_.num_stages]
+            row["simulated_step_ms"] = simulated_step_ms(runner_setup_, row["runner"], split, table)
     verdicts = checks(rows)
     if args.json:
         print(json.dumps(rows, indent=1))
@@ -257,7 +310,7 @@ def main() -> int:
             f"{setup.num_microbatches} micro-batches × {setup.microbatch_size} samples; SGD lr {setup.lr}\n"
         )
         print_table(rows)
-        print_notes(setup, split, rows, cores, args.repeats)
+        print_notes(setup, splits, rows, cores, args.repeats)
         print_checks(verdicts, started)
     return 1 if failed(verdicts) else 0
 

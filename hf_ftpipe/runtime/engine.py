@@ -251,7 +251,7 @@ class PipelineEngine(Executor, RankWeights):
 
     def _reset_state(self) -> None:
         """Per-micro-batch state; streaming schedules carry it from one step to the next."""
-        self.state = MicrobatchState(actions_per_microbatch=2 * len(self.local_stages))
+        self.state = MicrobatchState(actions_per_microbatch=(2 + self.traits.split_backward) * len(self.local_stages))
         self.programs.reset()
         if self.streaming_weights is not None:
             self.streaming_weights.reset()

@@ -23,6 +23,7 @@ from hf_ftpipe.runtime.comm import Messenger
 from hf_ftpipe.runtime.compiled_stages import StageCompiler
 from hf_ftpipe.runtime.deliveries import Deliveries
 from hf_ftpipe.runtime.messages import Transfer
+from hf_ftpipe.runtime.split_backward import collecting, defer_weight_gradients
 from hf_ftpipe.runtime.stage import StageSpec
 from hf_ftpipe.runtime.state import MicrobatchState
 from hf_ftpipe.runtime.streaming import StreamingWeights
@@ -38,7 +39,7 @@ LossFunction = Callable[[int, dict[str, torch.Tensor], Mapping[str, Any]], torch
 """``(unit, the model's outputs on the loss stage by name, the unit's inputs) -> loss``: a loss computed
 from the model's outputs (``PipeTrainer``'s label smoothing, ``compute_loss_func``, ``compute_loss``)."""
 
-_DOING = {"F": "forward", "B": "backward", "U": "weight update"}
+_DOING = {"F": "forward", "B": "backward", "W": "weight gradients", "U": "weight update"}
 
 
 class Executor:
@@ -95,6 +96,9 @@ class Executor:
                         losses.append((self._unit(op), loss))
                 elif op.computation == "B":
                     self._backward(op)
+                elif op.computation == "W":
+                    for deferred in self.state.deferred.pop((op.stage_index, self._unit(op)), []):
+                        deferred.apply()  # then x and the product's gradient go
                 else:
                     assert self.streaming_weights is not None and self.optimizer is not None
                     self.streaming_weights.update(
@@ -145,6 +149,8 @@ class Executor:
 
     def _forward(self, action: Action, training: bool) -> torch.Tensor | None:
         spec, module = self._stage(action)
+        if training and self.traits.split_backward:  # the products' weight gradients wait for W
+            defer_weight_gradients(module)
         if self.compiler is not None:
             self.compiler.prepare(module)
         m = self._unit(action)
@@ -245,7 +251,12 @@ class Executor:
                     grads.append(grad.to(tensor.dtype))  # autocast may have made a bfloat16 output
         if roots:
             self._point_slice(action)  # a recomputed forward reads the sequence's keys and values
-            torch.autograd.backward(roots, grads)
+            if self.traits.split_backward:  # B: input gradients now; the products' weight gradients at W
+                with collecting() as deferred:
+                    torch.autograd.backward(roots, grads)
+                self.state.deferred[(spec.stage_index, m)] = deferred
+            else:
+                torch.autograd.backward(roots, grads)
         if self.token_slicing is not None and action.slice_index == 0:  # the sequence is done here
             self.token_slicing.release(spec.stage_index, action.microbatch_index)
         if self.streaming_weights is not None:

@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 from hf_ftpipe.runtime.shapes import MicrobatchShapes
+from hf_ftpipe.runtime.split_backward import DeferredWeightGradient
 from hf_ftpipe.schedules.lowering import Comm
 
 __all__ = ["MicrobatchState"]
@@ -19,7 +20,7 @@ class MicrobatchState:
     """Per-micro-batch tensors of one rank, keyed by micro-batch index ``m``.
 
     Args:
-        actions_per_microbatch (`int`): forwards and backwards this rank runs of each micro-batch.
+        actions_per_microbatch (`int`): forwards and backwards (and ``W``) this rank runs of each micro-batch.
     """
 
     actions_per_microbatch: int
@@ -32,6 +33,8 @@ class MicrobatchState:
     received: dict[tuple[str, int], torch.Tensor] = field(default_factory=dict)
     saved: dict[tuple[int, int], tuple[list[torch.Tensor], tuple[torch.Tensor, ...]]] = field(default_factory=dict)
     """(stage, m) → the forward's input leaves and outputs, until its backward."""
+    deferred: dict[tuple[int, int], list[DeferredWeightGradient]] = field(default_factory=dict)
+    """(stage, m) → what a split backward's ``W`` needs, from its ``B`` until that ``W``."""
     grads: dict[tuple[str, int], torch.Tensor] = field(default_factory=dict)
     """Gradients summed over the local readers of a value, until its producer or a SEND takes them."""
     posted: dict[Comm, tuple[dist.Work, torch.Tensor]] = field(default_factory=dict)

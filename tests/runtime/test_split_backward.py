@@ -1,0 +1,153 @@
+"""`hf_ftpipe.runtime.split_backward`: a stage's backward split into B (input gradients) and W (weight
+gradients) gives exactly the gradients of one whole backward, in one process: float32, recomputed,
+under bfloat16 autocast. The pipelines that run B and W as separate actions are test_engine.py's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from hf_ftpipe.graph import capture_model
+from hf_ftpipe.runtime import PipelineEngine
+from hf_ftpipe.runtime.shapes import ShapeBook
+from hf_ftpipe.runtime.split_backward import collecting, defer_weight_gradients
+from hf_ftpipe.runtime.stage import build_stage_module, plan_stages
+
+from distributed import run_ranks, values_or_raise
+from engine_runs import LR, MICROBATCH, NUM_MICROBATCHES, batches, reference_run
+from models import tiny_batch, tiny_model
+from placements import contiguous_placement
+
+
+@pytest.fixture(scope="module", params=["gpt2", "t5"])
+def stages(request):
+    """The whole tiny model as one stage module twice (the same weights), the second's products
+    deferred; its inputs; the position of the loss among its outputs."""
+    kind = request.param
+    batch = tiny_batch(kind, 2)
+    traced = capture_model(tiny_model(kind), batch)
+    graph = traced.cost_graph
+    (spec,) = plan_stages(graph, dict.fromkeys(graph.topological_order(), 0))
+    whole, split = (
+        build_stage_module(traced.graph_module, spec, traced.canonical_names, traced.tensors, torch.device("cpu"))
+        for _ in range(2)
+    )
+    defer_weight_gradients(split)
+    defer_weight_gradients(split)  # once is enough: the second does nothing
+    sizes = ShapeBook(traced.shapes, graph, [], spec.size_inputs).of(batch).sizes
+    args = [*(batch[name] for name in spec.batch_inputs), *(sizes[name] for name in spec.size_inputs)]
+    return kind, whole, split, args, spec.sent.index(spec.model_outputs["loss"])
+
+
+def gradients(module, args, loss_index: int, recompute: bool, dtype: torch.dtype | None):
+    module.zero_grad(set_to_none=True)
+    torch.manual_seed(0)
+    with torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+        outputs = checkpoint(module, *args, use_reentrant=False) if recompute else module(*args)
+    with collecting() as pending:
+        outputs[loss_index].backward()
+    params = dict(module.named_parameters())
+    missing_after_b = {name for name, p in params.items() if p.grad is None}
+    weights = {name for name, p in params.items() if any(d.weight is p for d in pending)}
+    for deferred in pending:
+        deferred.apply()
+    return {name: p.grad.clone() for name, p in params.items()}, missing_after_b, weights, len(pending)
+
+
+@pytest.mark.parametrize(
+    ("recompute", "dtype"), [(False, None), (True, None), (False, torch.bfloat16)], ids=["fp32", "recompute", "bf16"]
+)
+def test_b_then_w_gives_the_whole_backwards_gradients(stages, recompute: bool, dtype: torch.dtype | None) -> None:
+    kind, whole_module, split_module, args, loss_index = stages
+    whole, _, _, none_pending = gradients(whole_module, args, loss_index, recompute, dtype)
+    assert none_pending == 0  # the module not swapped defers nothing
+    split, missing_after_b, weights, num_pending = gradients(split_module, args, loss_index, recompute, dtype)
+
+    products = 8 + 1 if kind == "gpt2" else 33  # GPT-2: 2 layers of 4 Conv1D addmms, the lm_head; T5: every linear
+    assert num_pending == products
+    # W alone gives the products' weights (less the embedding they share) gradients; B gives the rest
+    embedding = {"transformer.wte.weight"} if kind == "gpt2" else {"shared.weight"}
+    assert missing_after_b == weights - embedding
+    assert all("attn" in n or "mlp" in n or "Dense" in n or "Attention" in n for n in missing_after_b)
+    for name, grad in whole.items():
+        torch.testing.assert_close(split[name], grad, atol=1e-6 if dtype is None else 1e-5, rtol=0, msg=name)
+
+
+# -- pipelines: B and W as separate actions (zb-h1, zbv), and interleaved-1f1b -----------------------
+
+
+def split_runs(rank: int, world_size: int, kind: str, configs: list[tuple]) -> list:
+    """Train ``kind`` under each ``(schedule, stage_device, recompute, autocast dtype, loss scale)``,
+    from the same initial weights; returns each one's losses and this rank's weights."""
+    data = batches(kind)
+    traced = capture_model(tiny_model(kind), {name: value[:MICROBATCH] for name, value in data[0].items()})
+    initial = {name: tensor.detach().clone() for name, tensor in traced.tensors.items()}
+    results = []
+    for schedule, stage_device, recompute, dtype, loss_scale in configs:
+        with torch.no_grad():  # the stages are the model's own tensors: every run starts from the same
+            for name, tensor in traced.tensors.items():
+                tensor.copy_(initial[name])
+        engine = PipelineEngine(
+            traced,
+            contiguous_placement(traced.cost_graph, stage_device),
+            num_microbatches=NUM_MICROBATCHES,
+            schedule=schedule,
+            recompute=recompute,
+            autocast_dtype=dtype,
+        )
+        engine.loss_scale = loss_scale
+        optimizer = torch.optim.SGD(engine.parameters(), lr=LR)
+        losses = []
+        for batch in data:
+            optimizer.zero_grad()
+            losses.append(engine.train_step(batch).item())
+            for param in engine.parameters():
+                param.grad.div_(loss_scale)
+            optimizer.step()
+        results.append((losses, {name: value.clone() for name, value in engine.state_dict().items()}))
+    return results
+
+
+CONFIGS = {  # (schedule, stage_device, recompute, autocast dtype, loss scale)
+    "gpt2": [
+        ("zb-h1", [0, 1], False, None, 1.0),  # wte / lm_head tied across ranks
+        ("zb-h1", [0, 1, 1, 0], True, None, 1.0),
+        ("zbv", [0, 1, 1, 0], False, None, 1.0),
+        ("interleaved-1f1b", [0, 1, 0, 1], True, None, 1.0),
+        ("zbv", [0, 1, 1, 0], False, torch.bfloat16, 1.0),
+        ("zb-h1", [0, 1], False, torch.float16, 1024.0),  # the loss's gradient seeded with the loss scale
+    ],
+    "t5": [  # the shared embedding tied across encoder, decoder and lm_head
+        ("zb-h1", [0, 1], True, None, 1.0),
+        ("zbv", [0, 1, 1, 0], True, None, 1.0),
+        ("zbv", [0, 1, 1, 0], False, None, 1.0),
+        ("interleaved-1f1b", [0, 1, 0, 1], False, None, 1.0),
+    ],
+}
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "t5"])
+def test_split_backward_schedules_equal_single_process(kind: str) -> None:
+    results = values_or_raise(run_ranks(split_runs, 2, kind, CONFIGS[kind]))
+    references = {}
+    trainable = {name for name, _ in tiny_model(kind).named_parameters()}
+    for i, (schedule, stage_device, recompute, dtype, loss_scale) in enumerate(CONFIGS[kind]):
+        what = f"{schedule} on {stage_device}{', recomputed' if recompute else ''}{f', {dtype}' if dtype else ''}"
+        if dtype not in references:
+            references[dtype] = reference_run(kind, autocast_dtype=dtype, loss_scale=loss_scale)
+        reference_losses, reference_state = references[dtype]
+        covered = set()
+        for rank, per_config in enumerate(results):
+            losses, state = per_config[i]
+            assert losses == pytest.approx(reference_losses, abs=1e-5), f"{what}: rank {rank} losses"
+            for name, value in state.items():
+                torch.testing.assert_close(
+                    value,
+                    reference_state[name],
+                    atol=1e-5,
+                    rtol=0,
+                    msg=lambda m, w=what, r=rank, n=name: f"{w}: rank {r}: {n}: {m}",
+                )
+                covered.add(name)
+        assert trainable <= covered, f"{what}: parameters on no rank: {sorted(trainable - covered)}"

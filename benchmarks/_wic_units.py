@@ -4,8 +4,8 @@ any contiguous run of them costs as one stage.
 A unit is a run of the traced graph in execution order: one encoder half-layer (self-attention or
 feed-forward; the first also holds the embedding, the last the encoder's final norm), one decoder
 layer (the first also holds the decoder's embedding), or the head (final norm, ``lm_head``,
-loss): 48 + 24 + 1 = 73. Between two units only the hidden state and the small position bias and
-mask cross, so every cut in this space is one the cost model prices cheaply.
+loss): 48 + 24 + 1 = 73. Between two units only hidden states, the encoder's output and the small
+position biases and masks cross, so every cut in this space is one the cost model prices cheaply.
 
 The per-stage terms are the rules of `hf_ftpipe.costmodel.memory_rules` (``saved_bytes``,
 ``operand_bytes``, ``optimizer_state_bytes``, ``backward_bytes``; kept bytes as

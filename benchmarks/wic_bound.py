@@ -18,7 +18,7 @@ between units (`_wic_units`: 48 encoder half-layers, 24 decoder layers, the head
   (`fit_memory`), prices each with `estimate` and simulates each with `hf_ftpipe.simulate`, beside
   the shipped plan.
 
-    python benchmarks/wic_bound.py                    # a table, about 3 minutes on one core
+    python benchmarks/wic_bound.py                    # a table, about 3 minutes (+ 1 to trace, cached)
     python benchmarks/wic_bound.py --json
     python benchmarks/wic_bound.py --max-plans 0      # every 11-run plan (5334; about 12 minutes)
 

@@ -20,7 +20,7 @@ between units (`_wic_units`: 48 encoder half-layers, 24 decoder layers, the head
 
     python benchmarks/wic_bound.py                    # a table, about 3 minutes (+ 1 to trace, cached)
     python benchmarks/wic_bound.py --json
-    python benchmarks/wic_bound.py --max-plans 0      # every 11-run plan (5334; about 12 minutes)
+    python benchmarks/wic_bound.py --max-plans 0      # every 11-run plan (5334; about 7 minutes)
 
 The unit tables are checked against `estimate` on random plans first (exactly equal bytes).
 """

@@ -25,6 +25,7 @@ __all__ = ["add_partition_commands"]
 def add_partition_commands(commands: Any) -> None:
     """Add ``partition`` and ``compare`` to the ``hf-ftpipe`` subparsers ``commands``."""
     from hf_ftpipe.costmodel.estimate import Optimizer, Schedule
+    from hf_ftpipe.plan.request import Placement
 
     partition = commands.add_parser(
         "partition", help="make a partition and print its summary", description="Make a partition plan."
@@ -55,6 +56,13 @@ def add_partition_commands(commands: Any) -> None:
         command.add_argument("--attention-mask", action="store_true", help="trace with an attention_mask input")
         command.add_argument("--schedule", choices=get_args(Schedule), default="gpipe", help="default: gpipe")
         command.add_argument("--num-microbatches", type=int, default=4, help="micro-batches per step (default: 4)")
+        command.add_argument(
+            "--placement",
+            choices=get_args(Placement),
+            default="chain",
+            help="contiguous partitioners: 'chain', stage s on GPU s (default), or 'v', 2 stages per GPU, stage s on "
+            "GPU min(s, 2P-1-s), the placement of --schedule zbv",
+        )
         command.add_argument("--optimizer", choices=get_args(Optimizer), default="adamw", help="default: adamw")
         command.add_argument("--dtype", help="compute dtype for the costs, e.g. bfloat16 (default: the weights')")
         command.add_argument("--recompute", action="store_true", help="plan with activation recomputation")
@@ -230,6 +238,7 @@ class _Request:
             dtype=args.dtype or (cost_table.key.dtype if cost_table else None),
             memory=MemoryOptions(headroom=args.headroom, recompute=args.recompute),
             cost_table=cost_table,
+            placement=args.placement,
         )
         self.options: dict[str, Any] = self.plan_request.options()
 

@@ -4,6 +4,7 @@
 
     hf-ftpipe schedule --placement 0,1,1,0 --schedule 1f1b --num-microbatches 4
     hf-ftpipe schedule --placement 0,1 --schedule 1f1b --num-microbatches 2 --token-slices 2 --messages
+    hf-ftpipe schedule --placement 0,1,1,0 --schedule zbv --num-microbatches 4
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ def add_schedule_command(commands: Any) -> None:
         "schedule",
         help="print the actions each rank runs under a pipeline schedule",
         description="Print, per rank, the actions of a pipeline schedule (1F0: stage 1 forward of micro-batch 0; "
-        "0B3: backward; 0U3: stage 0 updates its weights), checked for order without starting any process.",
+        "0B3: backward, the input gradients only under zb-h1 and zbv; 0W3: the weight gradients of that backward "
+        "(zb-h1, zbv); 0U3: stage 0 updates its weights), checked for order without starting any process.",
     )
     schedule.add_argument(
         "--placement",
@@ -79,7 +81,14 @@ def _run_schedule(args: argparse.Namespace) -> int:
         total = args.steps * args.num_microbatches
     else:
         steps, total = [("step", schedule.global_order())], args.num_microbatches
-    check_order([a for _, order in steps for a in order], stage_rank, schedule.edges, range(total), args.token_slices)
+    check_order(
+        [a for _, order in steps for a in order],
+        stage_rank,
+        schedule.edges,
+        range(total),
+        args.token_slices,
+        split_backward=schedule.traits.split_backward,
+    )
     ranks = range(max(stage_rank) + 1)
     lowering = Lowering(chain_dataflow(stage_rank), stage_rank)
     for title, order in steps:

@@ -19,8 +19,8 @@ from hf_ftpipe.simulator import Bar, SimulationResult, timeline_bars
 
 __all__ = ["COLORS", "plot_timeline"]
 
-COLORS = {"F": "#4C72B0", "B": "#DD8452", "U": "#55A868", "idle": "#EEEEEE"}
-_NAMES = {"F": "forward", "B": "backward", "U": "weight update", "idle": "idle"}
+COLORS = {"F": "#4C72B0", "B": "#DD8452", "W": "#C44E52", "U": "#55A868", "idle": "#EEEEEE"}
+_NAMES = {"F": "forward", "B": "backward", "W": "weight gradients", "U": "weight update", "idle": "idle"}
 
 
 def plot_timeline(result: SimulationResult, path: str | os.PathLike, *, title: str | None = None) -> list[Bar]:

@@ -35,6 +35,7 @@ from hf_ftpipe.costmodel.options import (
     TokenSlices,
     check_choice,
     check_positive,
+    check_schedule,
     usable_capacity,
 )
 from hf_ftpipe.costmodel.prediction import GPUCost, Prediction, StageCost
@@ -81,7 +82,7 @@ def estimate(
         memory (`MemoryOptions`, *optional*): recomputation and gradient accumulation (they change
             time and memory); ``MemoryOptions()`` by default.
     """
-    check_choice("schedule", schedule, Schedule)
+    check_schedule(schedule)
     check_choice("optimizer", optimizer, Optimizer)
     check_positive("num_microbatches", num_microbatches)
     check_positive("microbatch_size", microbatch_size)

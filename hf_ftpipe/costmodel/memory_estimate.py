@@ -39,9 +39,18 @@ from hf_ftpipe.costmodel.memory_rules import (
     saved_bytes,
     sliced_saved_bytes,
     stage_rules,
+    weight_gradient_bytes,
     weight_versions_of,
 )
-from hf_ftpipe.costmodel.options import MemoryOptions, Optimizer, Schedule, TokenSlices, check_choice, check_positive
+from hf_ftpipe.costmodel.options import (
+    MemoryOptions,
+    Optimizer,
+    Schedule,
+    TokenSlices,
+    check_choice,
+    check_positive,
+    check_schedule,
+)
 from hf_ftpipe.errors import PartitionError
 from hf_ftpipe.graph.cost_graph import CostGraph
 from hf_ftpipe.schedules.rules import in_flight
@@ -74,6 +83,8 @@ class StageMemory:
         """Per stage: what it keeps for all its micro-batches in flight."""
         self.backward: list[int] = []
         """Per stage: what its backward adds while it runs (a GPU counts its largest)."""
+        self.weight_kept: list[int] = []
+        """Per stage: what a split backward keeps of one micro-batch from its B to its W."""
         for s, nodes in enumerate(stage_nodes):
             rules = stage_rules(
                 schedule,
@@ -91,6 +102,7 @@ class StageMemory:
                 )
                 self.held_bytes.append(held)
                 self.backward.append(backward)
+                self.weight_kept.append(0)  # sliced schedules do not split their backwards
                 continue
             saved = sum(saved_bytes(graph, n) for n in nodes)
             kept = kept_output_bytes(graph, nodes, node_stage)
@@ -99,7 +111,8 @@ class StageMemory:
                 kept += sum(graph.node(u)["output_bytes"] for u in inputs)
             else:
                 kept += saved
-            self.held_bytes.append(kept * rules.in_flight)
+            self.weight_kept.append(weight_gradient_bytes(graph, nodes))
+            self.held_bytes.append(kept * rules.in_flight + rules.awaiting_weights * self.weight_kept[-1])
             self.backward.append(
                 backward_bytes(
                     persist=rules.persist,
@@ -161,7 +174,7 @@ def estimate_memory(
     With ``token_slices`` each of the ``num_microbatches`` micro-batches is a sequence cut into
     token slices (`TokenSlices`); ``graph`` and ``node_stage`` are the whole sequence's.
     """
-    check_choice("schedule", schedule, Schedule)
+    check_schedule(schedule)
     check_choice("optimizer", optimizer, Optimizer)
     check_positive("num_microbatches", num_microbatches)
     stage_nodes = nodes_by_stage(graph, node_stage, stage_device)

@@ -9,6 +9,9 @@ depend on which of them made it. For a GPU::
     + Σ over its stages  kept per micro-batch × micro-batches in flight (``in_flight``)
     + max over its stages  what one backward adds while it runs        (``backward_bytes``)
 
+A split backward (``zb-h1``, ``zbv``) also keeps, for each micro-batch whose ``B`` ran and ``W``
+has not (``awaiting_weight_gradients`` of them), what its ``W`` reads (``weight_gradient_bytes``).
+
 Kept per micro-batch until its backward: what autograd saves (``saved_bytes``) and the values
 that leave the stage (``kept_output_bytes``: the runtime holds every value it sends, and the
 model's outputs, until the backward that reads their gradients). With recomputation the saved
@@ -33,7 +36,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from hf_ftpipe.graph.cost_graph import CostGraph
-from hf_ftpipe.schedules.rules import gradients_persist, in_flight, weight_versions
+from hf_ftpipe.schedules.rules import awaiting_weight_gradients, gradients_persist, in_flight, weight_versions
 
 __all__ = [
     "StageRules",
@@ -47,6 +50,7 @@ __all__ = [
     "saved_bytes",
     "sliced_saved_bytes",
     "stage_rules",
+    "weight_gradient_bytes",
     "weight_versions_of",
 ]
 
@@ -145,13 +149,31 @@ def largest_operand_bytes(graph: CostGraph, nodes: Iterable[str]) -> int:
     return max((operand_bytes(graph, n) for n in nodes), default=0)
 
 
+def weight_gradient_bytes(graph: CostGraph, nodes: Iterable[str]) -> int:
+    """What a split backward keeps of one micro-batch between its ``B`` and its ``W``: for every op
+    that reads a trainable weight (a linear layer), its inputs other than the weights (W's
+    dW = gradᵀ·input needs them) and the gradient of its output, the size of the output.
+
+    ``B`` frees the rest of the micro-batch's activations. A linear layer of 4 tokens × 8 features
+    in and 16 out, float32: 4·8·4 + 4·16·4 = 384 bytes.
+    """
+    total = 0
+    for node in nodes:
+        attrs = graph.node(node)
+        if any(graph.params[name].requires_grad for name in attrs["params"] if name in graph.params):
+            total += attrs["output_bytes"] + sum(graph.node(u)["output_bytes"] for u in graph.graph.predecessors(node))
+    return total
+
+
 @dataclass(frozen=True)
 class StageRules:
-    """What the schedule makes a stage keep: `in_flight`, `weight_versions`, `gradients_persist`."""
+    """What the schedule makes a stage keep: `in_flight`, `weight_versions`, `gradients_persist`,
+    and `awaiting_weight_gradients` (micro-batches whose ``W`` is still to run beside those in flight)."""
 
     in_flight: int
     versions: int
     persist: bool
+    awaiting_weights: int = 0
 
 
 def stage_rules(
@@ -163,9 +185,10 @@ def stage_rules(
     gradient_accumulation_steps: int = 1,
     recompute: bool = False,
 ) -> StageRules:
-    """The three schedule rules of one stage, for the memory models that each need all three."""
+    """The schedule rules of one stage, for the memory models that each need them all."""
     return StageRules(
         in_flight=in_flight(schedule, stage_index, stage_device, num_microbatches),
+        awaiting_weights=awaiting_weight_gradients(schedule, stage_index, stage_device, num_microbatches),
         versions=weight_versions(
             schedule,
             stage_index,

@@ -12,7 +12,16 @@ from hf_ftpipe.errors import PartitionError
 from hf_ftpipe.graph.cost_graph import CostGraph
 from hf_ftpipe.schedules.registry import ScheduleName
 
-__all__ = ["MemoryOptions", "Optimizer", "Schedule", "TokenSlices", "check_choice", "check_positive", "usable_capacity"]
+__all__ = [
+    "MemoryOptions",
+    "Optimizer",
+    "Schedule",
+    "TokenSlices",
+    "check_choice",
+    "check_positive",
+    "check_schedule",
+    "usable_capacity",
+]
 
 Optimizer = Literal["sgd", "sgd-momentum", "adam", "adamw", "adafactor"]
 Schedule = ScheduleName
@@ -75,6 +84,14 @@ def check_choice(name: str, value: str, options: object) -> None:
     valid = get_args(options)
     if value not in valid:
         raise PartitionError(f"unknown `{name}` {value!r}; use one of {list(valid)}")
+
+
+def check_schedule(schedule: str) -> None:
+    """A registered schedule's name, or a file of per-rank orders (`hf_ftpipe.schedules.from_file`)."""
+    from hf_ftpipe.schedules.from_file import is_schedule_file
+
+    if not is_schedule_file(schedule):
+        check_choice("schedule", schedule, Schedule)
 
 
 def check_positive(name: str, value: object) -> None:

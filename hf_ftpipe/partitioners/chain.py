@@ -16,6 +16,7 @@ from hf_ftpipe.costmodel.memory_rules import (
     optimizer_state_bytes,
     saved_bytes,
     stage_rules,
+    weight_gradient_bytes,
     weight_versions_of,
 )
 from hf_ftpipe.costmodel.profiles import GPUProfile
@@ -44,6 +45,8 @@ class _Tables:
     """Bytes of the values the stage reads from earlier stages (kept under recomputation)."""
     kept: np.ndarray
     """Bytes of the values that leave the stage (read later, or outputs of the model)."""
+    weight_kept: np.ndarray
+    """What a split backward keeps of one micro-batch from B to W (`memory_rules.weight_gradient_bytes`)."""
     largest_operand: np.ndarray
     """The largest ``operand_bytes`` of the stage's ops."""
 
@@ -77,11 +80,14 @@ class Chain:
 
         compute_prefix = np.concatenate([[0.0], np.cumsum(np.bincount(block_of_item, compute, num_blocks))])
         saved = np.zeros(num_blocks)
+        weight_kept = np.zeros(num_blocks)
         operand = np.zeros(num_blocks)
         for n in cut_order.order:
             saved[block[n]] += saved_bytes(graph, n)
+            weight_kept[block[n]] += weight_gradient_bytes(graph, [n])
             operand[block[n]] = max(operand[block[n]], operand_bytes(graph, n))
         saved_prefix = np.concatenate([[0.0], np.cumsum(saved)])
+        weight_kept_prefix = np.concatenate([[0.0], np.cumsum(weight_kept)])
         largest_operand = np.zeros((num_blocks + 1, num_blocks + 1))
         for a in range(num_blocks):
             largest_operand[a, a + 1 :] = np.maximum.accumulate(operand[a:])
@@ -139,17 +145,21 @@ class Chain:
             saved=saved_prefix[None, :] - saved_prefix[:, None],
             inputs=in_bytes.table(),
             kept=kept.table(),
+            weight_kept=weight_kept_prefix[None, :] - weight_kept_prefix[:, None],
             largest_operand=largest_operand,
         )
 
-    def rules(self, depth: int) -> StageRules:
+    def rules(self, depth: int, num_stages: int | None = None) -> StageRules:
         """What the schedule makes a stage ``depth`` stages from the end of a contiguous pipeline keep
-        (the last stage has depth 1): in a chain of stages, one per GPU, nothing else matters."""
+        (the last stage has depth 1): in a chain of stages, one per GPU, nothing else matters but,
+        for a split backward's W (`StageRules.awaiting_weights`), the number of stages, when given
+        (else taken as ``depth``, which counts fewer)."""
         request = self.request
+        num_stages = depth if num_stages is None else num_stages
         return stage_rules(
             request.schedule,
-            0,
-            range(depth),  # contiguous: stage s runs on GPU s
+            num_stages - depth,
+            range(num_stages),  # contiguous: stage s runs on GPU s
             request.num_microbatches,
             gradient_accumulation_steps=request.memory.gradient_accumulation_steps,
             recompute=request.memory.recompute,
@@ -157,7 +167,7 @@ class Chain:
 
     def memory(self, stage_index: int, num_stages: int, b: int) -> np.ndarray:
         """Bytes of the stages [a, b) for every a < b as stage ``stage_index`` of ``num_stages``."""
-        return self._memory(self.rules(num_stages - stage_index), (slice(None, b), b))
+        return self._memory(self.rules(num_stages - stage_index, num_stages), (slice(None, b), b))
 
     def memory_table(self, depth: int) -> np.ndarray:
         """Bytes of every stage [a, b) (entry [a, b], meaningful for a < b) at ``depth`` from the end."""
@@ -172,7 +182,8 @@ class Chain:
         created = 0.0 if rules.persist else np.maximum(0.0, grads - saved)
         backward = (saved if recompute else 0.0) + 2 * t.largest_operand[at] + created
         params = t.weights[at] * rules.versions + t.frozen[at] + t.state[at] + (grads if rules.persist else 0.0)
-        return params + per_microbatch * rules.in_flight + backward
+        awaiting_w = t.weight_kept[at] * rules.awaiting_weights
+        return params + per_microbatch * rules.in_flight + awaiting_w + backward
 
     def piece_memory(self, depth: int) -> np.ndarray:
         """Bytes of each single-block stage [k, k + 1) at ``depth`` from the end."""

@@ -1,6 +1,10 @@
 """What the contiguous partitioners share: the ops a stage may begin at, the checked request, the memory check.
 
-A contiguous (Seq-Pipe) plan cuts the execution order into ``num_stages`` pieces, stage s on GPU s.
+A contiguous (Seq-Pipe) plan cuts the execution order into ``num_stages`` pieces, stage s on GPU s;
+asked for a V placement (``PlanRequest.placement = "v"``), 2·P pieces, stage s on GPU
+min(s, 2P − 1 − s). The cuts balance the stages (equal stages are equal GPUs in a V too); in a V
+each stage is cut to fit half a GPU (`ContiguousPlanner.stage_capacity`), and the plan's memory
+is checked per GPU, its two stages together.
 Ops that follow their producer (``plan.atoms``: parts of a multi-output op, side effects) are
 never cut on: partitioners cut the list of the other ops (``CutOrder.cuttable``), and
 ``node_stage`` puts each follower in the latest stage among its producers.
@@ -72,11 +76,13 @@ class ContiguousPlanner:
 
     @classmethod
     def of(cls, name: str, graph: CostGraph, request: PlanRequest) -> ContiguousPlanner:
-        """Check ``request`` for ``name``, one stage per GPU: ``PartitionError`` saying what to change."""
+        """Check ``request`` for ``name``, one stage per GPU (two in a V): ``PartitionError`` saying what to change."""
         profile = request.profile
-        num_stages = request.stages_or(profile.count)
+        per_gpu = 2 if request.placement == "v" else 1
+        num_stages = request.stages_or(per_gpu * profile.count)
         assert num_stages is not None  # defaulted to the GPU count
-        if num_stages > profile.count:
+        request.stage_devices(num_stages)  # a V's count is checked here
+        if num_stages > per_gpu * profile.count:
             raise PartitionError(
                 f"{name} puts one stage on each GPU: `num_stages` ({num_stages}) is more than the "
                 f"{profile.count} GPUs of profile {profile.name!r}; pass num_stages ≤ "
@@ -93,11 +99,19 @@ class ContiguousPlanner:
         return cls(name=name, graph=graph, request=request, num_stages=num_stages, key=key, costs=costs,
                    cut_order=cut_order)  # fmt: skip
 
+    @property
+    def stage_capacity(self) -> int:
+        """Memory one stage may use: a GPU's usable memory, or in a V, where two stages share a GPU,
+        half of it each (the plan's check then sums the two: `partition`)."""
+        usable = self.request.usable_bytes
+        return usable // 2 if self.request.placement == "v" else usable
+
     def partition(self, bounds: Sequence[int], *, check_memory: bool = True) -> Partition:
-        """The plan for cuttable pieces ``[bounds[s], bounds[s+1])``, stage s on GPU s, priced by
-        ``estimate``; ``PlanDoesNotFitError`` naming each GPU over its usable memory."""
+        """The plan for cuttable pieces ``[bounds[s], bounds[s+1])``, stage s on GPU s (in a V, on
+        GPU min(s, 2P − 1 − s)), priced by ``estimate``; ``PlanDoesNotFitError`` naming each GPU over
+        its usable memory."""
         node_stage = self.cut_order.node_stage(bounds)
-        stage_device = list(range(len(bounds) - 1))
+        stage_device = self.request.stage_devices(len(bounds) - 1)
         predicted = self.request.estimate(self.graph, node_stage, stage_device, self.costs)
         plan = Partition(
             node_stage=node_stage, stage_device=stage_device, partitioner=self.name, key=self.key, predicted=predicted

@@ -75,7 +75,7 @@ def partition_seq_dp(
         raise PartitionError(f"`max_blocks` must be a positive integer, got {max_blocks!r}")
     planner = ContiguousPlanner.of(NAME, graph, PlanRequest(profile=profile, num_stages=num_stages, **options))
     chain = Chain(planner, max(max_blocks, planner.num_stages))
-    capacity = planner.request.usable_bytes
+    capacity = planner.stage_capacity
     cuts = chain.solve(planner.num_stages, capacity)
     if cuts is None:
         raise _infeasible(chain, planner, capacity)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, get_args
 
 from hf_ftpipe.costmodel.estimate import MemoryOptions, Optimizer, Schedule, estimate, usable_capacity
 from hf_ftpipe.costmodel.measured import CostTable
@@ -26,11 +26,17 @@ from hf_ftpipe.errors import PartitionError
 from hf_ftpipe.graph.cost_graph import CostGraph
 from hf_ftpipe.plan.keys import resolve_key
 from hf_ftpipe.plan.partition import PartitionKey
+from hf_ftpipe.schedules.zero_bubble import v_placement
 
 if TYPE_CHECKING:
     from typing_extensions import Required
 
-__all__ = ["PlanOptions", "PlanRequest"]
+__all__ = ["Placement", "PlanOptions", "PlanRequest"]
+
+Placement = Literal["chain", "v"]
+"""How a contiguous plan's stages sit on the GPUs: ``chain``, stage s on GPU s (one stage per
+GPU); ``v``, 2·P stages on P GPUs, stage s on GPU min(s, 2P − 1 − s) ([0, 1, 1, 0]: the first and
+last stage share a GPU), the placement the ``zbv`` schedule runs."""
 
 
 class PlanOptions(TypedDict, total=False):
@@ -45,6 +51,7 @@ class PlanOptions(TypedDict, total=False):
     key: PartitionKey | None
     memory: MemoryOptions | None
     cost_table: CostTable | None
+    placement: Placement
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,7 +80,14 @@ class PlanRequest:
     """Measured op costs (``hf-ftpipe profile``) in place of the roofline; it must have been measured
     for the graph planned (a `CostTableError` says what differs) and, when ``dtype`` is given, in it."""
 
+    placement: Placement = "chain"
+    """Where a contiguous partitioner puts its stages (`Placement`); ``"v"`` asks for 2 stages per
+    GPU in a V (``num_stages`` = 2 × GPUs). Partitioners that choose placements themselves
+    (``mixed``) take only ``"chain"``, their own choice."""
+
     def __post_init__(self) -> None:
+        if self.placement not in get_args(Placement):
+            raise PartitionError(f"unknown `placement` {self.placement!r}; choose one of {list(get_args(Placement))}")
         if self.memory is None:  # the partitioners' keyword default
             object.__setattr__(self, "memory", MemoryOptions())
         table = self.cost_table
@@ -102,6 +116,19 @@ class PlanRequest:
         if isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 1:
             raise PartitionError(f"`num_stages` must be a positive integer, got {num_stages!r}")
         return num_stages
+
+    def stage_devices(self, num_stages: int) -> list[int]:
+        """The GPU of each of ``num_stages`` contiguous stages under `placement`; `PartitionError`
+        unless a V has exactly 2 stages per GPU."""
+        if self.placement == "chain":
+            return list(range(num_stages))
+        num_gpus = self.profile.count
+        if num_stages != 2 * num_gpus:
+            raise PartitionError(
+                f"a V placement has 2 stages per GPU: num_stages must be {2 * num_gpus} on the {num_gpus} GPUs "
+                f"of profile {self.profile.name!r}, got {num_stages}; leave `num_stages` unset to get {2 * num_gpus}"
+            )
+        return v_placement(num_gpus)
 
     @property
     def usable_bytes(self) -> int:

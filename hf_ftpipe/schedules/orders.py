@@ -278,12 +278,16 @@ def make_schedule(
     gradient_accumulation_steps: int = 1,
     num_slices: int | None = None,
 ) -> Schedule:
-    """The schedule called ``name`` (one of `ScheduleName`), chosen by its traits; with
-    ``num_slices``, over that many token slices per sequence (``gpipe`` and ``1f1b`` only)."""
+    """The schedule called ``name`` (one of `ScheduleName`, or a file of per-rank orders:
+    `hf_ftpipe.schedules.from_file`), chosen by its traits; with ``num_slices``, over that many
+    token slices per sequence (``gpipe`` and ``1f1b`` only)."""
     traits = schedule_traits(name)
     if num_slices is not None:
         _check_slices(name, num_slices)
-    from hf_ftpipe.schedules import zero_bubble  # it builds on `Schedule`
+    from hf_ftpipe.schedules import from_file, zero_bubble  # they build on `Schedule`
+
+    if name not in SCHEDULES:  # a file (`schedule_traits` refused any other name)
+        return from_file.FileSchedule(name, stage_rank, num_microbatches, edges)
 
     ordered = {
         c.name: c

@@ -157,8 +157,13 @@ if SCHEDULE_NAMES != get_args(ScheduleName):  # the Literal is for type checkers
 
 
 def schedule_traits(name: str) -> ScheduleTraits:
-    """The traits of schedule ``name``; `ValueError` naming the valid ones otherwise."""
+    """The traits of schedule ``name``, or of the schedule in the file ``name`` names
+    (`hf_ftpipe.schedules.from_file`); `ValueError` naming the valid ones otherwise."""
     traits = SCHEDULES.get(name)
     if traits is None:
+        from hf_ftpipe.schedules.from_file import file_traits, is_schedule_file  # a file's schedule builds on these
+
+        if is_schedule_file(name):
+            return file_traits(name)
         raise ValueError(f"unknown pipeline schedule {name!r}; choose one of {list(SCHEDULE_NAMES)}")
     return traits

@@ -8,6 +8,7 @@ rule, so the memory a plan predicts is the memory the schedule uses.
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from collections.abc import Sequence
 
@@ -80,7 +81,7 @@ def in_flight(
     if traits.holds_every_microbatch:
         return num_microbatches * k
     if traits.held_by_order:
-        return _held_by_order(schedule, tuple(stage_device), num_microbatches)[stage_index]
+        return _counted(schedule, stage_device, num_microbatches)[0][stage_index]
     return min(num_microbatches * k, len(stage_device) - stage_index + k - 1)
 
 
@@ -117,31 +118,46 @@ def awaiting_weight_gradients(
     micro-batches; `hf_ftpipe.schedules.zero_bubble`), at most `in_flight` of them between F and B:
     the memory peaks with `in_flight` holding activations and the rest, min(M, S + 1) −
     `in_flight`, holding W's inputs (those are smaller than the activations). Stages 0-1 on GPUs
-    [0, 1], M = 4: in flight 2 and 1, awaiting W 1 and 2.
+    [0, 1], M = 4: in flight 2 and 1, awaiting W 1 and 2. A schedule from a file
+    (`ScheduleTraits.held_by_order`) keeps what its order keeps, counted from it.
     """
-    if not schedule_traits(schedule).split_backward:
+    traits = schedule_traits(schedule)
+    if not traits.split_backward:
         return 0
-    kept = min(num_microbatches, len(stage_device) + 1)
-    return kept - in_flight(schedule, stage_index, stage_device, num_microbatches)
+    if traits.held_by_order:
+        held, kept = _counted(schedule, stage_device, num_microbatches)
+        return kept[stage_index] - held[stage_index]
+    kept_at_most = min(num_microbatches, len(stage_device) + 1)
+    return kept_at_most - in_flight(schedule, stage_index, stage_device, num_microbatches)
+
+
+def _counted(schedule: str, stage_device: Sequence[int], num_microbatches: int) -> tuple[list[int], list[int]]:
+    """Per stage, the most micro-batches between F and B, and between F and W, in the schedule's
+    order (a schedule file is read again when it changes)."""
+    version = os.stat(schedule).st_mtime_ns if os.path.isfile(schedule) else 0
+    return _held_by_order(schedule, tuple(stage_device), num_microbatches, version)
 
 
 @functools.lru_cache(maxsize=64)
-def _held_by_order(schedule: str, stage_device: tuple[int, ...], num_microbatches: int) -> list[int]:
+def _held_by_order(
+    schedule: str, stage_device: tuple[int, ...], num_microbatches: int, version: int
+) -> tuple[list[int], list[int]]:
     from hf_ftpipe.schedules.orders import make_schedule  # the orders build on these rules
 
     try:
         order = make_schedule(schedule, stage_device, num_microbatches).global_order()
     except ValueError as error:
         raise PartitionError(str(error)) from error
-    started, finished, most = [0] * len(stage_device), [0] * len(stage_device), [0] * len(stage_device)
+    num_stages = len(stage_device)
+    count = {c: [0] * num_stages for c in "FBW"}
+    held, kept = [0] * num_stages, [0] * num_stages
     for action in order:
         s = action.stage_index
-        if action.computation == "F":
-            started[s] += 1
-            most[s] = max(most[s], started[s] - finished[s])
-        elif action.computation == "B":
-            finished[s] += 1
-    return most
+        if action.computation in count:
+            count[action.computation][s] += 1
+        held[s] = max(held[s], count["F"][s] - count["B"][s])
+        kept[s] = max(kept[s], count["F"][s] - count["W"][s])
+    return held, kept
 
 
 def weight_versions(

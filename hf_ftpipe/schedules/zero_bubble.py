@@ -49,7 +49,7 @@ import heapq
 import math
 from collections.abc import Sequence
 
-from hf_ftpipe.schedules.actions import Action
+from hf_ftpipe.schedules.actions import Action, dependencies
 from hf_ftpipe.schedules.orders import Schedule
 from hf_ftpipe.schedules.rules import awaiting_weight_gradients, in_flight_limits
 
@@ -117,42 +117,42 @@ class SplitSimulation:
 
     def run(self, num_microbatches: int) -> list[Action]:
         """The global order (actions in start order) of one flushed mini-batch."""
-        num_stages = len(self.stage_rank)
-        count = {c: [0] * num_stages for c in "FBW"}  # started per stage and computation
-        done: dict[Action, int] = {}  # action → finish time
+        num_stages, total = len(self.stage_rank), 3 * len(self.stage_rank) * num_microbatches
+        self._count = {c: [0] * num_stages for c in "FBW"}  # started, per computation and stage
+        self._done: dict[Action, int] = {}  # action → finish time
+        self._now = 0
         busy_until = dict.fromkeys(self.rank_stages, 0)
         events: list[int] = []
         order: list[Action] = []
-        now = 0
-
-        def finished(action: Action) -> bool:
-            return done.get(action, now + 1) <= now
-
-        while len(order) < 3 * num_stages * num_microbatches:
+        while len(order) < total:
             for rank, stages in self.rank_stages.items():
-                if busy_until[rank] > now:
+                if busy_until[rank] > self._now:
                     continue
-                action = self._most_urgent(stages, count, num_microbatches, finished)
+                action = self._most_urgent(stages, num_microbatches)
                 if action is None:
                     continue
-                finish = now + _COSTS[action.computation] * self.scale[action.stage_index]
-                busy_until[rank] = done[action] = finish
+                finish = self._now + _COSTS[action.computation] * self.scale[action.stage_index]
+                busy_until[rank] = self._done[action] = finish
                 heapq.heappush(events, finish)
-                count[action.computation][action.stage_index] += 1
+                self._count[action.computation][action.stage_index] += 1
                 order.append(action)
-            while events and events[0] <= now:
+            while events and events[0] <= self._now:
                 heapq.heappop(events)
-            if not events:
-                if len(order) < 3 * num_stages * num_microbatches:
-                    raise RuntimeError(
-                        f"the zero-bubble simulation stalled on placement {self.stage_rank}; this is a bug in "
-                        "hf_ftpipe, please report it with the plan"
-                    )
-                break
-            now = events[0]
+            if not events and len(order) < total:
+                raise RuntimeError(
+                    f"the zero-bubble simulation stalled on placement {self.stage_rank}; this is a bug in "
+                    "hf_ftpipe, please report it with the plan"
+                )
+            if events:
+                self._now = events[0]
         return order
 
-    def _most_urgent(self, stages, count, num_microbatches, finished) -> Action | None:  # type: ignore[no-untyped-def]
+    def _finished(self, action: Action) -> bool:
+        return self._done.get(action, self._now + 1) <= self._now
+
+    def _most_urgent(self, stages: Sequence[int], num_microbatches: int) -> Action | None:
+        """The action a rank running ``stages`` starts now, if any (see the module)."""
+        finished, count = self._finished, self._count
         ready: list[Action] = []
         weights: list[Action] = []
         wanted: list[Action] = []  # W's that a forward waits for
@@ -160,19 +160,27 @@ class SplitSimulation:
             f, b, w = count["F"][s], count["B"][s], count["W"][s]
             if b < f and finished(Action(s, "F", b)) and all(finished(Action(c, "B", b)) for c in self.consumers[s]):
                 ready.append(Action(s, "B", b))
-            forward_ready = f < num_microbatches and all(finished(Action(p, "F", f)) for p in self.producers[s])
-            if forward_ready and f - b < self.held[s]:
-                if f - w < self.kept[s]:
-                    ready.append(Action(s, "F", f))
+            forward_ready = (
+                f < num_microbatches
+                and f - b < self.held[s]
+                and all(finished(Action(p, "F", f)) for p in self.producers[s])
+            )
+            if forward_ready and f - w < self.kept[s]:
+                ready.append(Action(s, "F", f))
             if w < b and finished(Action(s, "B", w)):
                 weights.append(Action(s, "W", w))
-                if forward_ready and f - b < self.held[s] and f - w >= self.kept[s]:
+                if forward_ready and f - w >= self.kept[s]:
                     wanted.append(Action(s, "W", w))
         # The deepest stage first (it frees what the earlier stages wait for), its oldest
         # micro-batch first (a backward before the next forward); a W only for a waiting
         # forward or when nothing else is ready.
-        key = lambda a: (-a.stage_index, a.microbatch_index)  # noqa: E731
-        return min(ready, key=key, default=None) or min(wanted or weights, key=key, default=None)
+        if ready:
+            return min(ready, key=_urgency)
+        return min(wanted or weights, key=_urgency, default=None)
+
+
+def _urgency(action: Action) -> tuple[int, int]:
+    return -action.stage_index, action.microbatch_index
 
 
 def replay_orders(
@@ -181,8 +189,6 @@ def replay_orders(
     """One global order from each rank's own order: every rank runs its next action once what it
     depends on has finished (F 1 unit, a whole B 2), in start order; `ValueError` naming each
     rank's waiting action where they wait on each other (a deadlock)."""
-    from hf_ftpipe.schedules.actions import dependencies
-
     num_stages = len(stage_rank)
     producers: list[list[int]] = [[] for _ in range(num_stages)]
     consumers: list[list[int]] = [[] for _ in range(num_stages)]
@@ -237,8 +243,10 @@ class ScheduleZBV(ScheduleZeroBubbleH1):
 
     name = "zbv"
 
-    def __init__(self, stage_rank: Sequence[int], num_microbatches: int, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
-        super().__init__(stage_rank, num_microbatches, *args, **kwargs)
+    def __init__(
+        self, stage_rank: Sequence[int], num_microbatches: int, edges: Sequence[tuple[int, int]] | None = None
+    ) -> None:
+        super().__init__(stage_rank, num_microbatches, edges)
         if not is_v_shape(self.stage_rank):
             num_gpus = len(set(self.stage_rank))
             raise ValueError(
@@ -253,8 +261,10 @@ class ScheduleInterleaved1F1B(Schedule):
 
     name = "interleaved-1f1b"
 
-    def __init__(self, stage_rank: Sequence[int], num_microbatches: int, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
-        super().__init__(stage_rank, num_microbatches, *args, **kwargs)
+    def __init__(
+        self, stage_rank: Sequence[int], num_microbatches: int, edges: Sequence[tuple[int, int]] | None = None
+    ) -> None:
+        super().__init__(stage_rank, num_microbatches, edges)
         if not is_looped(self.stage_rank):
             raise ValueError(
                 f"the 'interleaved-1f1b' schedule runs a looped placement (stage s on the GPU of stage s mod P, "

@@ -49,7 +49,7 @@ def simulate(
     Args:
         plan (`Partition`): the plan; a plan file alone is enough (its recorded prediction gives
             each stage's times and the stage graph's bytes).
-        schedule (`str`, *optional*): ``gpipe``, ``1f1b``, ``async`` or ``2bw``; the plan's own by default.
+        schedule (`str`, *optional*): one of `hf_ftpipe.schedules.SCHEDULE_NAMES`; the plan's own by default.
         costs (`Mapping[str, NodeCost]`, *optional*): per-node forward and backward times, e.g.
             measured ones, summed per stage over ``plan.node_stage``; the roofline by default.
         graph (`CostGraph`, *optional*): the plan's graph: message bytes per value that requires
@@ -171,7 +171,7 @@ def _replay(costs: PipelineCosts, order_maker: Schedule, steps: int, num_slices:
     dataflow = stage_dataflow(costs)
     ranks = range(costs.num_ranks)
     programs = {r: RankPrograms(order_maker, dataflow, r) for r in ranks}
-    replay = Replay(costs, dataflow, num_slices)
+    replay = Replay(costs, dataflow, num_slices, split_backward=order_maker.traits.split_backward)
     for _ in range(steps):
         if isinstance(order_maker, StreamingSchedule):
             order = order_maker.next_step()

@@ -31,7 +31,7 @@ from hf_ftpipe.costmodel.profiles import GPUProfile
 from hf_ftpipe.errors import PartitionError
 from hf_ftpipe.graph.cost_graph import CostGraph
 from hf_ftpipe.plan.partition import Partition
-from hf_ftpipe.schedules.rules import in_flight
+from hf_ftpipe.schedules.rules import awaiting_weight_gradients, in_flight
 
 __all__ = ["LOSS_BYTES", "PipelineCosts", "StageEdge", "costs_from_prediction", "pipeline_costs"]
 
@@ -79,6 +79,13 @@ class PipelineCosts:
     """Per stage, what one micro-batch keeps from its forward until its backward."""
     backward_bytes: list[int] | None = None
     """Per stage, what its backward adds while it runs."""
+    weight_s: list[float] | None = None
+    """Per stage, the part of ``backward_s`` that computes weight gradients: under a split-backward
+    schedule (``zb-h1``, ``zbv``) ``W`` takes it and ``B`` the rest. ``None``: half of
+    ``backward_s`` (a matmul with weights: its backward is two matmuls as large as the forward, one
+    for the input gradient and one for the weight's)."""
+    weight_kept_bytes: list[int] | None = None
+    """Per stage, what a split backward keeps of one micro-batch from its ``B`` to its ``W``."""
     microbatch_size: int = 1
     notes: list[str] = field(default_factory=list)
     """Where the figures come from, for the report (`SimulationResult.to_json`)."""
@@ -87,12 +94,22 @@ class PipelineCosts:
         num_stages = len(self.stage_rank)
         if num_stages == 0:
             raise PartitionError("a pipeline needs at least one stage; `stage_rank` is empty")
-        for name in ("forward_s", "backward_s", "update_s", "activation_bytes", "backward_bytes"):
+        for name in (
+            "forward_s",
+            "backward_s",
+            "update_s",
+            "activation_bytes",
+            "backward_bytes",
+            "weight_s",
+            "weight_kept_bytes",
+        ):
             values = getattr(self, name)
             if values is not None and len(values) != num_stages:
                 raise PartitionError(f"`{name}` has {len(values)} entries for {num_stages} stages")
             if values is not None and any(v < 0 or not math.isfinite(v) for v in values):
                 raise PartitionError(f"`{name}` must be finite and non-negative, got {values}")
+        if self.weight_s is not None and any(w > b for w, b in zip(self.weight_s, self.backward_s, strict=True)):
+            raise PartitionError(f"`weight_s` {self.weight_s} is a part of `backward_s` {self.backward_s}: never more")
         if self.static_bytes is not None and len(self.static_bytes) != self.num_ranks:
             raise PartitionError(f"`static_bytes` has {len(self.static_bytes)} entries for {self.num_ranks} ranks")
         if self.loss_stage is not None and not 0 <= self.loss_stage < num_stages:
@@ -112,6 +129,12 @@ class PipelineCosts:
     @property
     def num_stages(self) -> int:
         return len(self.stage_rank)
+
+    def split_s(self, stage: int) -> tuple[float, float]:
+        """``(B, W)`` of ``stage`` under a split-backward schedule (`weight_s`)."""
+        backward = self.backward_s[stage]
+        weight = backward / 2 if self.weight_s is None else self.weight_s[stage]
+        return backward - weight, weight
 
     @property
     def num_ranks(self) -> int:
@@ -145,6 +168,10 @@ def pipeline_costs(
     """The costs of ``plan`` on its ``graph``: times from ``costs`` (per node, e.g. measured; the
     roofline ``node_costs(graph, profile, dtype)`` when not given) summed per stage, as
     `hf_ftpipe.costmodel.estimate.estimate` sums them; bytes and memory from the cost model's rules.
+
+    A split backward's ``W`` (`PipelineCosts.weight_s`) is half the backward of every op that reads
+    a trainable weight (a linear layer's backward is two equal matmuls, the input's gradient and
+    the weight's), measured costs alike; everything else, recomputation included, is ``B``'s.
     """
     options = memory or MemoryOptions(recompute=recompute)
     recompute = options.recompute
@@ -164,6 +191,9 @@ def pipeline_costs(
         math.fsum(costs[n].backward_s for n in nodes) + (forward[s] if recompute else 0.0)
         for s, nodes in enumerate(stage_nodes)
     ]
+    weight = [
+        math.fsum(costs[n].backward_s / 2 for n in nodes if _reads_trainable_weight(graph, n)) for nodes in stage_nodes
+    ]
     pairs, _, grads = stage_traffic(graph, plan.node_stage, stage_device)
     # Same-GPU pairs send nothing; their gradient bytes only say that a backward waits (program order does).
     edges = [
@@ -174,7 +204,9 @@ def pipeline_costs(
         graph, plan.node_stage, stage_nodes, stage_device, num_microbatches, optimizer, schedule, options
     )
     activation = [
-        held // in_flight(schedule, s, stage_device, num_microbatches) for s, held in enumerate(model.held_bytes)
+        (held - awaiting_weight_gradients(schedule, s, stage_device, num_microbatches) * model.weight_kept[s])
+        // in_flight(schedule, s, stage_device, num_microbatches)
+        for s, held in enumerate(model.held_bytes)
     ]
     static = []
     for g in range(max(stage_device) + 1):
@@ -193,6 +225,8 @@ def pipeline_costs(
         static_bytes=static,
         activation_bytes=activation,
         backward_bytes=list(model.backward),
+        weight_s=weight,
+        weight_kept_bytes=list(model.weight_kept),
         microbatch_size=microbatch_size,
         notes=[f"times: {source}, summed per stage over the graph's ops; memory: the cost model's rules"],
     )
@@ -250,6 +284,10 @@ def costs_from_prediction(plan: Partition, profile: GPUProfile) -> PipelineCosts
         microbatch_size=predicted.microbatch_size,
         notes=notes,
     )
+
+
+def _reads_trainable_weight(graph: CostGraph, node: str) -> bool:
+    return any(graph.params[name].requires_grad for name in graph.node(node)["params"] if name in graph.params)
 
 
 def _chain_from_stage_bytes(stages: Sequence) -> list[StageEdge]:

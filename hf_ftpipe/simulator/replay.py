@@ -14,7 +14,10 @@ What the executor does (`hf_ftpipe.runtime.executor`) and the replay copies:
   the end of its step, as `Executor._run` does; the rank's next step starts after that.
 
 Memory per rank: its static bytes all along; a stage's activations for one micro-batch from the
-start of its forward to the end of its backward; what a backward adds, while it runs.
+start of its forward to the end of its backward; what a backward adds, while it runs. A split
+backward (``split_backward``: ``B`` then a later ``W``) is priced apart, ``B`` the input-gradient
+share of the stage's backward and ``W`` the weight-gradient share (`PipelineCosts.split_s`), and
+its ``B`` keeps what the ``W`` reads (`PipelineCosts.weight_kept_bytes`) until the ``W`` ends.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ LOSS = "loss"
 
 @dataclass(frozen=True)
 class Event:
-    """One action on one rank: ``kind`` ``F``, ``B`` or ``U`` of ``stage`` for ``microbatch``
+    """One action on one rank: ``kind`` ``F``, ``B``, ``W`` or ``U`` of ``stage`` for ``microbatch``
     (and token ``slice``), from ``start_s`` to ``end_s``, in ``step``."""
 
     rank: int
@@ -101,10 +104,14 @@ class Replay:
         dataflow (`Dataflow`): the lowering's data flow (`stage_dataflow(costs)`).
         num_slices (`int`, *optional*): token slices per sequence; each slice takes 1/k of its
             stage's time and memory.
+        split_backward (`bool`, defaults to `False`): the schedule splits its backwards (B, then W).
     """
 
-    def __init__(self, costs: PipelineCosts, dataflow: Dataflow, num_slices: int | None = None) -> None:
+    def __init__(
+        self, costs: PipelineCosts, dataflow: Dataflow, num_slices: int | None = None, *, split_backward: bool = False
+    ) -> None:
         self.costs, self.flow = costs, dataflow
+        self.split_backward = split_backward
         self.share = 1.0 / (num_slices or 1)
         self.bytes_of = {f"h{e.source}to{e.target}": (e.bytes, e.grad_bytes) for e in costs.edges}
         self.bytes_of[LOSS] = (LOSS_BYTES, 0)
@@ -195,7 +202,10 @@ class Replay:
         if action.computation == "F":
             return self.costs.forward_s[s] * self.share
         if action.computation == "B":
-            return self.costs.backward_s[s] * self.share
+            whole = self.costs.backward_s[s]
+            return (self.costs.split_s(s)[0] if self.split_backward else whole) * self.share
+        if action.computation == "W":
+            return self.costs.split_s(s)[1] * self.share
         return self.costs.update_s[s] if self.costs.update_s is not None else 0.0
 
     def _send(self, rank: int, comm: Comm, at: float) -> None:
@@ -230,12 +240,16 @@ class Replay:
         if activation is None or action.computation == "U":
             return
         held = int(activation[action.stage_index] * self.share)
+        kept = int((self.costs.weight_kept_bytes or [0] * self.costs.num_stages)[action.stage_index] * self.share)
         points = self.memory[rank]
         now = points[-1][1]
         if action.computation == "F":
             points.append((start, now + held))
             return
+        if action.computation == "W":
+            points.append((end, now - kept))
+            return
         extra = int((self.costs.backward_bytes or [0] * self.costs.num_stages)[action.stage_index] * self.share)
         if extra:
             points.append((start, now + extra))
-        points.append((end, now - held))
+        points.append((end, now - held + (kept if self.split_backward else 0)))

@@ -143,3 +143,13 @@ def test_argparse_errors_and_help() -> None:
     assert code == 2 and "invalid choice: 'zero-bubble'" in err
     result = subprocess.run([sys.executable, "-m", "hf_ftpipe", "--help"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and "partition" in result.stdout and "compare" in result.stdout
+
+
+@pytest.mark.usefixtures("traces")
+def test_partition_asked_for_a_v_placement_puts_two_stages_on_each_gpu() -> None:
+    code, out, err = run(*PARTITION[:-2], "--partitioner", "seq-dp", "--placement", "v", "--schedule", "zbv", "--json")
+    assert code == 0, err
+    summary = json.loads(out)
+    # 16 stages in a V on 8 GPUs: GPU g runs stages g and 15 − g; the GPU's check sums the two.
+    assert summary["num_stages"] == 16 and [g["stages"] for g in summary["gpus"]] == [[g, 15 - g] for g in range(8)]
+    assert summary["max_memory_fraction"] <= 0.9

@@ -86,3 +86,18 @@ def test_schedule_token_slices_prints_the_sliced_orders_and_their_messages(capsy
 def test_schedule_refuses_zero_token_slices_naming_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["schedule", "--placement", "0,1", "--token-slices", "0"]) == 2
     assert "--token-slices takes the slices per sequence, at least 1; got 0" in capsys.readouterr().err
+
+
+def test_schedule_prints_the_zero_bubble_schedules_and_refuses_a_placement_they_do_not_run(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert cli.main(["schedule", "--placement", "0,1", "--schedule", "zb-h1", "--num-microbatches", "4"]) == 0
+    assert capsys.readouterr().out == (
+        "step:\n  rank 0: 0F0 0F1 0B0 0F2 0B1 0W0 0B2 0F3 0W1 0W2 0B3 0W3\n"
+        "  rank 1: 1F0 1B0 1F1 1B1 1F2 1B2 1W0 1W1 1F3 1B3 1W2 1W3\n"
+    )
+    assert cli.main(["schedule", "--placement", "0,1,0,1", "--schedule", "interleaved-1f1b", "--messages"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("step:\n  rank 0: 0F0 SEND_F0:h0>1 0F1 SEND_F1:h0>1 RECV_F0:h1<1 2F0 SEND_F0:h2>1"), out
+    assert cli.main(["schedule", "--placement", "0,1,0,1", "--schedule", "zbv"]) == 2
+    assert "placement [0, 1, 0, 1] is not one" in capsys.readouterr().err

@@ -463,3 +463,24 @@ def test_token_slices_need_a_graph_per_length():
     graph = _attention_layer_graph(4)
     with pytest.raises(PartitionError, match=r"slice lengths \[2\]"):
         TokenSlices(slice_lengths=(4, 2), graphs={4: graph}, node_stages={4: {}})
+
+
+def test_a_split_backward_keeps_what_w_reads_for_the_micro_batches_awaiting_w():
+    # n0 (weight w0) → n1 | n2 (weight w2), 16 B outputs; 2 stages on 2 GPUs, 4 micro-batches.
+    # zb-h1 keeps min(M, S + 1) = 3 micro-batches between F and W; 1F1B's 2 and 1 hold activations,
+    # so 1 and 2 await W. W reads a weighted op's inputs and its output's gradient: n0 16 B (its
+    # input is the model's, no op's); n2 16 B + n1's 16 B. GPU 0: 1 × 16 B more, GPU 1: 2 × 32 B.
+    graph = make_graph(
+        {"n0": {"flops": 1.0, "params": ("w0",)}, "n1": 1.0, "n2": {"flops": 1.0, "params": ("w2",)}},
+        [("n0", "n1"), ("n1", "n2")],
+        params={"w0": param("w0", (2, 2)), "w2": param("w2", (2, 2))},
+    )
+    sizes = {"num_microbatches": 4, "microbatch_size": 1}
+    plans = {
+        schedule: estimate(graph, {"n0": 0, "n1": 0, "n2": 1}, [0, 1], UNIT, schedule=schedule, **sizes)
+        for schedule in ("1f1b", "zb-h1", "interleaved-1f1b")
+    }
+    split = [g.activation_bytes for g in plans["zb-h1"].gpus]
+    whole = [g.activation_bytes for g in plans["1f1b"].gpus]
+    assert [a - b for a, b in zip(split, whole, strict=True)] == [16, 64]
+    assert [g.activation_bytes for g in plans["interleaved-1f1b"].gpus] == whole  # one stage per GPU: 1F1B

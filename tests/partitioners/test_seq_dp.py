@@ -241,3 +241,20 @@ def test_on_chains_seq_dp_is_never_slower(flops, num_stages):
     best = partition_seq_dp(graph, profile, num_stages, **sizes).predicted.step_time_s
     for name in CONTIGUOUS:
         assert best <= get_partitioner(name)(graph, profile, num_stages, **sizes).predicted.step_time_s
+
+
+def test_a_v_placement_is_asked_for_and_balances_its_2p_stages():
+    # 8 ops of 2 FLOP (2 s forward, 2 s backward each) on the 4 GPUs of UNIT: a V has 8 stages,
+    # one op each, stage s on GPU min(s, 7 − s).
+    graph = chain([2.0] * 8)
+    sizes = {"num_microbatches": 4, "microbatch_size": 1, "schedule": "zbv"}
+    plan = partition_seq_dp(graph, UNIT, placement="v", **sizes)
+    assert plan.stage_device == [0, 1, 2, 3, 3, 2, 1, 0]
+    assert [len(plan.nodes_of(s)) for s in range(8)] == [1] * 8
+    validate_partition(plan, graph)
+    with pytest.raises(PartitionError, match=r"a V placement has 2 stages per GPU: num_stages must be 8 .* got 4"):
+        partition_seq_dp(graph, UNIT, 4, placement="v", **sizes)
+    with pytest.raises(PartitionError, match=r"mixed partitioner chooses its own placement .* placement='v'"):
+        get_partitioner("mixed")(graph, UNIT, placement="v", **sizes)
+    with pytest.raises(PartitionError, match=r"unknown `placement` 'u'; choose one of \['chain', 'v'\]"):
+        partition_seq_dp(graph, UNIT, placement="u", **sizes)

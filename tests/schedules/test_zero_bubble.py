@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hf_ftpipe.schedules import check_order, in_flight, make_schedule, schedule_traits
+from hf_ftpipe.schedules import Action, check_order, in_flight, make_schedule, schedule_traits
 from hf_ftpipe.schedules.zero_bubble import is_looped, is_v_shape, v_placement
 
 
@@ -63,7 +63,7 @@ def test_placements_they_do_not_run_are_refused_naming_what_fits() -> None:
     assert is_looped([0, 1, 0, 1]) and is_looped([0, 1]) and not is_looped([0, 0, 1, 1])
 
 
-def held_at_most(order, num_stages: int) -> tuple[list[int], list[int]]:  # type: ignore[no-untyped-def]
+def held_at_most(order: list[Action], num_stages: int) -> tuple[list[int], list[int]]:
     """Per stage, the most micro-batches at once between F and B, and between F and W (or B)."""
     f, b, w = [0] * num_stages, [0] * num_stages, [0] * num_stages
     most_b, most_w = [0] * num_stages, [0] * num_stages
@@ -80,7 +80,9 @@ def held_at_most(order, num_stages: int) -> tuple[list[int], list[int]]:  # type
     skips=st.sets(st.tuples(st.integers(0, 6), st.integers(2, 3)), max_size=3),
     num_microbatches=st.integers(1, 9),
 )
-def test_zb_h1_on_any_placement_is_valid_and_keeps_its_memory_bounds(ranks, skips, num_microbatches) -> None:  # type: ignore[no-untyped-def]
+def test_zb_h1_on_any_placement_is_valid_and_keeps_its_memory_bounds(
+    ranks: list[int], skips: set[tuple[int, int]], num_microbatches: int
+) -> None:
     labels: dict[int, int] = {}
     stage_rank = [labels.setdefault(r, len(labels)) for r in ranks]
     num_stages = len(stage_rank)
@@ -96,7 +98,9 @@ def test_zb_h1_on_any_placement_is_valid_and_keeps_its_memory_bounds(ranks, skip
 
 @settings(max_examples=40, deadline=None)
 @given(num_ranks=st.integers(1, 5), per_rank=st.integers(1, 3), num_microbatches=st.integers(1, 13))
-def test_interleaved_and_zbv_orders_are_valid_within_the_in_flight_rule(num_ranks, per_rank, num_microbatches) -> None:  # type: ignore[no-untyped-def]
+def test_interleaved_and_zbv_orders_are_valid_within_the_in_flight_rule(
+    num_ranks: int, per_rank: int, num_microbatches: int
+) -> None:
     looped = [s % num_ranks for s in range(num_ranks * per_rank)]
     for name, stage_rank in (("interleaved-1f1b", looped), ("zbv", v_placement(num_ranks))):
         order = make_schedule(name, stage_rank, num_microbatches).global_order()

@@ -15,7 +15,7 @@ from hf_ftpipe.costmodel.op_time import NodeCost, node_costs
 from hf_ftpipe.errors import PartitionError
 from hf_ftpipe.plan import Partition, PartitionKey
 from hf_ftpipe.simulator import PipelineCosts, StageEdge
-from tests.helpers.toy_graphs import UNIT, chain
+from tests.helpers.toy_graphs import UNIT, chain, param
 
 SHIPPED = Path(__file__).resolve().parents[2] / "partitions" / "t5-3b" / "rtx2080ti-x8-wic.json"
 FAST_LINK = dataclasses.replace(UNIT, link_bandwidth_bytes_per_s=1e12)
@@ -114,3 +114,18 @@ def test_bad_requests_say_what_to_do() -> None:
         PipelineCosts(stage_rank=[0, 1], forward_s=[1.0, 1.0], backward_s=[1.0], edges=[])
     with pytest.raises(PartitionError, match="stage edge 1->0 must go forward"):
         PipelineCosts(stage_rank=[0, 1], forward_s=[1.0, 1.0], backward_s=[1.0, 1.0], edges=[StageEdge(1, 0, 8, 8)])
+
+
+def test_a_split_backward_gives_w_half_the_backward_of_the_ops_with_weights() -> None:
+    # n1 and n3 read a trainable weight, so the roofline gives their backward 2 s (input and weight
+    # gradient, 1 FLOP each) and the others 1 s: each stage's backward is 3 s, W half of a weighted
+    # op's, 1 s, and B the other 2 s.
+    graph = chain(
+        [1.0, {"flops": 1.0, "params": ("w1",)}, 1.0, {"flops": 1.0, "params": ("w3",)}],
+        params={"w1": param("w1", (2, 2)), "w3": param("w3", (2, 2))},
+    )
+    plan, _ = toy_plan("zb-h1")
+    result = hf_ftpipe.simulate(plan, graph=graph, profile=FAST_LINK, schedule="zb-h1")
+    took = {e.label: e.end_s - e.start_s for e in result.events}
+    assert took["0B0"] == pytest.approx(2) and took["0W0"] == pytest.approx(1) and took["1W3"] == pytest.approx(1)
+    assert result.memory[0][-1][1] == result.memory[0][0][1]  # W gave back what B kept

@@ -120,7 +120,7 @@ def _readme_quickstart_accuracy() -> tuple[str, set[str], set[str]]:
             "updates each stage inside the pipeline as its micro-batches stream through",
         ),
         ({"gradient_accumulation_steps": 2, "pipeline_schedule": "2bw"}, "use pipeline_schedule='gpipe' or '1f1b'"),
-        ({"pipeline_schedule": "zero-bubble"}, "choose one of ['gpipe', '1f1b', 'async', '2bw']"),
+        ({"pipeline_schedule": "zero-bubble"}, "choose one of ['gpipe', '1f1b', 'async', '2bw', 'zb-h1', 'zbv', "),
         ({"async_update_interval": 2}, "only applies to pipeline_schedule='async' (got 'gpipe')"),
         ({"async_weight_prediction": True, "pipeline_schedule": "2bw"}, "only applies to pipeline_schedule='async'"),
         ({"partitioner": "magic"}, "`partitioner='magic'` is not available; choose one of ['auto',"),

@@ -67,6 +67,11 @@ def partition_mixed(
             number of GPUs that would fit.
     """
     request = PlanRequest(profile=profile, num_stages=num_stages, **options)
+    if request.placement != "chain":
+        raise PartitionError(
+            f"the mixed partitioner chooses its own placement of stages on GPUs; it cannot be asked for "
+            f"placement={request.placement!r}. Use a contiguous partitioner (seq-dp) for a V placement"
+        )
     num_gpus = profile.count
     request.stages_or(None)  # a hint, but a well-formed one
     key = request.key_for(graph)

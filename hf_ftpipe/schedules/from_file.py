@@ -1,0 +1,144 @@
+"""A schedule from a file: each rank's actions, as ``hf-ftpipe schedule`` prints them or as CSV.
+
+``pipeline_schedule="path/to/order.csv"`` runs the order a file gives, in the manner of
+torchtitan's CSV schedules. Two forms are read:
+
+- the text ``hf-ftpipe schedule`` prints, one line per rank (a ``step:`` line is skipped)::
+
+      rank 0: 0F0 0F1 0B0 0F2 0B1 0W0 0B2 0F3 0W1 0W2 0B3 0W3
+      rank 1: 1F0 1B0 1F1 1B1 1F2 1B2 1W0 1W1 1F3 1B3 1W2 1W3
+
+- CSV, row r the actions of rank r, one per cell: ``0F0,0F1,0B0,...``.
+
+The file is checked before anything runs (`FileSchedule`): every action names a stage of its own
+rank; every forward and backward of every micro-batch runs once (and, where the file has ``W``
+actions, every backward is split: one ``W`` after each ``B``, see `ScheduleTraits.split_backward`),
+each after what it depends on; the ranks' orders do not wait on each other in a circle (no
+deadlock). It flushes: one optimizer step per mini-batch, so the update is that of one process.
+Its memory is what its order holds (`ScheduleTraits.held_by_order`), which the memory rules count
+and the planner checks against each GPU's memory like any schedule's.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+from hf_ftpipe.schedules.actions import Action, check_order
+from hf_ftpipe.schedules.orders import Schedule
+from hf_ftpipe.schedules.registry import ScheduleTraits
+from hf_ftpipe.schedules.zero_bubble import replay_orders
+
+__all__ = ["FileSchedule", "file_traits", "is_schedule_file", "read_rank_orders"]
+
+_RANK_LINE = re.compile(r"^\s*rank\s+(\d+)\s*:(.*)$")
+
+
+def is_schedule_file(name: str) -> bool:
+    """Whether ``pipeline_schedule`` names a file rather than a registered schedule."""
+    return name.endswith((".csv", ".txt")) or os.sep in name or os.path.isfile(name)
+
+
+def read_rank_orders(path: str | os.PathLike[str]) -> dict[int, list[Action]]:
+    """Each rank's actions in the file at ``path``; `ValueError` naming the file and line of an
+    action that does not parse or a rank given twice."""
+    file = Path(path)
+    if not file.is_file():
+        raise ValueError(f"pipeline schedule file {str(file)!r} does not exist; give a schedule's name or a file")
+    orders: dict[int, list[Action]] = {}
+    csv_row = 0
+    for number, line in enumerate(file.read_text(encoding="utf-8").splitlines(), start=1):
+        text = line.strip()
+        match = _RANK_LINE.match(text)
+        if match is None and (not text or text.startswith("#") or text.endswith(":")):  # blank, comment, "step:"
+            continue
+        if match is not None:
+            rank, cells = int(match[1]), match[2].split()
+        else:
+            rank, cells = csv_row, [cell for cell in text.split(",") if cell.strip()]
+            csv_row += 1
+        if rank in orders:
+            raise ValueError(f"{file}:{number}: rank {rank} is given twice")
+        try:
+            orders[rank] = [Action.parse(cell) for cell in cells]
+        except ValueError as error:
+            raise ValueError(f"{file}:{number}: {error}") from None
+    if not orders:
+        raise ValueError(f"{file}: no rank's actions found; write one line per rank, e.g. 'rank 0: 0F0 0B0'")
+    return orders
+
+
+@functools.lru_cache(maxsize=16)
+def _split(path: str, modified_ns: int) -> bool:
+    return any(a.computation == "W" for actions in read_rank_orders(path).values() for a in actions)
+
+
+def file_traits(path: str) -> ScheduleTraits:
+    """The traits of the schedule in ``path``: flushing, one weight version, its memory counted
+    from its order, its backwards split where it has ``W`` actions."""
+    split = _split(path, Path(path).stat().st_mtime_ns if Path(path).is_file() else 0)
+    return ScheduleTraits(
+        name=path,  # type: ignore[arg-type]  # a path, not one of the registered names
+        split_backward=split,
+        held_by_order=True,
+        flushes=True,
+        holds_every_microbatch=False,
+        weights="single",
+        updates_every_group=False,
+        weight_prediction=False,
+        token_slices=False,
+        help=f"the per-rank orders in {path}.",
+    )
+
+
+class FileSchedule(Schedule):
+    """The schedule in a file, checked against the plan (see the module).
+
+    Args:
+        path (`str`): the file.
+        stage_rank, num_microbatches, edges: as for every `Schedule`.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        stage_rank: Sequence[int],
+        num_microbatches: int,
+        edges: Sequence[tuple[int, int]] | None = None,
+    ) -> None:
+        self.name = path  # type: ignore[assignment]  # `traits` reads the file's
+        super().__init__(stage_rank, num_microbatches, edges)
+        orders = read_rank_orders(path)
+        ranks = sorted(set(self.stage_rank))
+        if sorted(orders) != ranks:
+            raise ValueError(f"{path} gives the actions of ranks {sorted(orders)}; the plan runs ranks {ranks}")
+        for rank, actions in orders.items():
+            for action in actions:
+                s = action.stage_index
+                if not 0 <= s < self.num_stages or self.stage_rank[s] != rank:
+                    where = f"on rank {self.stage_rank[s]}" if 0 <= s < self.num_stages else "not in the plan"
+                    raise ValueError(
+                        f"{path}: rank {rank} runs {action}, but stage {s} is {where} (placement {self.stage_rank})"
+                    )
+        order = replay_orders(orders, self.stage_rank, self.edges)
+        try:
+            check_order(
+                order,
+                self.stage_rank,
+                self.edges,
+                range(num_microbatches),
+                split_backward=any(a.computation == "W" for a in order),
+            )
+        except ValueError as error:
+            raise ValueError(f"{path} is not a valid schedule for {num_microbatches} micro-batches: {error}") from None
+        self._order = order
+
+    @property
+    def traits(self) -> ScheduleTraits:
+        return file_traits(self.name)
+
+    def global_order(self) -> list[Action]:
+        return list(self._order)

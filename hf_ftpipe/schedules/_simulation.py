@@ -6,7 +6,7 @@ import heapq
 import math
 from collections.abc import Sequence
 
-from hf_ftpipe.schedules.actions import Action
+from hf_ftpipe.schedules.actions import Action, stage_neighbours
 
 _FORWARD_COST, _BACKWARD_COST = 1, 2
 
@@ -49,11 +49,7 @@ class Simulation:
         self.limits = list(limits)
         self.update_every = update_every
         self.num_stages = len(self.stage_rank)
-        self.producers: list[list[int]] = [[] for _ in range(self.num_stages)]
-        self.consumers: list[list[int]] = [[] for _ in range(self.num_stages)]
-        for producer, consumer in edges:
-            self.producers[consumer].append(producer)
-            self.consumers[producer].append(consumer)
+        self.producers, self.consumers = stage_neighbours(self.num_stages, edges)
         self.ranks = sorted(set(self.stage_rank))
         self.rank_stages = {r: [s for s in range(self.num_stages) if self.stage_rank[s] == r] for r in self.ranks}
         # A rank's stages share one unit of time (integers: the least common multiple of the counts).

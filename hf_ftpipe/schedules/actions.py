@@ -26,7 +26,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["Action", "Computation", "chain_edges", "check_order", "dependencies", "format_actions", "stage_runs"]
+__all__ = [
+    "Action",
+    "Computation",
+    "chain_edges",
+    "check_order",
+    "dependencies",
+    "format_actions",
+    "stage_neighbours",
+    "stage_runs",
+]
 
 Computation = Literal["F", "B", "W", "U"]
 _ACTION = re.compile(r"^(\d+)([FBWU])(\d+)(?:\.(\d+))?$")
@@ -70,6 +79,16 @@ def chain_edges(num_stages: int) -> list[tuple[int, int]]:
     return [(s, s + 1) for s in range(num_stages - 1)]
 
 
+def stage_neighbours(num_stages: int, edges: Sequence[tuple[int, int]]) -> tuple[list[list[int]], list[list[int]]]:
+    """``(producers, consumers)``: per stage, the stages that feed it and those it feeds."""
+    producers: list[list[int]] = [[] for _ in range(num_stages)]
+    consumers: list[list[int]] = [[] for _ in range(num_stages)]
+    for producer, consumer in edges:
+        producers[consumer].append(producer)
+        consumers[producer].append(consumer)
+    return producers, consumers
+
+
 def stage_runs(stage_rank: Sequence[int], edges: Sequence[tuple[int, int]]) -> list[list[int]]:
     """The stages in runs that a rank can take one micro-batch through back to back: stage s + 1
     joins s's run when both sit on one rank, s feeds only s + 1 and s + 1 reads only s.
@@ -80,11 +99,7 @@ def stage_runs(stage_rank: Sequence[int], edges: Sequence[tuple[int, int]]) -> l
     it, where all of stage s's forwards before any of s + 1's hold the next GPU back for a whole
     stage's worth of micro-batches (GPUs [0, 0, 1], forward 0.5/0.5/1, backward 1/1/2, 8
     micro-batches: 27 s, as GPUs [0, 1] with forward 1 and backward 2, instead of 37.5 s)."""
-    consumers: list[list[int]] = [[] for _ in stage_rank]
-    producers: list[list[int]] = [[] for _ in stage_rank]
-    for producer, consumer in edges:
-        consumers[producer].append(consumer)
-        producers[consumer].append(producer)
+    producers, consumers = stage_neighbours(len(stage_rank), edges)
     runs: list[list[int]] = []
     for s in range(len(stage_rank)):
         p = s - 1
@@ -109,11 +124,7 @@ def check_order(
     (`dependencies`) — a schedule checked without starting any process. With ``split_backward``
     every backward is also followed by its ``W`` (once); without, a ``W`` is an error."""
     num_stages = len(stage_rank)
-    consumers: list[list[int]] = [[] for _ in range(num_stages)]
-    producers: list[list[int]] = [[] for _ in range(num_stages)]
-    for producer, consumer in edges:
-        consumers[producer].append(consumer)
-        producers[consumer].append(producer)
+    producers, consumers = stage_neighbours(num_stages, edges)
     slices: list[int | None] = [None] if num_slices is None else list(range(num_slices))
     done: set[Action] = set()
     for action in order:

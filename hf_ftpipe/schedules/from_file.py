@@ -21,6 +21,7 @@ and the planner checks against each GPU's memory like any schedule's.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import re
@@ -29,7 +30,7 @@ from pathlib import Path
 
 from hf_ftpipe.schedules.actions import Action, check_order
 from hf_ftpipe.schedules.orders import Schedule
-from hf_ftpipe.schedules.registry import ScheduleTraits
+from hf_ftpipe.schedules.registry import SCHEDULES, ScheduleTraits
 from hf_ftpipe.schedules.zero_bubble import replay_orders
 
 __all__ = ["FileSchedule", "file_traits", "is_schedule_file", "read_rank_orders"]
@@ -80,16 +81,11 @@ def file_traits(path: str) -> ScheduleTraits:
     """The traits of the schedule in ``path``: flushing, one weight version, its memory counted
     from its order, its backwards split where it has ``W`` actions."""
     split = _split(path, Path(path).stat().st_mtime_ns if Path(path).is_file() else 0)
-    return ScheduleTraits(
-        name=path,  # type: ignore[arg-type]  # a path, not one of the registered names
+    return dataclasses.replace(
+        SCHEDULES["1f1b"],  # flushing, one weight version, no token slices
+        name=path,
         split_backward=split,
         held_by_order=True,
-        flushes=True,
-        holds_every_microbatch=False,
-        weights="single",
-        updates_every_group=False,
-        weight_prediction=False,
-        token_slices=False,
         help=f"the per-rank orders in {path}.",
     )
 

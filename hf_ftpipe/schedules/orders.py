@@ -108,6 +108,11 @@ class Schedule:
                     f"stage edge {producer}->{consumer} does not go forward in stage order; "
                     f"stages are numbered 0..{self.num_stages - 1} in topological order"
                 )
+        self.check_placement()
+
+    def check_placement(self) -> None:
+        """Raise `ValueError`, naming the placements that fit, where the schedule does not run
+        ``stage_rank`` (``zbv``: a V; ``interleaved-1f1b``: a loop); the others run any."""
 
     def global_order(self) -> list[Action]:
         raise NotImplementedError

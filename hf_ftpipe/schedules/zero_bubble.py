@@ -49,7 +49,7 @@ import heapq
 import math
 from collections.abc import Sequence
 
-from hf_ftpipe.schedules.actions import Action, dependencies
+from hf_ftpipe.schedules.actions import Action, dependencies, stage_neighbours
 from hf_ftpipe.schedules.orders import Schedule
 from hf_ftpipe.schedules.rules import awaiting_weight_gradients, in_flight_limits
 
@@ -103,12 +103,7 @@ class SplitSimulation:
     ) -> None:
         self.stage_rank = list(stage_rank)
         self.held, self.kept = list(held), list(kept)
-        num_stages = len(self.stage_rank)
-        self.producers: list[list[int]] = [[] for _ in range(num_stages)]
-        self.consumers: list[list[int]] = [[] for _ in range(num_stages)]
-        for producer, consumer in edges:
-            self.producers[consumer].append(producer)
-            self.consumers[producer].append(consumer)
+        self.producers, self.consumers = stage_neighbours(len(self.stage_rank), edges)
         self.rank_stages: dict[int, list[int]] = {}
         for s, rank in enumerate(self.stage_rank):
             self.rank_stages.setdefault(rank, []).append(s)
@@ -189,12 +184,7 @@ def replay_orders(
     """One global order from each rank's own order: every rank runs its next action once what it
     depends on has finished (F 1 unit, a whole B 2), in start order; `ValueError` naming each
     rank's waiting action where they wait on each other (a deadlock)."""
-    num_stages = len(stage_rank)
-    producers: list[list[int]] = [[] for _ in range(num_stages)]
-    consumers: list[list[int]] = [[] for _ in range(num_stages)]
-    for producer, consumer in edges:
-        producers[consumer].append(producer)
-        consumers[producer].append(consumer)
+    producers, consumers = stage_neighbours(len(stage_rank), edges)
     position = dict.fromkeys(rank_orders, 0)
     busy_until = dict.fromkeys(rank_orders, 0)
     done: dict[Action, int] = {}
@@ -243,10 +233,7 @@ class ScheduleZBV(ScheduleZeroBubbleH1):
 
     name = "zbv"
 
-    def __init__(
-        self, stage_rank: Sequence[int], num_microbatches: int, edges: Sequence[tuple[int, int]] | None = None
-    ) -> None:
-        super().__init__(stage_rank, num_microbatches, edges)
+    def check_placement(self) -> None:
         if not is_v_shape(self.stage_rank):
             num_gpus = len(set(self.stage_rank))
             raise ValueError(
@@ -261,10 +248,7 @@ class ScheduleInterleaved1F1B(Schedule):
 
     name = "interleaved-1f1b"
 
-    def __init__(
-        self, stage_rank: Sequence[int], num_microbatches: int, edges: Sequence[tuple[int, int]] | None = None
-    ) -> None:
-        super().__init__(stage_rank, num_microbatches, edges)
+    def check_placement(self) -> None:
         if not is_looped(self.stage_rank):
             raise ValueError(
                 f"the 'interleaved-1f1b' schedule runs a looped placement (stage s on the GPU of stage s mod P, "

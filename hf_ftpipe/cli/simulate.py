@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any, get_args
 
 from hf_ftpipe._units import GiB
@@ -47,6 +48,12 @@ def add_simulate_command(commands: Any) -> None:
         metavar="TABLE",
         help="price the stages' compute by this measured cost table (hf-ftpipe profile) instead of the plan's",
     )
+    simulate.add_argument(
+        "--write-zb-auto",
+        metavar="FILE",
+        help="build zb-auto, a zero-bubble order timed by the plan's stage costs (checked, never slower than "
+        "zb-h1 in the simulation), write it to FILE (a schedule file) and simulate it",
+    )
     simulate.add_argument("--plot", metavar="PNG", help="draw the timeline (one row per rank) to this image")
     simulate.add_argument("--json", action="store_true", help="print the whole result (events included) as JSON")
     simulate.set_defaults(run=_run_simulate)
@@ -65,13 +72,20 @@ def _run_simulate(args: argparse.Namespace) -> int:
         plan = repriced(plan, args.costs)
     if args.num_microbatches is not None and args.num_microbatches < 1:
         raise PartitionError(f"--num-microbatches must be at least 1, got {args.num_microbatches}")
-    result = simulate(
-        plan,
-        args.schedule,
-        profile=args.gpu_profile,
-        num_microbatches=args.num_microbatches,
-        num_slices=args.token_slices,
-    )
+    if args.write_zb_auto:
+        from hf_ftpipe.simulator.auto_schedule import plan_auto_schedule
+
+        schedule, result = plan_auto_schedule(plan, profile=args.gpu_profile, num_microbatches=args.num_microbatches)
+        Path(args.write_zb_auto).write_text(str(schedule) + "\n", encoding="utf-8")
+        print(f"wrote {args.write_zb_auto} ({schedule.name})", file=sys.stderr if args.json else sys.stdout)
+    else:
+        result = simulate(
+            plan,
+            args.schedule,
+            profile=args.gpu_profile,
+            num_microbatches=args.num_microbatches,
+            num_slices=args.token_slices,
+        )
     print(result.to_json() if args.json else format_simulation(result, source=args.plan))
     if args.plot:
         from hf_ftpipe.cli.timeline_plot import plot_timeline

@@ -1,7 +1,7 @@
 """A schedule from a file: each rank's actions, as ``hf-ftpipe schedule`` prints them or as CSV.
 
-``pipeline_schedule="path/to/order.csv"`` runs the order a file gives, in the manner of
-torchtitan's CSV schedules. Two forms are read:
+``make_schedule("path/to/order.csv", ...)`` (and the cost model and the simulator, which take a
+schedule by name) runs the order a file gives, in the manner of torchtitan's CSV schedules. Two forms are read:
 
 - the text ``hf-ftpipe schedule`` prints, one line per rank (a ``step:`` line is skipped)::
 
@@ -33,7 +33,7 @@ from hf_ftpipe.schedules.orders import Schedule
 from hf_ftpipe.schedules.registry import SCHEDULES, ScheduleTraits
 from hf_ftpipe.schedules.zero_bubble import replay_orders
 
-__all__ = ["FileSchedule", "file_traits", "is_schedule_file", "read_rank_orders"]
+__all__ = ["FileSchedule", "GivenSchedule", "file_traits", "is_schedule_file", "read_rank_orders"]
 
 _RANK_LINE = re.compile(r"^\s*rank\s+(\d+)\s*:(.*)$")
 
@@ -90,13 +90,62 @@ def file_traits(path: str) -> ScheduleTraits:
     )
 
 
-class FileSchedule(Schedule):
-    """The schedule in a file, checked against the plan (see the module).
+class GivenSchedule(Schedule):
+    """A schedule given as each rank's actions, checked against the plan (see the module).
 
     Args:
-        path (`str`): the file.
+        source (`str`): where the orders come from (a file's path), for the errors.
+        orders (`dict[int, list[Action]]`): each rank's actions.
         stage_rank, num_microbatches, edges: as for every `Schedule`.
     """
+
+    def __init__(
+        self,
+        source: str,
+        orders: dict[int, list[Action]],
+        stage_rank: Sequence[int],
+        num_microbatches: int,
+        edges: Sequence[tuple[int, int]] | None = None,
+    ) -> None:
+        self.name = source  # type: ignore[assignment]  # not a registered name
+        super().__init__(stage_rank, num_microbatches, edges)
+        ranks = sorted(set(self.stage_rank))
+        if sorted(orders) != ranks:
+            raise ValueError(f"{source} gives the actions of ranks {sorted(orders)}; the plan runs ranks {ranks}")
+        for rank, actions in orders.items():
+            for action in actions:
+                s = action.stage_index
+                if not 0 <= s < self.num_stages or self.stage_rank[s] != rank:
+                    where = f"on rank {self.stage_rank[s]}" if 0 <= s < self.num_stages else "not in the plan"
+                    raise ValueError(
+                        f"{source}: rank {rank} runs {action}, but stage {s} is {where} (placement {self.stage_rank})"
+                    )
+        order = replay_orders(orders, self.stage_rank, self.edges)
+        self.split_backward = any(a.computation == "W" for a in order)
+        try:
+            check_order(order, self.stage_rank, self.edges, range(num_microbatches), split_backward=self.split_backward)
+        except ValueError as error:
+            raise ValueError(
+                f"{source} is not a valid schedule for {num_microbatches} micro-batches: {error}"
+            ) from None
+        self._order = order
+
+    @property
+    def traits(self) -> ScheduleTraits:
+        return dataclasses.replace(
+            SCHEDULES["1f1b"],  # flushing, one weight version, no token slices
+            name=self.name,
+            split_backward=self.split_backward,
+            held_by_order=True,
+            help=f"the per-rank orders of {self.name}.",
+        )
+
+    def global_order(self) -> list[Action]:
+        return list(self._order)
+
+
+class FileSchedule(GivenSchedule):
+    """The schedule in the file at ``path`` (see the module)."""
 
     def __init__(
         self,
@@ -105,36 +154,4 @@ class FileSchedule(Schedule):
         num_microbatches: int,
         edges: Sequence[tuple[int, int]] | None = None,
     ) -> None:
-        self.name = path  # type: ignore[assignment]  # `traits` reads the file's
-        super().__init__(stage_rank, num_microbatches, edges)
-        orders = read_rank_orders(path)
-        ranks = sorted(set(self.stage_rank))
-        if sorted(orders) != ranks:
-            raise ValueError(f"{path} gives the actions of ranks {sorted(orders)}; the plan runs ranks {ranks}")
-        for rank, actions in orders.items():
-            for action in actions:
-                s = action.stage_index
-                if not 0 <= s < self.num_stages or self.stage_rank[s] != rank:
-                    where = f"on rank {self.stage_rank[s]}" if 0 <= s < self.num_stages else "not in the plan"
-                    raise ValueError(
-                        f"{path}: rank {rank} runs {action}, but stage {s} is {where} (placement {self.stage_rank})"
-                    )
-        order = replay_orders(orders, self.stage_rank, self.edges)
-        try:
-            check_order(
-                order,
-                self.stage_rank,
-                self.edges,
-                range(num_microbatches),
-                split_backward=any(a.computation == "W" for a in order),
-            )
-        except ValueError as error:
-            raise ValueError(f"{path} is not a valid schedule for {num_microbatches} micro-batches: {error}") from None
-        self._order = order
-
-    @property
-    def traits(self) -> ScheduleTraits:
-        return file_traits(self.name)
-
-    def global_order(self) -> list[Action]:
-        return list(self._order)
+        super().__init__(path, read_rank_orders(path), stage_rank, num_microbatches, edges)

@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from hf_ftpipe.schedules.actions import Action, dependencies, stage_neighbours
 from hf_ftpipe.schedules.orders import Schedule
@@ -62,10 +62,8 @@ __all__ = [
     "is_v_shape",
     "replay_orders",
     "v_placement",
+    "zero_bubble_order",
 ]
-
-_COSTS = {"F": 1, "B": 1, "W": 1}
-_FULL_BACKWARD_COSTS = {"F": 1, "B": 2, "W": 0}
 
 
 def v_placement(num_gpus: int) -> list[int]:
@@ -96,10 +94,17 @@ class SplitSimulation:
         edges (`Sequence[tuple[int, int]]`): ``(producer, consumer)`` stage pairs.
         held (`Sequence[int]`): per stage, micro-batches at most between F and B (activations).
         kept (`Sequence[int]`): per stage, micro-batches at most between F and W (anything).
+        costs (`Sequence[Mapping[str, float]]`, *optional*): per stage, the time of its ``F``,
+            ``B`` and ``W``; one unit each by default, a rank's stages sharing its time.
     """
 
     def __init__(
-        self, stage_rank: Sequence[int], edges: Sequence[tuple[int, int]], held: Sequence[int], kept: Sequence[int]
+        self,
+        stage_rank: Sequence[int],
+        edges: Sequence[tuple[int, int]],
+        held: Sequence[int],
+        kept: Sequence[int],
+        costs: Sequence[Mapping[str, float]] | None = None,
     ) -> None:
         self.stage_rank = list(stage_rank)
         self.held, self.kept = list(held), list(kept)
@@ -108,16 +113,17 @@ class SplitSimulation:
         for s, rank in enumerate(self.stage_rank):
             self.rank_stages.setdefault(rank, []).append(s)
         shares = math.lcm(*(len(stages) for stages in self.rank_stages.values()))
-        self.scale = [shares // len(self.rank_stages[rank]) for rank in self.stage_rank]
+        unit = [shares // len(self.rank_stages[rank]) for rank in self.stage_rank]
+        self.costs = [dict.fromkeys("FBW", u) for u in unit] if costs is None else [dict(c) for c in costs]
 
     def run(self, num_microbatches: int) -> list[Action]:
         """The global order (actions in start order) of one flushed mini-batch."""
         num_stages, total = len(self.stage_rank), 3 * len(self.stage_rank) * num_microbatches
         self._count = {c: [0] * num_stages for c in "FBW"}  # started, per computation and stage
-        self._done: dict[Action, int] = {}  # action → finish time
-        self._now = 0
-        busy_until = dict.fromkeys(self.rank_stages, 0)
-        events: list[int] = []
+        self._done: dict[Action, float] = {}  # action → finish time
+        self._now: float = 0
+        busy_until: dict[int, float] = dict.fromkeys(self.rank_stages, 0)
+        events: list[float] = []
         order: list[Action] = []
         while len(order) < total:
             for rank, stages in self.rank_stages.items():
@@ -126,7 +132,7 @@ class SplitSimulation:
                 action = self._most_urgent(stages, num_microbatches)
                 if action is None:
                     continue
-                finish = self._now + _COSTS[action.computation] * self.scale[action.stage_index]
+                finish = self._now + self.costs[action.stage_index][action.computation]
                 busy_until[rank] = self._done[action] = finish
                 heapq.heappush(events, finish)
                 self._count[action.computation][action.stage_index] += 1
@@ -182,9 +188,11 @@ def replay_orders(
     rank_orders: dict[int, list[Action]], stage_rank: Sequence[int], edges: Sequence[tuple[int, int]]
 ) -> list[Action]:
     """One global order from each rank's own order: every rank runs its next action once what it
-    depends on has finished (F 1 unit, a whole B 2), in start order; `ValueError` naming each
-    rank's waiting action where they wait on each other (a deadlock)."""
+    depends on has finished (F 1 unit, a whole B 2; split, B and W 1 each), in start order;
+    `ValueError` naming each rank's waiting action where they wait on each other (a deadlock)."""
     producers, consumers = stage_neighbours(len(stage_rank), edges)
+    split = any(a.computation == "W" for actions in rank_orders.values() for a in actions)
+    costs = {"F": 1, "B": 1, "W": 1} if split else {"F": 1, "B": 2}
     position = dict.fromkeys(rank_orders, 0)
     busy_until = dict.fromkeys(rank_orders, 0)
     done: dict[Action, int] = {}
@@ -198,7 +206,7 @@ def replay_orders(
                 continue
             action = actions[position[rank]]
             if all(done.get(need, now + 1) <= now for need in dependencies(action, producers, consumers)):
-                finish = now + _FULL_BACKWARD_COSTS[action.computation]
+                finish = now + costs[action.computation]
                 busy_until[rank] = done[action] = finish
                 heapq.heappush(events, finish)
                 position[rank] += 1
@@ -219,13 +227,22 @@ class ScheduleZeroBubbleH1(Schedule):
     name = "zb-h1"
 
     def global_order(self) -> list[Action]:
-        held = in_flight_limits(self.name, self.stage_rank, self.num_microbatches)
-        awaiting = [
-            awaiting_weight_gradients(self.name, s, self.stage_rank, self.num_microbatches)
-            for s in range(self.num_stages)
-        ]
-        kept = [h + a for h, a in zip(held, awaiting, strict=True)]
-        return SplitSimulation(self.stage_rank, self.edges, held, kept).run(self.num_microbatches)
+        return zero_bubble_order(self.stage_rank, self.num_microbatches, self.edges)
+
+
+def zero_bubble_order(
+    stage_rank: Sequence[int],
+    num_microbatches: int,
+    edges: Sequence[tuple[int, int]],
+    stage_costs: Sequence[Mapping[str, float]] | None = None,
+) -> list[Action]:
+    """The zero-bubble order within ``zb-h1``'s memory bounds (`SplitSimulation`), its actions
+    timed by ``stage_costs`` (per stage, ``F``, ``B`` and ``W`` seconds; one unit each by default:
+    ``zb-h1`` and ``zbv``, the same order on every rank whatever the plan's times)."""
+    held = in_flight_limits("zb-h1", stage_rank, num_microbatches)
+    awaiting = [awaiting_weight_gradients("zb-h1", s, stage_rank, num_microbatches) for s in range(len(stage_rank))]
+    kept = [h + a for h, a in zip(held, awaiting, strict=True)]
+    return SplitSimulation(stage_rank, edges, held, kept, stage_costs).run(num_microbatches)
 
 
 class ScheduleZBV(ScheduleZeroBubbleH1):

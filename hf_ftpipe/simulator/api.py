@@ -66,7 +66,7 @@ def simulate(
     schedule = schedule or plan.key.schedule
     schedule_traits(schedule)  # an unknown name fails here, naming the valid ones
     num_microbatches = num_microbatches or plan.key.num_microbatches
-    link = _profile(plan, profile)
+    link = plan_profile(plan, profile)
     predicted = plan.predicted
     if graph is not None:
         pipeline = pipeline_costs(
@@ -100,28 +100,34 @@ def simulate(
 
 def simulate_costs(
     costs: PipelineCosts,
-    schedule: str,
+    schedule: str | Schedule,
     num_microbatches: int,
     *,
     num_slices: int | None = None,
     steps: int | None = None,
     gradient_accumulation_steps: int = 1,
 ) -> SimulationResult:
-    """Simulate ``schedule`` on a pipeline given by its `PipelineCosts` (the tests' toy pipelines)."""
+    """Simulate ``schedule`` (a name, a file, or a `Schedule` made for these stages) on a pipeline
+    given by its `PipelineCosts` (the tests' toy pipelines)."""
     if num_microbatches < 1:
         raise PartitionError(f"`num_microbatches` must be at least 1, got {num_microbatches}")
     edges = sorted({(e.source, e.target) for e in costs.edges})
     try:
-        order_maker = make_schedule(
-            schedule,
-            costs.stage_rank,
-            num_microbatches,
-            edges,
-            gradient_accumulation_steps=gradient_accumulation_steps,
-            num_slices=num_slices,
+        order_maker = (
+            schedule
+            if isinstance(schedule, Schedule)
+            else make_schedule(
+                schedule,
+                costs.stage_rank,
+                num_microbatches,
+                edges,
+                gradient_accumulation_steps=gradient_accumulation_steps,
+                num_slices=num_slices,
+            )
         )
     except ValueError as error:
         raise PartitionError(f"cannot simulate this pipeline: {error}") from error
+    schedule = order_maker.name
     streaming = isinstance(order_maker, StreamingSchedule)
     steps = steps or (STREAMING_STEPS if streaming else 1)
     if steps < 1 or (streaming and steps < 2):
@@ -181,7 +187,8 @@ def _replay(costs: PipelineCosts, order_maker: Schedule, steps: int, num_slices:
     return replay
 
 
-def _profile(plan: Partition, profile: GPUProfile | str | None) -> GPUProfile:
+def plan_profile(plan: Partition, profile: GPUProfile | str | None = None) -> GPUProfile:
+    """The GPUs whose link prices ``plan``'s messages: ``profile`` (a name or a JSON file), else the plan's own."""
     if isinstance(profile, GPUProfile):
         return profile
     name = profile or plan.key.gpu_profile

@@ -89,3 +89,16 @@ def test_rank_by_is_for_auto_only() -> None:
     code, _, err = run("partition", "t5-3b", "--gpus", "2", "--gpu-profile", "rtx2080ti", "--batch-size", "1",
                        "--seq-len", "8", "--partitioner", "seq-dp", "--rank-by", "simulated")  # fmt: skip
     assert code == 2 and "--rank-by chooses among auto's candidates" in err
+
+
+def test_write_zb_auto_writes_the_order_that_simulates_as_printed(tmp_path) -> None:
+    # The Mixed-Pipe plan: zb-auto is timed by its stages' recorded times; the file runs as a schedule.
+    order = tmp_path / "zb-auto.txt"
+    code, out, err = run("simulate", str(MIXED_PLAN), "--write-zb-auto", str(order), "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    plan = Partition.from_json(MIXED_PLAN)
+    from_file = simulate(plan, str(order))
+    assert data["step_time_s"] == pytest.approx(from_file.step_time_s)
+    assert data["step_time_s"] <= simulate(plan, "zb-h1").step_time_s
+    assert data["schedule"] in ("zb-auto", "zb-h1") and f"wrote {order}" in err

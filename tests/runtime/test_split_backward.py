@@ -5,6 +5,8 @@ and ``interleaved-1f1b``, across gloo processes equal single-process training, o
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -126,12 +128,23 @@ CONFIGS = {  # (schedule, stage_device, recompute, autocast dtype, loss scale)
 }
 
 
+HAND_WRITTEN = """\
+rank 0: 0F0 0F1 0B0 0B1 0W1 0W0
+rank 1: 1F0 1B0 1F1 1W0 1B1 1W1
+"""
+"""A schedule file with W actions (`hf_ftpipe.schedules.from_file`), rank 0's in the other order."""
+
+
 @pytest.mark.parametrize("kind", ["gpt2", "t5"])
-def test_split_backward_schedules_equal_single_process(kind: str) -> None:
-    results = values_or_raise(run_ranks(split_runs, 2, kind, CONFIGS[kind]))
+def test_split_backward_schedules_equal_single_process(kind: str, tmp_path: Path) -> None:
+    configs = CONFIGS[kind]
+    if kind == "gpt2":
+        (tmp_path / "order.txt").write_text(HAND_WRITTEN)
+        configs = [*configs, (str(tmp_path / "order.txt"), [0, 1], False, None, 1.0)]
+    results = values_or_raise(run_ranks(split_runs, 2, kind, configs))
     references = {}
     trainable = {name for name, _ in tiny_model(kind).named_parameters()}
-    for i, (schedule, stage_device, recompute, dtype, loss_scale) in enumerate(CONFIGS[kind]):
+    for i, (schedule, stage_device, recompute, dtype, loss_scale) in enumerate(configs):
         what = f"{schedule} on {stage_device}{', recomputed' if recompute else ''}{f', {dtype}' if dtype else ''}"
         if dtype not in references:
             references[dtype] = reference_run(kind, autocast_dtype=dtype, loss_scale=loss_scale)

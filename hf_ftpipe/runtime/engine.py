@@ -74,8 +74,8 @@ class PipelineEngine(Executor, RankWeights):
             each micro-batch as token slices (TeraPipe), ``gpipe`` or ``1f1b`` only.
         placement (`StagePlacement`): the partition; ``stage_device[s]`` is the rank running stage ``s``.
         num_microbatches (`int`): micro-batches per mini-batch.
-        schedule (`str`, defaults to ``"gpipe"``): ``gpipe``, ``1f1b``, ``async`` or ``2bw`` (see
-            `hf_ftpipe.schedules.orders`).
+        schedule (`str`, defaults to ``"gpipe"``): a name of `hf_ftpipe.schedules.registry.SCHEDULES`
+            (``gpipe``, ``1f1b``, ``zb-h1``, ``zbv``...) or a schedule file (`hf_ftpipe.schedules.from_file`).
         gradient_accumulation_steps (`int`, defaults to 1): ``async`` only: backwards per update.
         batches_per_step (`int`, defaults to 1): ``gpipe``, ``1f1b``: the mini-batches a step may take
             (gradient accumulation), run as one flush of their micro-batches (see `train_step`).

@@ -111,13 +111,13 @@ class _DeferredProduct(torch.autograd.Function):
         ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, transposed: bool
     ) -> torch.Tensor:
         device_type = x.device.type
-        dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
-        xc, wc, bc = (_autocast(t, dtype) for t in (x, weight, bias))
-        with torch.autocast(device_type, enabled=False):
-            if transposed:
-                out = torch.nn.functional.linear(xc, wc, bc)
-            else:
-                out = xc.mm(wc) if bc is None else torch.addmm(bc, xc, wc)
+        if torch.is_autocast_enabled(device_type):
+            dtype = torch.get_autocast_dtype(device_type)
+            xc, wc, bc = (_autocast(t, dtype) for t in (x, weight, bias))
+            with torch.autocast(device_type, enabled=False):
+                out = _product(xc, wc, bc, transposed)
+        else:
+            xc, wc, out = x, weight, _product(x, weight, bias, transposed)
         ctx.save_for_backward(xc, wc)  # through checkpoint's hooks: a recomputed stage keeps neither
         ctx.weight, ctx.transposed = weight, transposed
         ctx.dtypes = (x.dtype, None if bias is None else bias.dtype)
@@ -140,6 +140,12 @@ class _DeferredProduct(torch.autograd.Function):
             else:
                 _collected.append(deferred)
         return grad_x, None, grad_bias, None
+
+
+def _product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, transposed: bool) -> torch.Tensor:
+    if transposed:
+        return torch.ops.aten.linear.default(x, weight, bias)
+    return x.mm(weight) if bias is None else torch.ops.aten.addmm.default(bias, x, weight)
 
 
 def _autocast(tensor: torch.Tensor | None, dtype: torch.dtype | None) -> torch.Tensor | None:

@@ -146,6 +146,7 @@ def _compute_partition(
         num_microbatches=args.microbatches_per_step,
         microbatch_size=next(v.shape[0] for v in microbatch.values() if isinstance(v, torch.Tensor)),
         schedule=args.pipeline_schedule,
+        placement="v" if args.pipeline_schedule == "zbv" else "chain",  # the one schedule that runs only a V
         optimizer=planned_optimizer(args),
         memory=memory_options(args),
         cost_table=_cost_table(args, traced),

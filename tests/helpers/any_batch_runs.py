@@ -144,7 +144,8 @@ CASES = {
     ),
     # Gradient accumulation, G = 2: 18 rows in batches of 4 are windows of 2, 2 and 1 batches (the last of
     # 2 rows), each batch padded to its own length (the first window's: 11 and 12 tokens), run as one
-    # flush of up to 4 micro-batches; the loss over the window's label tokens (num_items_in_batch).
+    # flush of up to 4 micro-batches; the loss over the window's label tokens (num_items_in_batch). Under
+    # zb-h1: each backward split into B and a later W, the same update.
     "gpt2-accumulate": Case(
         "gpt2",
         "causal",
@@ -152,7 +153,7 @@ CASES = {
         batch_size=4,
         epochs=1,
         steps=3,
-        schedule="1f1b",
+        schedule="zb-h1",
         args={"gradient_accumulation_steps": 2, "optim": "sgd", "learning_rate": 0.1},
     ),
     # G = 2 without num_items_in_batch (no `labels`: answer positions): each batch's mean over G.
@@ -165,7 +166,9 @@ CASES = {
         steps=2,
         args={"gradient_accumulation_steps": 2, "optim": "sgd", "learning_rate": 0.1},
     ),
-    # Label smoothing (LabelSmoother on the logits, last stage) with G = 2: batches of 4, 4, 2 in 2 windows.
+    # Label smoothing (LabelSmoother on the logits, last stage) with G = 2: batches of 4, 4, 2 in 2 windows;
+    # under zbv, on the V placement the trainer plans for it (stages [0, 1, 1, 0]). SGD: W adds a tied weight's
+    # gradients in another order than one backward, and Adam turns such rounding into visibly different steps.
     "t5-smoothing": Case(
         "t5",
         "seq2seq",
@@ -173,7 +176,8 @@ CASES = {
         batch_size=4,
         epochs=1,
         steps=2,
-        args={"gradient_accumulation_steps": 2, "label_smoothing_factor": 0.1},
+        schedule="zbv",
+        args={"gradient_accumulation_steps": 2, "label_smoothing_factor": 0.1, "optim": "sgd", "learning_rate": 0.1},
     ),
     # compute_loss_func, and a subclass's compute_loss override (with G = 2), on the model's outputs. GPT-2's
     # loss stage reads a view of the logits, which another rank computes: the pipeline sends it the logits too.

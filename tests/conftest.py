@@ -1,6 +1,7 @@
-"""Shared test set-up: one thread per process, so multi-rank tests do not oversubscribe 2 cores; and a
+"""Shared test set-up: one thread per process, so multi-rank tests do not oversubscribe 2 cores; a
 temporary HF_HOME per session, module and test, so no test reads or writes the user's Hugging Face
-cache (PipeTrainer caches the plans it computes there) and no test picks up a plan another cached."""
+cache (PipeTrainer caches the plans it computes there) and no test picks up a plan another cached;
+and the slowest files first, so that no long file starts last on one worker while the other idles."""
 
 import atexit
 import os
@@ -11,12 +12,26 @@ from pathlib import Path
 
 import pytest
 import torch
+from suite_order import slowest_files_first
 
 torch.set_num_threads(1)
 
 # What runs outside any module's fixtures sees this one; each module and each test get their own below.
 os.environ["HF_HOME"] = tempfile.mkdtemp(prefix="hf_ftpipe-tests-hf_home-")
 atexit.register(shutil.rmtree, os.environ["HF_HOME"], ignore_errors=True)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # `--dist loadfile` would hand files out by their number of tests, most first, putting the slow
+    # files of few tests (a launch in a module fixture) last; they come in collection order instead,
+    # which `pytest_collection_modifyitems` sets.
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items[:] = slowest_files_first(items, Path(__file__).resolve().parent)
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -1,12 +1,18 @@
 """The flushing schedules (GPipe, 1F1B) across real gloo processes equal single-process training,
-loss by loss and weight by weight, on contiguous and Mixed-Pipe placements."""
+loss by loss and weight by weight, on contiguous and Mixed-Pipe placements.
+
+The flushing and loss-weight cases of a model share a launch and its trace (each case on a deep copy
+of it: the initial weights of a launch of its own); each case is asserted by its own test."""
 
 from __future__ import annotations
+
+import copy
+from collections.abc import Callable
 
 import pytest
 import torch
 
-from hf_ftpipe.graph import capture_model
+from hf_ftpipe.graph import TracedModel, capture_model
 from hf_ftpipe.runtime import PipelineEngine
 
 from distributed import run_ranks, values_or_raise
@@ -16,14 +22,16 @@ from placements import contiguous_placement
 
 
 def train_pipeline(
-    kind: str, steps: list[tuple[dict[str, torch.Tensor], list[float] | None]], stage_device: list[int], schedule: str
+    traced: TracedModel,
+    steps: list[tuple[dict[str, torch.Tensor], list[float] | None]],
+    stage_device: tuple[int, ...],
+    schedule: str,
 ):
     """SGD steps of this rank's stages on ``steps`` (a mini-batch and its micro-batch loss weights
     each); returns the step losses and this rank's weights."""
-    traced = capture_model(tiny_model(kind), {name: value[:MICROBATCH] for name, value in steps[0][0].items()})
     engine = PipelineEngine(
         traced,
-        contiguous_placement(traced.cost_graph, stage_device),
+        contiguous_placement(traced.cost_graph, list(stage_device)),
         num_microbatches=NUM_MICROBATCHES,
         schedule=schedule,
     )
@@ -36,25 +44,54 @@ def train_pipeline(
     return losses, engine.state_dict()
 
 
-def pipeline_run(rank: int, world_size: int, kind: str, stage_device: list[int], schedule: str):
-    return train_pipeline(kind, [(batch, None) for batch in batches(kind)], stage_device, schedule)
+def train_cases(
+    kind: str, steps: list[tuple[dict[str, torch.Tensor], list[float] | None]], cases: list[tuple[tuple[int, ...], str]]
+) -> dict[tuple[tuple[int, ...], str], tuple]:
+    """`train_pipeline` for each (placement, schedule) of ``cases``, each on a deep copy of one
+    trace: the same initial weights, as a launch of its own would start from, for a trace's time."""
+    traced = capture_model(tiny_model(kind), {name: value[:MICROBATCH] for name, value in steps[0][0].items()})
+    return {case: train_pipeline(copy.deepcopy(traced), steps, *case) for case in cases}
+
+
+FLUSHING = [
+    ("gpt2", [0, 1], "gpipe"),  # wte / lm_head tied across ranks
+    ("t5", [0, 1], "gpipe"),  # shared embedding tied across encoder, decoder and lm_head
+    ("t5", [0, 1, 0], "gpipe"),  # Mixed-Pipe placement: rank 0 holds the non-adjacent stages 0 and 2
+    ("gpt2", [0, 1], "1f1b"),
+    ("t5", [0, 1], "1f1b"),
+    ("gpt2", [0, 1, 1, 0], "gpipe"),  # 2 ranks, 4 stages, rank 0 holding stages 0 and 3
+    ("gpt2", [0, 1, 1, 0], "1f1b"),
+]
+"""Every case on 2 ranks; one launch per model runs its cases."""
+
+
+def flushing_run(rank: int, world_size: int, kind: str):
+    cases = [(tuple(stage_device), schedule) for k, stage_device, schedule in FLUSHING if k == kind]
+    return train_cases(kind, [(batch, None) for batch in batches(kind)], cases)
+
+
+@pytest.fixture(scope="module")
+def flushing_results() -> Callable[[str], list[dict]]:
+    """Each rank's results of a model's `FLUSHING` cases, launched once per model."""
+    done: dict[str, list[dict]] = {}
+
+    def results(kind: str) -> list[dict]:
+        if kind not in done:
+            done[kind] = values_or_raise(run_ranks(flushing_run, 2, kind, deadline_s=240.0))
+        return done[kind]
+
+    return results
 
 
 @pytest.mark.parametrize(
     ("kind", "stage_device", "schedule"),
-    [
-        ("gpt2", [0, 1], "gpipe"),  # wte / lm_head tied across ranks
-        ("t5", [0, 1], "gpipe"),  # shared embedding tied across encoder, decoder and lm_head
-        ("t5", [0, 1, 0], "gpipe"),  # Mixed-Pipe placement: rank 0 holds the non-adjacent stages 0 and 2
-        ("gpt2", [0, 1], "1f1b"),
-        ("t5", [0, 1], "1f1b"),
-        ("gpt2", [0, 1, 1, 0], "gpipe"),  # 2 ranks, 4 stages, rank 0 holding stages 0 and 3
-        ("gpt2", [0, 1, 1, 0], "1f1b"),
-    ],
+    FLUSHING,
     ids=lambda value: "-".join(map(str, value)) if isinstance(value, list) else str(value),
 )
-def test_flushing_schedules_equal_single_process(kind: str, stage_device: list[int], schedule: str) -> None:
-    results = values_or_raise(run_ranks(pipeline_run, max(stage_device) + 1, kind, stage_device, schedule))
+def test_flushing_schedules_equal_single_process(
+    flushing_results: Callable[[str], list[dict]], kind: str, stage_device: list[int], schedule: str
+) -> None:
+    results = [figures[tuple(stage_device), schedule] for figures in flushing_results(kind)]
     reference_losses, reference_state = reference_run(kind)
 
     for rank, (losses, _) in enumerate(results):
@@ -199,17 +236,26 @@ def weighted_batches() -> list[tuple[dict[str, torch.Tensor], list[float]]]:
     return data
 
 
-def weighted_run(rank: int, world_size: int, stage_device: list[int], schedule: str):
-    return train_pipeline("gpt2", weighted_batches(), stage_device, schedule)
+WEIGHTED = [((0, 1), "gpipe"), ((0, 1), "1f1b"), ((0, 1, 1, 0), "1f1b")]
+"""(placement, schedule) of the loss-weight cases, on 2 ranks, in one launch."""
 
 
-@pytest.mark.parametrize(
-    ("stage_device", "schedule"), [([0, 1], "gpipe"), ([0, 1], "1f1b"), ([0, 1, 1, 0], "1f1b")], ids=str
-)
-def test_loss_weights_give_the_token_mean_of_the_mini_batch(stage_device: list[int], schedule: str) -> None:
+def weighted_run(rank: int, world_size: int):
+    return train_cases("gpt2", weighted_batches(), WEIGHTED)
+
+
+@pytest.fixture(scope="module")
+def weighted_results() -> list[dict]:
+    return values_or_raise(run_ranks(weighted_run, 2, deadline_s=240.0))
+
+
+@pytest.mark.parametrize(("stage_device", "schedule"), WEIGHTED, ids=str)
+def test_loss_weights_give_the_token_mean_of_the_mini_batch(
+    weighted_results: list[dict], stage_device: tuple[int, ...], schedule: str
+) -> None:
     """The step's loss and gradients are those of the mean over the mini-batch's label tokens (what
     Trainer computes with num_items_in_batch), also when a micro-batch has no label token."""
-    results = values_or_raise(run_ranks(weighted_run, max(stage_device) + 1, stage_device, schedule))
+    results = [figures[stage_device, schedule] for figures in weighted_results]
     model = tiny_model("gpt2")
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     reference_losses = []

@@ -1,0 +1,49 @@
+"""The order whole test files start in (tests/conftest.py): the slowest first, so that with the suite
+on two workers (``--dist loadfile``) no long file starts last on one worker while the other idles."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+SLOWEST_FILES = (
+    "trainer/test_any_batch.py",
+    "trainer/test_pipe_trainer.py",
+    "trainer/test_checkpoint.py",
+    "faults/test_stalled_rank.py",
+    "runtime/test_engine.py",
+    "trainer/test_trainer_surface.py",
+    "test_docs.py",
+    "runtime/test_streaming.py",
+    "faults/test_checkpoint_faults.py",
+    "hub/test_trainer_hub.py",
+    "trainer/test_lora.py",
+    "trainer/test_parity.py",
+    "examples/test_run_glue.py",
+    "trainer/test_fp16.py",
+    "faults/test_same_batch.py",
+    "runtime/test_memory_prediction.py",
+    "faults/test_infeasible_plan.py",
+    "hub/test_shipped_plans.py",
+    "runtime/test_failure.py",
+    "cli/test_partition.py",
+    "trainer/test_launch.py",
+)
+"""Files under tests/ that take 20 s or more on a worker (most start multi-rank jobs), slowest first,
+from ``--durations=0`` summed per file. A new slow file goes in by its time; an order a little
+off costs little, a slow file missing from the list can end the suite alone."""
+
+
+def slowest_files_first(items: list[pytest.Item], tests: Path) -> list[pytest.Item]:
+    """``items`` by file: `SLOWEST_FILES`, then the others by number of tests, most first (xdist's
+    own order), then as collected; a file's tests keep their order. Paths are relative to ``tests``."""
+    files = [item.path.resolve().relative_to(tests).as_posix() for item in items]
+    counts = Counter(files)
+    first = {file: index for index, file in reversed(list(enumerate(files)))}
+    slowest = {file: index for index, file in enumerate(SLOWEST_FILES)}
+    order = sorted(
+        range(len(items)), key=lambda i: (slowest.get(files[i], len(slowest)), -counts[files[i]], first[files[i]])
+    )
+    return [items[i] for i in order]

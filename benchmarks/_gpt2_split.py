@@ -188,3 +188,18 @@ def causal_lm_loss(model: transformers.GPT2LMHeadModel) -> Callable[[torch.Tenso
         return model.loss_function(logits, labels, vocab_size=vocab_size)
 
     return loss_fn
+
+
+def simulation_plan(setup: Setup, graph: Any, node_stage: dict[str, int], schedule: str) -> Any:
+    """The split as a plan `hf_ftpipe.simulate` takes: float32, the `cpu` profile, the setup's placement."""
+    from hf_ftpipe.plan import Partition, PartitionKey
+
+    key = PartitionKey.from_graph(
+        graph,
+        dtype="float32",
+        schedule=schedule,
+        num_microbatches=setup.num_microbatches,
+        gpu_profile="cpu",
+        num_gpus=setup.num_ranks,
+    )
+    return Partition(node_stage=node_stage, stage_device=setup.ranks_of_stages(), partitioner="benchmark", key=key)

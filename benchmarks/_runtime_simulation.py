@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from _gpt2_split import Setup, build_model, first_microbatch, make_batch
+from _gpt2_split import Setup, build_model, first_microbatch, make_batch, simulation_plan
 from _runtime_ranks import flushes, runner_schedule
 
 
@@ -43,20 +43,11 @@ def simulated_step_ms(setup: Setup, runner: str, split: dict[str, Any], table: A
     simulation fails: the benchmark still reports the runs)."""
     import hf_ftpipe
     from hf_ftpipe.costmodel.profiles import BUILTIN_PROFILES
-    from hf_ftpipe.plan import Partition, PartitionKey
 
     _, schedule = runner_schedule(runner)
     graph, node_stage = split["graph"], split["node_stage"]
     try:
-        key = PartitionKey.from_graph(
-            graph,
-            dtype="float32",
-            schedule=schedule,
-            num_microbatches=setup.num_microbatches,
-            gpu_profile="cpu",
-            num_gpus=setup.num_ranks,
-        )
-        plan = Partition(node_stage=node_stage, stage_device=setup.ranks_of_stages(), partitioner="benchmark", key=key)
+        plan = simulation_plan(setup, graph, node_stage, schedule)
         profile = BUILTIN_PROFILES["cpu"].with_count(setup.num_ranks)
         result = hf_ftpipe.simulate(plan, schedule, table.node_costs(graph), graph=graph, profile=profile)
     except Exception as error:

@@ -42,7 +42,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from _checks import Check, failed, print_checks, verdict  # noqa: E402
-from _gpt2_split import Setup, build_model, first_microbatch, make_batch, split_graph  # noqa: E402
+from _gpt2_split import Setup, build_model, first_microbatch, make_batch, simulation_plan, split_graph  # noqa: E402
 from _rank_processes import run_ranks  # noqa: E402
 from _simulator_ranks import run_rank  # noqa: E402
 
@@ -72,7 +72,6 @@ def simulate_all(setup: Setup, ranks: list[dict[str, Any]], schedules: list[str]
     from hf_ftpipe.costmodel.op_time import NodeCost, node_costs
     from hf_ftpipe.costmodel.profiles import BUILTIN_PROFILES
     from hf_ftpipe.graph import capture_model
-    from hf_ftpipe.plan import Partition, PartitionKey
 
     model = build_model(setup)
     graph = capture_model(model, first_microbatch(setup, make_batch(setup, 0))).cost_graph
@@ -92,17 +91,7 @@ def simulate_all(setup: Setup, ranks: list[dict[str, Any]], schedules: list[str]
     per_stage["predicted"] = [f + b for f, b in zip(forward, backward)]
     results, from_run = {}, {}
     for schedule in schedules:
-        key = PartitionKey.from_graph(
-            graph,
-            dtype="float32",
-            schedule=schedule,
-            num_microbatches=setup.num_microbatches,
-            gpu_profile="cpu",
-            num_gpus=setup.num_ranks,
-        )
-        plan = Partition(
-            node_stage=node_stage, stage_device=list(range(setup.num_ranks)), partitioner="benchmark", key=key
-        )
+        plan = simulation_plan(setup, graph, node_stage, schedule)
         results[schedule] = hf_ftpipe.simulate(plan, schedule, measured, graph=graph, profile=profile)
         # The simulator alone, without the profile's error: each op scaled so that its stage takes the run's time.
         run_forward, run_backward = run_stage_times(setup, [r["runs"][schedule] for r in ranks])

@@ -52,13 +52,19 @@ class DeferredWeightGradient:
     """``linear``: the weight is (out, in) and dW = (xᵀg)ᵀ; ``addmm``: (in, out) and dW = xᵀg."""
 
     def apply(self) -> None:
-        """Add dW into the weight's ``grad`` (as autograd accumulates it)."""
+        """Add dW into the weight's ``grad`` (as autograd accumulates it).
+
+        A first gradient is written into a tensor with the weight's strides, autograd's layout
+        contract for ``.grad``: linear's dW is a transposed view (which ``.to(memory_format=
+        torch.contiguous_format)`` returns as it is), and fused optimizers (``AdamW(fused=True)``,
+        `Trainer`'s default) read a gradient's memory in the weight's order.
+        """
         dw = self.inputs.t().mm(self.grad)  # autograd's mm backward: for linear, transposed after
-        dw = (dw.t() if self.transposed else dw).to(self.weight.dtype, memory_format=torch.contiguous_format)
+        dw = dw.t() if self.transposed else dw
         if self.weight.grad is None:
-            self.weight.grad = dw
+            self.weight.grad = torch.empty_like(self.weight.detach()).copy_(dw)  # the weight's dtype too
         else:
-            self.weight.grad.add_(dw)
+            self.weight.grad.add_(dw.to(self.weight.dtype))
 
 
 @contextmanager

@@ -16,12 +16,19 @@ def batches(kind: str) -> list[dict[str, torch.Tensor]]:
     return [tiny_batch(kind, MICROBATCH * NUM_MICROBATCHES, seed=step) for step in range(STEPS)]
 
 
-def reference_run(kind: str, autocast_dtype: torch.dtype | None = None, loss_scale: float = 1.0):
+def reference_run(
+    kind: str,
+    autocast_dtype: torch.dtype | None = None,
+    loss_scale: float = 1.0,
+    gradients: list[dict[str, torch.Tensor]] | None = None,
+):
     """Single process, same micro-batches, gradients accumulated over the mini-batch.
 
     With ``autocast_dtype`` each forward runs under its own autocast region, as accelerate wraps
     a model's forward (one region around the whole loop would reuse weights cast before a step).
     ``loss_scale`` scales each backward and divides the gradients before the step (float16).
+    ``gradients``, where given, gets each step's gradients before the step, under every name of
+    each weight (a tied one's aliases too).
     """
     model = tiny_model(kind)
     model.train()
@@ -38,6 +45,8 @@ def reference_run(kind: str, autocast_dtype: torch.dtype | None = None, loss_sca
             total += loss.item() / NUM_MICROBATCHES
         for param in model.parameters():
             param.grad.div_(loss_scale)
+        if gradients is not None:
+            gradients.append({n: p.grad.clone() for n, p in model.named_parameters(remove_duplicate=False)})
         optimizer.step()
         losses.append(total)
     return losses, model.state_dict()

@@ -73,6 +73,24 @@ def test_b_then_w_gives_the_whole_backwards_gradients(stages, recompute: bool, d
     assert missing_after_b and all(".attn." in n or ".mlp." in n for n in missing_after_b), missing_after_b
     for name, grad in whole.items():
         torch.testing.assert_close(split[name], grad, atol=1e-6 if dtype is None else 1e-5, rtol=0, msg=name)
+        assert split[name].stride() == grad.stride(), f"{name}: {split[name].stride()}, autograd's {grad.stride()}"
+
+
+def test_w_gives_a_weight_without_a_gradient_the_weights_strides(stages) -> None:
+    """A weight whose first gradient comes from W (a rank's copy of a tied weight, any linear's on a
+    stage without its embedding) gets one with the weight's strides, as autograd's `.grad` has:
+    linear's dW is a transposed product, and a fused optimizer (`Trainer`'s default AdamW) reads a
+    gradient's memory in the weight's order, so a transposed view updates the wrong entries."""
+    _, split_module, args, loss_index = stages
+    with collecting() as pending:
+        split_module(*args)[loss_index].backward()
+    split_module.zero_grad(set_to_none=True)  # here the lm_head's W finds the tied wte without a gradient
+    assert any(d.transposed and d.weight.grad is None for d in pending)  # a linear's, first
+    for deferred in pending:
+        deferred.apply()
+    for name, param in split_module.named_parameters():
+        if any(d.weight is param for d in pending):
+            assert param.grad.stride() == param.stride(), f"{name}: {param.grad.stride()}, weight's {param.stride()}"
 
 
 # -- pipelines: B and W as separate actions (zb-h1, zbv), and interleaved-1f1b -----------------------
@@ -80,7 +98,8 @@ def test_b_then_w_gives_the_whole_backwards_gradients(stages, recompute: bool, d
 
 def split_runs(rank: int, world_size: int, kind: str, configs: list[tuple]) -> list:
     """Train ``kind`` under each ``(schedule, stage_device, recompute, autocast dtype, loss scale)``,
-    from the same initial weights; returns each one's losses and this rank's weights."""
+    from the same initial weights; returns each one's losses, this rank's weights, and its gradients
+    of each step with their strides and their weights'."""
     data = batches(kind)
     traced = capture_model(tiny_model(kind), {name: value[:MICROBATCH] for name, value in data[0].items()})
     initial = {name: tensor.detach().clone() for name, tensor in traced.tensors.items()}
@@ -99,14 +118,15 @@ def split_runs(rank: int, world_size: int, kind: str, configs: list[tuple]) -> l
         )
         engine.loss_scale = loss_scale
         optimizer = torch.optim.SGD(engine.parameters(), lr=LR)
-        losses = []
+        losses, gradients = [], []
         for batch in data:
             optimizer.zero_grad()
             losses.append(engine.train_step(batch).item())
             for param in engine.parameters():
                 param.grad.div_(loss_scale)
+            gradients.append({n: (p.grad.clone(), p.grad.stride(), p.stride()) for n, p in engine.named_parameters()})
             optimizer.step()
-        results.append((losses, {name: value.clone() for name, value in engine.state_dict().items()}))
+        results.append((losses, {name: value.clone() for name, value in engine.state_dict().items()}, gradients))
     return results
 
 
@@ -142,16 +162,17 @@ def test_split_backward_schedules_equal_single_process(kind: str, tmp_path: Path
         (tmp_path / "order.txt").write_text(HAND_WRITTEN)
         configs = [*configs, (str(tmp_path / "order.txt"), [0, 1], False, None, 1.0)]
     results = values_or_raise(run_ranks(split_runs, 2, kind, configs))
-    references = {}
+    references, reference_gradients = {}, {}
     trainable = {name for name, _ in tiny_model(kind).named_parameters()}
     for i, (schedule, stage_device, recompute, dtype, loss_scale) in enumerate(configs):
         what = f"{schedule} on {stage_device}{', recomputed' if recompute else ''}{f', {dtype}' if dtype else ''}"
         if dtype not in references:
-            references[dtype] = reference_run(kind, autocast_dtype=dtype, loss_scale=loss_scale)
+            reference_gradients[dtype] = []
+            references[dtype] = reference_run(kind, dtype, loss_scale, reference_gradients[dtype])
         reference_losses, reference_state = references[dtype]
         covered = set()
         for rank, per_config in enumerate(results):
-            losses, state = per_config[i]
+            losses, state, gradients = per_config[i]
             assert losses == pytest.approx(reference_losses, abs=1e-5), f"{what}: rank {rank} losses"
             for name, value in state.items():
                 torch.testing.assert_close(
@@ -162,4 +183,12 @@ def test_split_backward_schedules_equal_single_process(kind: str, tmp_path: Path
                     msg=lambda m, w=what, r=rank, n=name: f"{w}: rank {r}: {n}: {m}",
                 )
                 covered.add(name)
+            # Every weight's gradient, each step: a W missed or run twice shows here whatever the update
+            # does with it; and with the weight's strides (autograd's layout contract), which fused
+            # optimizers (`Trainer`'s default AdamW) read a gradient's memory by.
+            for step, (step_gradients, want) in enumerate(zip(gradients, reference_gradients[dtype], strict=True)):
+                for name, (grad, grad_stride, weight_stride) in step_gradients.items():
+                    where = f"{what}: rank {rank}: step {step + 1}: {name}"
+                    assert grad_stride == weight_stride, f"{where}: gradient {grad_stride}, weight {weight_stride}"
+                    torch.testing.assert_close(grad, want[name], atol=1e-5, rtol=0, msg=lambda m, w=where: f"{w}: {m}")
         assert trainable <= covered, f"{what}: parameters on no rank: {sorted(trainable - covered)}"

@@ -254,3 +254,13 @@ def test_the_partitioners_import_one_another_in_layers() -> None:
     assert "hf_ftpipe.partitioners.fit" in edges["hf_ftpipe.partitioners.seq_dp"]  # the scan sees this package
     circle = _cycle(edges)
     assert circle == [], "the partitioners import in a circle: " + " → ".join(circle)
+
+
+def test_no_two_test_files_share_a_name() -> None:
+    # The test folders are not packages: pytest imports each file by its bare name, so a second
+    # `test_x.py` in another folder fails collection ("import file mismatch") for the whole suite.
+    tests = Path(__file__).parent
+    seen: dict[str, Path] = {}
+    for path in sorted(tests.rglob("test_*.py")):
+        assert path.name not in seen, f"{path.relative_to(tests)} and {seen[path.name].relative_to(tests)} share a name"
+        seen[path.name] = path

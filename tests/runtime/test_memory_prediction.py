@@ -8,24 +8,16 @@ is held to it, since the rules (`memory_rules`) are shared. On a Mixed-Pipe plac
 two stages) the rules are an upper bound where a GPU's stages interleave (``gpipe`` charges their
 gradients beside all their activations): there the prediction may exceed the peak by up to 15%,
 and must still not fall short of it by more than 10%.
-
-The model is traced once per launch (two thirds of a case's time) and each case builds its engine
-on a deep copy of that trace: one launch per placement measures all eight cases, each asserted by
-its own test. A case's figures are within 1% of what it measures alone in a new process (the
-first case's are the same bytes).
 """
 
 from __future__ import annotations
-
-import copy
-import gc
 
 import pytest
 import torch
 import transformers
 
 from hf_ftpipe.costmodel import MemoryOptions, estimate_memory
-from hf_ftpipe.graph import TracedModel, capture_model
+from hf_ftpipe.graph import capture_model
 from hf_ftpipe.runtime import PeakMemory, PipelineEngine
 
 from distributed import run_ranks, values_or_raise
@@ -34,8 +26,6 @@ from placements import contiguous_placement
 NUM_MICROBATCHES, MICROBATCH, SEQ, VOCAB = 4, 2, 64, 1024
 TOLERANCE = 0.10
 MIXED_OVERESTIMATE = 0.15
-SCHEDULES = ("gpipe", "1f1b", "async", "2bw")
-CASES = [(schedule, recompute) for schedule in SCHEDULES for recompute in (False, True)]
 
 
 def small_gpt2() -> transformers.GPT2LMHeadModel:
@@ -59,27 +49,11 @@ def batch(seed: int) -> dict[str, torch.Tensor]:
     return {"input_ids": ids, "labels": ids.clone()}
 
 
-def measure_cases(rank: int, world_size: int, stage_device: list[int]) -> dict[tuple[str, bool], tuple[int, int]]:
-    """(measured peak, predicted) bytes of this rank for every case of `CASES`, on one trace."""
-    batches = [batch(seed) for seed in range(2)]
-    traced = capture_model(small_gpt2(), {k: v[:MICROBATCH] for k, v in batches[0].items()})
-    figures = {}
-    for case in CASES:
-        fresh = copy.deepcopy(traced)  # its own weights: no gradient or optimizer state of the case before
-        gc.collect()  # the case before's engine, held by reference cycles, is freed now, not during this case
-        figures[case] = measure(rank, fresh, batches, *case, stage_device)
-    return figures
-
-
-def measure(
-    rank: int,
-    traced: TracedModel,
-    batches: list[dict[str, torch.Tensor]],
-    schedule: str,
-    recompute: bool,
-    stage_device: list[int],
-) -> tuple[int, int]:
+def measure(rank: int, world_size: int, schedule: str, recompute: bool, stage_device: list[int]) -> tuple[int, int]:
     """(measured peak, predicted) bytes of this rank."""
+    model = small_gpt2()
+    batches = [batch(seed) for seed in range(2)]
+    traced = capture_model(model, {k: v[:MICROBATCH] for k, v in batches[0].items()})
     plan = contiguous_placement(traced.cost_graph, stage_device)
     streaming = schedule in ("async", "2bw")
     with PeakMemory(torch.device("cpu")) as memory:
@@ -107,39 +81,18 @@ def measure(
     return memory.peak_bytes(), predicted[rank]
 
 
-@pytest.fixture(scope="module")
-def contiguous_figures() -> dict[tuple[str, bool], list[tuple[int, int]]]:
-    """Per case, each rank's (measured, predicted) bytes with one stage per rank."""
-    return _launch([0, 1])
-
-
-@pytest.fixture(scope="module")
-def mixed_figures() -> dict[tuple[str, bool], list[tuple[int, int]]]:
-    """Per case, each rank's (measured, predicted) bytes with two stages per rank (Mixed-Pipe)."""
-    return _launch([0, 1, 1, 0])
-
-
-def _launch(stage_device: list[int]) -> dict[tuple[str, bool], list[tuple[int, int]]]:
-    ranks = values_or_raise(run_ranks(measure_cases, 2, stage_device, deadline_s=240.0))
-    return {case: [figures[case] for figures in ranks] for case in CASES}
-
-
 @pytest.mark.parametrize("recompute", [False, True])
-@pytest.mark.parametrize("schedule", SCHEDULES)
-def test_each_ranks_peak_is_within_10_percent_of_the_prediction(
-    contiguous_figures: dict[tuple[str, bool], list[tuple[int, int]]], schedule: str, recompute: bool
-) -> None:
-    figures = contiguous_figures[schedule, recompute]
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "async", "2bw"])
+def test_each_ranks_peak_is_within_10_percent_of_the_prediction(schedule: str, recompute: bool) -> None:
+    figures = values_or_raise(run_ranks(measure, 2, schedule, recompute, [0, 1]))
     errors = [measured / predicted - 1 for measured, predicted in figures]
     assert all(abs(e) <= TOLERANCE for e in errors), f"{schedule}: measured/predicted − 1 per rank {errors}, {figures}"
 
 
 @pytest.mark.parametrize("recompute", [False, True])
-@pytest.mark.parametrize("schedule", SCHEDULES)
-def test_a_mixed_placement_is_never_underpredicted_by_more_than_10_percent(
-    mixed_figures: dict[tuple[str, bool], list[tuple[int, int]]], schedule: str, recompute: bool
-) -> None:
-    figures = mixed_figures[schedule, recompute]
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "async", "2bw"])
+def test_a_mixed_placement_is_never_underpredicted_by_more_than_10_percent(schedule: str, recompute: bool) -> None:
+    figures = values_or_raise(run_ranks(measure, 2, schedule, recompute, [0, 1, 1, 0]))
     errors = [measured / predicted - 1 for measured, predicted in figures]
     assert all(-MIXED_OVERESTIMATE <= e <= TOLERANCE for e in errors), (
         f"{schedule}: measured/predicted − 1 per rank {errors}, {figures}"

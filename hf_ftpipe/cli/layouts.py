@@ -58,9 +58,7 @@ def topology_of(args: argparse.Namespace) -> Any:
             f"--nodes needs --gpus-per-node, both at least 1 (got {args.nodes} and {args.gpus_per_node})"
         )
     gpu = get_profile(args.gpu_profile, count=1)
-    inside = Link(
-        name=f"{gpu.name}-link", bandwidth_bytes_per_s=gpu.link_bandwidth_bytes_per_s, latency_s=gpu.link_latency_s
-    )
+    inside = Link.of_profile(gpu)
     name = f"{gpu.name}-{args.nodes}x{args.gpus_per_node}"
     return Topology.uniform(
         name,

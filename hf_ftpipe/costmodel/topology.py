@@ -15,13 +15,12 @@ Ranks are numbered node by node, as ``torchrun``/``accelerate launch`` number th
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 from typing import Any
 
 from hf_ftpipe._strict_json import read_json, write_json
-from hf_ftpipe.costmodel.profiles import BUILTIN_PROFILES, GPUProfile, get_profile
+from hf_ftpipe.costmodel.profiles import BUILTIN_PROFILES, GPUProfile, _check_float, _check_str, get_profile
 from hf_ftpipe.errors import ProfileError
 
 __all__ = ["BUILTIN_LINKS", "BUILTIN_TOPOLOGIES", "Link", "Node", "Topology", "get_link", "get_topology"]
@@ -39,18 +38,21 @@ class Link:
     latency_s: float
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name:
-            raise ProfileError(f"a link needs a non-empty `name`, got {self.name!r}")
-        for field, value, allow_zero in (
-            ("bandwidth_bytes_per_s", self.bandwidth_bytes_per_s, False),
-            ("latency_s", self.latency_s, True),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-                raise ProfileError(f"link {self.name!r}: `{field}` must be a finite number, got {value!r}")
-            if value < 0 or (value == 0 and not allow_zero):
-                raise ProfileError(
-                    f"link {self.name!r}: `{field}` must be {'>= 0' if allow_zero else '> 0'}, got {value!r}"
-                )
+        _check_str("name", self.name)
+        try:  # the profile's own checks, named for this link
+            _check_float("bandwidth_bytes_per_s", self.bandwidth_bytes_per_s)
+            _check_float("latency_s", self.latency_s, allow_zero=True)
+        except ProfileError as error:
+            raise ProfileError(f"link {self.name!r}: {error}") from None
+
+    @classmethod
+    def of_profile(cls, profile: GPUProfile) -> Link:
+        """The link a `GPUProfile` describes between its devices (named after the profile)."""
+        return cls(
+            name=f"{profile.name}-link",
+            bandwidth_bytes_per_s=profile.link_bandwidth_bytes_per_s,
+            latency_s=profile.link_latency_s,
+        )
 
     def transfer_s(self, num_bytes: float) -> float:
         """Seconds to send ``num_bytes`` one way (nothing to send costs nothing)."""
@@ -145,11 +147,7 @@ class Topology:
     @classmethod
     def single_node(cls, profile: GPUProfile) -> Topology:
         """One box of ``profile.count`` GPUs behind the profile's own link: what a `GPUProfile` alone means."""
-        link = Link(
-            name=f"{profile.name}-link",
-            bandwidth_bytes_per_s=profile.link_bandwidth_bytes_per_s,
-            latency_s=profile.link_latency_s,
-        )
+        link = Link.of_profile(profile)
         return cls(
             name=f"{profile.name}-x{profile.count}",
             nodes=(Node(gpus=(profile,) * profile.count, link=link),),

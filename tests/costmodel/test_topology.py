@@ -119,7 +119,7 @@ def test_a_topology_file_round_trips_and_may_name_built_ins(tmp_path) -> None:
                 "nodes": [{"gpus": [{"profile": "l4", "count": 1}], "link": "pcie3"}],
                 "inter_node": {"name": "n", "bandwidth_bytes_per_s": -1, "latency_s": 0},
             },
-            "`bandwidth_bytes_per_s` must be > 0, got -1",
+            "inter_node: link 'n': `bandwidth_bytes_per_s` must be a finite number > 0, got -1",
         ),
     ],
 )

@@ -33,6 +33,7 @@ __all__ = [
     "check_order",
     "dependencies",
     "format_actions",
+    "restrict_order",
     "stage_neighbours",
     "stage_runs",
 ]
@@ -151,6 +152,29 @@ def check_order(
     if done != expected_actions:
         left = sorted(map(str, expected_actions - done))
         raise ValueError(f"the order misses {len(left)} actions, e.g. {left[:5]}")
+
+
+def restrict_order(
+    order: Sequence[Action],
+    stage_rank: Sequence[int],
+    edges: Sequence[tuple[int, int]],
+    microbatches: int,
+    num_slices: int | None = None,
+) -> list[Action]:
+    """``order`` less every action of micro-batch ``microbatches`` and later: a short mini-batch's
+    order (the last of an epoch), checked (`check_order`) rather than assumed valid.
+
+    It is, for a valid ``order``: every action depends only on actions of its own micro-batch
+    (`dependencies`), so dropping whole micro-batches leaves each remaining action after all it
+    needs, and a stage never holds more micro-batches at a point of the order than before.
+    """
+    kept = [a for a in order if a.microbatch_index < microbatches]
+    split_backward = any(a.computation == "W" for a in kept)
+    try:
+        check_order(kept, stage_rank, edges, range(microbatches), num_slices, split_backward=split_backward)
+    except ValueError as error:
+        raise ValueError(f"the order of the first {microbatches} micro-batches is not valid: {error}") from None
+    return kept
 
 
 def dependencies(

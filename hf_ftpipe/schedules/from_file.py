@@ -30,10 +30,19 @@ from pathlib import Path
 
 from hf_ftpipe.schedules.actions import Action, check_order
 from hf_ftpipe.schedules.orders import Schedule
-from hf_ftpipe.schedules.registry import SCHEDULES, ScheduleTraits
-from hf_ftpipe.schedules.zero_bubble import replay_orders
+from hf_ftpipe.schedules.registry import ScheduleTraits
+from hf_ftpipe.schedules.zero_bubble import is_v_shape, replay_orders
 
-__all__ = ["FileSchedule", "GivenSchedule", "file_traits", "is_schedule_file", "read_rank_orders"]
+__all__ = [
+    "FileSchedule",
+    "FileSummary",
+    "GivenSchedule",
+    "file_traits",
+    "given_traits",
+    "is_schedule_file",
+    "read_rank_orders",
+    "summarize_file",
+]
 
 _RANK_LINE = re.compile(r"^\s*rank\s+(\d+)\s*:(.*)$")
 
@@ -72,21 +81,63 @@ def read_rank_orders(path: str | os.PathLike[str]) -> dict[int, list[Action]]:
     return orders
 
 
+@dataclasses.dataclass(frozen=True)
+class FileSummary:
+    """What a schedule file fixes before any plan is at hand: its stages' ranks and its micro-batches."""
+
+    stage_rank: list[int] | None
+    """The rank of each stage its orders name, or ``None`` where they name a stage on two ranks or
+    leave a stage out (`GivenSchedule` says which)."""
+    num_microbatches: int
+    """The micro-batches its orders run, 0 to this less 1: a step of fewer runs the order less the
+    missing ones' actions (`hf_ftpipe.schedules.actions.restrict_order`)."""
+    split_backward: bool
+    """Whether it has ``W`` actions (`ScheduleTraits.split_backward`)."""
+
+
+def summarize_file(path: str) -> FileSummary:
+    """`FileSummary` of the file at ``path`` (read again when the file changes); `ValueError` as
+    `read_rank_orders`."""
+    return _summary(path, Path(path).stat().st_mtime_ns if Path(path).is_file() else 0)
+
+
 @functools.lru_cache(maxsize=16)
-def _split(path: str, modified_ns: int) -> bool:
-    return any(a.computation == "W" for actions in read_rank_orders(path).values() for a in actions)
+def _summary(path: str, modified_ns: int) -> FileSummary:
+    orders = read_rank_orders(path)
+    actions = [a for rank_actions in orders.values() for a in rank_actions]
+    return FileSummary(
+        stage_rank=_placement(orders),
+        num_microbatches=1 + max((a.microbatch_index for a in actions), default=-1),
+        split_backward=any(a.computation == "W" for a in actions),
+    )
+
+
+def _placement(orders: dict[int, list[Action]]) -> list[int] | None:
+    ranks_of: dict[int, set[int]] = {}
+    for rank, actions in orders.items():
+        for action in actions:
+            ranks_of.setdefault(action.stage_index, set()).add(rank)
+    if sorted(ranks_of) != list(range(len(ranks_of))) or any(len(ranks) > 1 for ranks in ranks_of.values()):
+        return None
+    return [ranks_of[s].pop() for s in range(len(ranks_of))]
 
 
 def file_traits(path: str) -> ScheduleTraits:
     """The traits of the schedule in ``path``: flushing, one weight version, its memory counted
-    from its order, its backwards split where it has ``W`` actions."""
-    split = _split(path, Path(path).stat().st_mtime_ns if Path(path).is_file() else 0)
-    return dataclasses.replace(
-        SCHEDULES["1f1b"],  # flushing, one weight version, no token slices
-        name=path,
-        split_backward=split,
+    from its order, its backwards split where it has ``W`` actions, a V placement where its is one."""
+    summary = summarize_file(path)
+    return given_traits(path, summary.split_backward, summary.stage_rank is not None and is_v_shape(summary.stage_rank))
+
+
+def given_traits(source: str, split_backward: bool, v_placement: bool) -> ScheduleTraits:
+    """The traits of a schedule given as orders (``source``: where from): those of the defaults, a
+    synchronous schedule like ``1f1b`` without token slices, its memory counted from its order."""
+    return ScheduleTraits(
+        name=source,
+        split_backward=split_backward,
+        v_placement=v_placement,
         held_by_order=True,
-        help=f"the per-rank orders in {path}.",
+        help=f"the per-rank orders of {source}.",
     )
 
 
@@ -112,16 +163,24 @@ class GivenSchedule(Schedule):
         ranks = sorted(set(self.stage_rank))
         if sorted(orders) != ranks:
             raise ValueError(f"{source} gives the actions of ranks {sorted(orders)}; the plan runs ranks {ranks}")
-        for rank, actions in orders.items():
-            for action in actions:
-                s = action.stage_index
-                if not 0 <= s < self.num_stages or self.stage_rank[s] != rank:
-                    where = f"on rank {self.stage_rank[s]}" if 0 <= s < self.num_stages else "not in the plan"
-                    raise ValueError(
-                        f"{source}: rank {rank} runs {action}, but stage {s} is {where} (placement {self.stage_rank})"
-                    )
+        placement = _placement(orders)
+        if placement != self.stage_rank:
+            raise ValueError(
+                f"{source} does not run the plan's stages where the plan does: {_where(orders)}; the plan's "
+                f"placement is {self.stage_rank} (stage s on rank placement[s]); write the file for it "
+                f"(`hf-ftpipe schedule --placement {','.join(map(str, self.stage_rank))} ...` prints one), or plan "
+                "for the file's"
+            )
         order = replay_orders(orders, self.stage_rank, self.edges)
         self.split_backward = any(a.computation == "W" for a in order)
+        self.v_placement = is_v_shape(self.stage_rank)
+        given = 1 + max(a.microbatch_index for a in order)
+        if given != num_microbatches:
+            raise ValueError(
+                f"{source} orders {given} micro-batches, but a step here runs {num_microbatches}; write the file "
+                f"for {num_microbatches} (`hf-ftpipe schedule --num-microbatches {num_microbatches} ...`), or run "
+                f"steps of {given} (a shorter step runs the order less its missing micro-batches' actions)"
+            )
         try:
             check_order(order, self.stage_rank, self.edges, range(num_microbatches), split_backward=self.split_backward)
         except ValueError as error:
@@ -132,13 +191,7 @@ class GivenSchedule(Schedule):
 
     @property
     def traits(self) -> ScheduleTraits:
-        return dataclasses.replace(
-            SCHEDULES["1f1b"],  # flushing, one weight version, no token slices
-            name=self.name,
-            split_backward=self.split_backward,
-            held_by_order=True,
-            help=f"the per-rank orders of {self.name}.",
-        )
+        return given_traits(self.name, self.split_backward, self.v_placement)
 
     def global_order(self) -> list[Action]:
         return list(self._order)
@@ -155,3 +208,12 @@ class FileSchedule(GivenSchedule):
         edges: Sequence[tuple[int, int]] | None = None,
     ) -> None:
         super().__init__(path, read_rank_orders(path), stage_rank, num_microbatches, edges)
+
+
+def _where(orders: dict[int, list[Action]]) -> str:
+    """Where the orders run each stage, e.g. ``rank 0 runs stages [0, 1], rank 1 none``."""
+    parts = []
+    for rank in sorted(orders):
+        stages = sorted({a.stage_index for a in orders[rank]})
+        parts.append(f"rank {rank} runs {'stages ' + str(stages) if stages else 'no stage'}")
+    return ", ".join(parts)

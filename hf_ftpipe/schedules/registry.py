@@ -19,30 +19,34 @@ ScheduleName = Literal["gpipe", "1f1b", "async", "2bw", "zb-h1", "zbv", "interle
 
 @dataclass(frozen=True, kw_only=True)
 class ScheduleTraits:
-    """What a schedule does, in the terms the memory rules and the runtime need."""
+    """What a schedule does, in the terms the memory rules and the runtime need. The defaults are
+    those of a synchronous schedule like ``1f1b``: each schedule states only where it differs."""
 
-    name: ScheduleName
-    flushes: bool
+    name: str
+    """A `ScheduleName`, or the path of a schedule file (`hf_ftpipe.schedules.from_file`)."""
+    help: str
+    """One sentence for the trainer's ``pipeline_schedule`` help."""
+    flushes: bool = True
     """The pipeline empties at the end of every mini-batch and the caller's optimizer applies its
     gradients (``gpipe``, ``1f1b``); otherwise micro-batches stream from one mini-batch into the
     next and each stage updates inside the pipeline."""
-    holds_every_microbatch: bool
+    holds_every_microbatch: bool = False
     """Every forward of a mini-batch runs before its first backward, so a stage holds all its
     micro-batches at once (``gpipe``); otherwise a stage holds one per stage from it to the end."""
-    weights: Literal["single", "stashed", "double-buffered"]
+    weights: Literal["single", "stashed", "double-buffered"] = "single"
     """``stashed``: a micro-batch's backward uses the weights its forward used, the newest when
     it started (PipeDream's weight stashing); ``double-buffered``: mini-batch b runs on the weights
     from before the previous update (PipeDream-2BW)."""
-    updates_every_group: bool
+    updates_every_group: bool = False
     """Streaming only: a stage updates after every ``gradient_accumulation_steps`` backwards, not
     once per mini-batch."""
-    weight_prediction: bool
+    weight_prediction: bool = False
     """Whether its gradients are stale in a way weight prediction can extrapolate."""
-    token_slices: bool
+    token_slices: bool = False
     """Whether it can cut each sequence into token slices (TeraPipe) and pipeline the slices
     (``gpipe``, ``1f1b``). The streaming schedules version weights by sequence: a slice's
     backward must see the weights of its sequence's other slices, so they do not, for now."""
-    split_backward: bool
+    split_backward: bool = False
     """Whether a backward is split in two actions (Qi et al., ICLR 2024): ``B`` computes only the
     input gradients, which the stage before waits for, and a later ``W`` of the same stage and
     micro-batch the weight gradients, which nothing waits for, so W can fill idle time. What W
@@ -51,8 +55,9 @@ class ScheduleTraits:
     """The micro-batches a stage holds at once are counted from the schedule's own order
     (``interleaved-1f1b``: Megatron's warm-up of 2·(P − r − 1) + (v − 1)·P forwards holds more than
     the depth rule of `hf_ftpipe.schedules.rules.in_flight`); otherwise that rule gives them."""
-    help: str
-    """One sentence for the trainer's ``pipeline_schedule`` help."""
+    v_placement: bool = False
+    """It runs only on a V placement, 2 stages per GPU, stage s on GPU min(s, 2P − 1 − s) (``zbv``, a
+    file written for one): a planner asks the partitioner for that placement."""
 
     def update_every(self, num_microbatches: int, gradient_accumulation_steps: int) -> int:
         """Backwards per weight update (for a flushing schedule, the mini-batch's)."""
@@ -64,85 +69,48 @@ SCHEDULES: dict[str, ScheduleTraits] = {
     for traits in (
         ScheduleTraits(
             name="gpipe",
-            split_backward=False,
-            flushes=True,
             holds_every_microbatch=True,
-            weights="single",
-            updates_every_group=False,
-            weight_prediction=False,
             token_slices=True,
             help="all forwards, then all backwards, one update per mini-batch.",
         ),
         ScheduleTraits(
             name="1f1b",
-            split_backward=False,
-            flushes=True,
-            holds_every_microbatch=False,
-            weights="single",
-            updates_every_group=False,
-            weight_prediction=False,
             token_slices=True,
             help="the same update with less activation memory (backwards start as soon as they can).",
         ),
         ScheduleTraits(
             name="async",
-            split_backward=False,
             flushes=False,
-            holds_every_microbatch=False,
             weights="stashed",
             updates_every_group=True,
             weight_prediction=True,
-            token_slices=False,
             help="PipeDream: no flush between mini-batches, each stage updates every "
             "`async_update_interval` micro-batches, weight stashing keeps each micro-batch on one weight "
             "version (fastest; gradients are stale by the pipeline depth).",
         ),
         ScheduleTraits(
             name="2bw",
-            split_backward=False,
             flushes=False,
-            holds_every_microbatch=False,
             weights="double-buffered",
-            updates_every_group=False,
-            weight_prediction=False,
-            token_slices=False,
             help="PipeDream-2BW: no flush, one update per mini-batch applying the gradient of the weights one "
             "update older, two weight copies.",
         ),
         ScheduleTraits(
             name="zb-h1",
             split_backward=True,
-            flushes=True,
-            holds_every_microbatch=False,
-            weights="single",
-            updates_every_group=False,
-            weight_prediction=False,
-            token_slices=False,
             help="ZB-H1 (zero bubble): 1F1B with each backward split into input gradients and later weight "
             "gradients, which fill the cool-down; 1F1B's memory and update, any placement.",
         ),
         ScheduleTraits(
             name="zbv",
             split_backward=True,
-            flushes=True,
-            holds_every_microbatch=False,
-            weights="single",
-            updates_every_group=False,
-            weight_prediction=False,
-            token_slices=False,
+            v_placement=True,
             help="ZB-V (zero bubble): zb-h1's rules on a V placement (2 stages per GPU, stage s on GPU "
             "min(s, 2P-1-s)), nearly bubble-free; the same update as 1f1b.",
         ),
         ScheduleTraits(
             name="interleaved-1f1b",
-            split_backward=False,
             held_by_order=True,
-            flushes=True,
-            holds_every_microbatch=False,
-            weights="single",
-            updates_every_group=False,
-            weight_prediction=False,
-            token_slices=False,
             help="Megatron's interleaved 1F1B on a looped placement (stage s on GPU s mod P): a smaller "
             "bubble than 1f1b for the same update.",
         ),
@@ -165,5 +133,8 @@ def schedule_traits(name: str) -> ScheduleTraits:
 
         if is_schedule_file(name):
             return file_traits(name)
-        raise ValueError(f"unknown pipeline schedule {name!r}; choose one of {list(SCHEDULE_NAMES)}")
+        raise ValueError(
+            f"unknown pipeline schedule {name!r}; choose one of {list(SCHEDULE_NAMES)}, or give the path of a "
+            "schedule file (each rank's actions, as `hf-ftpipe schedule` prints them, or CSV)"
+        )
     return traits

@@ -6,6 +6,8 @@ import pytest
 
 from hf_ftpipe.costmodel import estimate
 from hf_ftpipe.schedules import awaiting_weight_gradients, in_flight, make_schedule, schedule_traits
+from hf_ftpipe.schedules.actions import chain_edges, restrict_order
+from hf_ftpipe.schedules.from_file import FileSummary, summarize_file
 
 from toy_graphs import UNIT, chain
 
@@ -39,7 +41,10 @@ def test_csv_rows_are_ranks(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("rank 0: 0F0 1F0 0B0 1B0\nrank 1:\n", r"rank 0 runs 1F0, but stage 1 is on rank 1 \(placement \[0, 1\]\)"),
+        (
+            "rank 0: 0F0 1F0 0B0 1B0\nrank 1:\n",
+            r"rank 0 runs stages \[0, 1\], rank 1 runs no stage; the plan's placement is \[0, 1\]",
+        ),
         ("rank 0: 0F0 0B0\nrank 1: 1B0 1F0\n", r"the ranks' orders deadlock: each waits on another, next actions "),
         ("rank 0: 0F0 0B0\nrank 1: 1F0\n", r"deadlock: .*\{0: '0B0'\}"),
         (
@@ -67,3 +72,45 @@ def test_the_cost_model_prices_a_file_schedule_by_its_order(tmp_path: Path) -> N
     graph, node_stage = chain([1.0, 1.0]), {"n0": 0, "n1": 1}
     from_file = estimate(graph, node_stage, [0, 1], UNIT, schedule=path, **sizes)
     assert from_file.gpus == estimate(graph, node_stage, [0, 1], UNIT, schedule="1f1b", **sizes).gpus
+
+
+def test_a_file_for_another_number_of_microbatches_is_refused_naming_both(tmp_path: Path) -> None:
+    path = write(tmp_path, str(make_schedule("1f1b", [0, 1], 2)))
+    with pytest.raises(ValueError, match=r"orders 2 micro-batches, but a step here runs 4; write the file for 4"):
+        make_schedule(path, [0, 1], 4)
+
+
+def test_a_file_knows_its_placement_and_microbatches_before_any_plan(tmp_path: Path) -> None:
+    zbv = write(tmp_path, str(make_schedule("zbv", [0, 1, 1, 0], 3)), "zbv.txt")
+    chain_file = write(tmp_path, str(make_schedule("zb-h1", [0, 1], 2)), "zb-h1.txt")
+    assert summarize_file(zbv) == FileSummary(stage_rank=[0, 1, 1, 0], num_microbatches=3, split_backward=True)
+    assert schedule_traits(zbv).v_placement and not schedule_traits(chain_file).v_placement
+    assert make_schedule(zbv, [0, 1, 1, 0], 3).traits == schedule_traits(zbv)
+    two_ranks = write(tmp_path, "rank 0: 0F0 1F0 1B0 0B0\nrank 1: 1F0 1B0\n", "two.txt")
+    assert summarize_file(two_ranks).stage_rank is None  # stage 1 on both ranks
+
+
+@pytest.mark.parametrize(
+    ("name", "stage_rank"),
+    [
+        ("gpipe", [0, 1, 2]),
+        ("1f1b", [0, 1, 2]),
+        ("zb-h1", [0, 1, 2]),
+        ("zbv", [0, 1, 1, 0]),
+        ("interleaved-1f1b", [0, 1, 0, 1]),
+    ],
+)
+def test_a_short_step_follows_the_order_less_the_missing_microbatches(name: str, stage_rank: list[int]) -> None:
+    schedule = make_schedule(name, stage_rank, 4)
+    order = schedule.global_order()
+    for kept in (1, 2, 3):
+        short = restrict_order(order, stage_rank, schedule.edges, kept)
+        assert short == [a for a in order if a.microbatch_index < kept]
+        assert {a.microbatch_index for a in short} == set(range(kept))
+
+
+def test_a_short_order_that_misses_an_action_is_refused() -> None:
+    order = make_schedule("1f1b", [0, 1], 2).global_order()
+    broken = [a for a in order if str(a) != "1B0"]
+    with pytest.raises(ValueError, match=r"the order of the first 1 micro-batches is not valid: 0B0 comes before 1B0"):
+        restrict_order(broken, [0, 1], chain_edges(2), 1)

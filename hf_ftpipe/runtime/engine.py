@@ -47,7 +47,7 @@ from hf_ftpipe.runtime.watchdog import Watchdog
 from hf_ftpipe.runtime.weight_sync import WeightSync
 from hf_ftpipe.schedules.orders import Schedule, StreamingSchedule, make_schedule
 from hf_ftpipe.schedules.programs import RankPrograms
-from hf_ftpipe.schedules.registry import SCHEDULES
+from hf_ftpipe.schedules.registry import SCHEDULES, schedule_traits
 from hf_ftpipe.schedules.rules import proof_limits
 
 if TYPE_CHECKING:
@@ -150,7 +150,7 @@ class PipelineEngine(Executor, RankWeights):
             raise PartitionError(f"the partition has {len(self.specs)} stages but places {len(self.stage_rank)}")
         self.local_stages = [s for s, r in enumerate(self.stage_rank) if r == self.rank]
         edges = sorted({(spec.stage_index, c) for spec in self.specs for cs in spec.consumers.values() for c in cs})
-        if batches_per_step > 1 and not SCHEDULES[schedule].flushes:
+        if batches_per_step > 1 and not schedule_traits(schedule).flushes:
             raise PipelineError(f"the {schedule!r} schedule streams one mini-batch per step; batches_per_step=1 only")
         self.batches_per_step = batches_per_step
         try:

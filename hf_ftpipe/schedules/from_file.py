@@ -30,7 +30,7 @@ from pathlib import Path
 
 from hf_ftpipe.schedules.actions import Action, check_order
 from hf_ftpipe.schedules.orders import Schedule
-from hf_ftpipe.schedules.registry import ScheduleTraits
+from hf_ftpipe.schedules.registry import SCHEDULE_NAMES, ScheduleTraits
 from hf_ftpipe.schedules.zero_bubble import is_v_shape, replay_orders
 
 __all__ = [
@@ -57,7 +57,10 @@ def read_rank_orders(path: str | os.PathLike[str]) -> dict[int, list[Action]]:
     action that does not parse or a rank given twice."""
     file = Path(path)
     if not file.is_file():
-        raise ValueError(f"pipeline schedule file {str(file)!r} does not exist; give a schedule's name or a file")
+        raise ValueError(
+            f"pipeline schedule file {str(file)!r} does not exist; give an existing file or a schedule's name, one "
+            f"of {list(SCHEDULE_NAMES)}"
+        )
     orders: dict[int, list[Action]] = {}
     csv_row = 0
     for number, line in enumerate(file.read_text(encoding="utf-8").splitlines(), start=1):

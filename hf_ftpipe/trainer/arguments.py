@@ -7,12 +7,12 @@ from dataclasses import dataclass, field
 
 from transformers import TrainingArguments
 
-from hf_ftpipe.schedules.registry import SCHEDULE_NAMES, SCHEDULES, ScheduleName
+from hf_ftpipe.schedules.registry import SCHEDULES, ScheduleTraits
 from hf_ftpipe.trainer.launch import use_cpu_for_launch
+from hf_ftpipe.trainer.schedule_choice import SCHEDULE_HELP, check_schedule_argument
 
 __all__ = ["PipeTrainingArguments"]
 
-SUPPORTED_SCHEDULES = SCHEDULE_NAMES
 SLICING_SCHEDULES = [name for name, traits in SCHEDULES.items() if traits.token_slices]
 """The schedules that can pipeline token slices (``token_slices``)."""
 
@@ -33,15 +33,8 @@ class PipeTrainingArguments(TrainingArguments):
     transformers would make every rank process 0 and each would write the outputs.
     """
 
-    pipeline_schedule: ScheduleName = field(
-        default="gpipe",
-        metadata={
-            "help": "Pipeline schedule. "
-            + " ".join(f"'{traits.name}': {traits.help}" for traits in SCHEDULES.values())
-            + " `activation_checkpointing=True` (formerly `gradient_checkpointing`) recomputes each "
-            "stage's activations under any schedule."
-        },
-    )
+    pipeline_schedule: str = field(default="gpipe", metadata={"help": SCHEDULE_HELP})
+    """A `hf_ftpipe.schedules.ScheduleName` or a schedule file's path (`hf_ftpipe.trainer.schedule_choice`)."""
     async_weight_prediction: bool = field(
         default=False,
         metadata={
@@ -181,11 +174,7 @@ class PipeTrainingArguments(TrainingArguments):
             # Else transformers makes every rank process 0 of 1, and every rank writes (trainer/launch.py).
             self.use_cpu = True
         super().__post_init__()
-        if self.pipeline_schedule not in SUPPORTED_SCHEDULES:
-            raise ValueError(
-                f"`pipeline_schedule={self.pipeline_schedule!r}` is not available in this version; "
-                f"choose one of {list(SUPPORTED_SCHEDULES)}"
-            )
+        traits = self.schedule_traits
         partitioners = _available_partitioners()
         if self.partitioner not in partitioners:
             raise ValueError(f"`partitioner={self.partitioner!r}` is not available; choose one of {partitioners}")
@@ -217,7 +206,7 @@ class PipeTrainingArguments(TrainingArguments):
                 f"{self.pipeline_schedule!r}), whose gradients are stale; drop it or switch the schedule"
             )
         self.token_slices = _parse_token_slices(self.token_slices)
-        if self.token_slices is not None and not SCHEDULES[self.pipeline_schedule].token_slices:
+        if self.token_slices is not None and not traits.token_slices:
             raise ValueError(
                 f"`token_slices={self.token_slices!r}` with pipeline_schedule={self.pipeline_schedule!r}: this "
                 f"schedule versions its weights per sequence and cannot pipeline the slices of one; use one of "
@@ -232,7 +221,7 @@ class PipeTrainingArguments(TrainingArguments):
                     f"`{name}={size}` is not a multiple of `num_microbatches={self.num_microbatches}`; "
                     f"use e.g. {name}={max(1, size // self.num_microbatches) * self.num_microbatches}"
                 )
-        if self.gradient_accumulation_steps > 1 and not SCHEDULES[self.pipeline_schedule].flushes:
+        if self.gradient_accumulation_steps > 1 and not traits.flushes:
             raise ValueError(
                 f"`gradient_accumulation_steps={self.gradient_accumulation_steps}` with pipeline_schedule="
                 f"{self.pipeline_schedule!r}: this schedule updates each stage inside the pipeline as its "
@@ -259,7 +248,7 @@ class PipeTrainingArguments(TrainingArguments):
         if unsupported:
             listed = "\n".join(f"  - {problem}" for problem in unsupported)
             raise ValueError(f"PipeTrainer cannot honour these arguments:\n{listed}")
-        if self.fp16 and not SCHEDULES[self.pipeline_schedule].flushes:
+        if self.fp16 and not traits.flushes:
             raise ValueError(
                 f"`fp16=True` with pipeline_schedule={self.pipeline_schedule!r}: float16 loss scaling skips a step "
                 "on every stage when any stage overflows, but this schedule updates each stage on its own inside "
@@ -287,6 +276,12 @@ class PipeTrainingArguments(TrainingArguments):
             )
         if self.pipeline_timeout_s <= 0:
             raise ValueError(f"`pipeline_timeout_s` must be positive, got {self.pipeline_timeout_s}")
+
+    @property
+    def schedule_traits(self) -> ScheduleTraits:
+        """What ``pipeline_schedule`` does, a name or a file alike; `ValueError` saying what to give
+        otherwise (`hf_ftpipe.trainer.schedule_choice.check_schedule_argument`)."""
+        return check_schedule_argument(self.pipeline_schedule, self.num_microbatches, self.gradient_accumulation_steps)
 
     @property
     def microbatches_per_step(self) -> int:

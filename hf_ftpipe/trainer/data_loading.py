@@ -90,9 +90,7 @@ class PipeDataLoading:
 
     def _streams_whole_batches(self) -> bool:
         """Streaming schedules train whole mini-batches only."""
-        from hf_ftpipe.schedules.registry import SCHEDULES
-
-        return not SCHEDULES[self.args.pipeline_schedule].flushes
+        return not self.args.schedule_traits.flushes
 
     def _check_enough_training_data(self) -> None:
         """A streaming schedule trains on whole mini-batches only: a training set smaller than one

@@ -29,8 +29,10 @@ from hf_ftpipe.partitioners.registry import run_partitioner
 from hf_ftpipe.plan import Partition, check_fits_run, validate_partition
 from hf_ftpipe.plan.request import PlanRequest
 from hf_ftpipe.runtime.watchdog import Watchdog
+from hf_ftpipe.schedules.registry import SCHEDULE_NAMES
 from hf_ftpipe.trainer.arguments import PipeTrainingArguments
 from hf_ftpipe.trainer.run_log import PlanUsed, get_logger, plan_line
+from hf_ftpipe.trainer.schedule_choice import planned_placement
 
 __all__ = ["SharedPlan", "memory_options", "planned_optimizer", "share_partition"]
 
@@ -128,7 +130,8 @@ def _make_partition(
         repo_id=args.partition_repo,
         revision=args.partition_revision,
         push=args.push_partition_to_hub,
-        use_cache=args.partition_cache and args.cost_table is None,  # the cache's key does not say how it was priced
+        # The cache's key says neither how a plan was priced nor what a schedule file (named by its path) held.
+        use_cache=args.partition_cache and args.cost_table is None and args.pipeline_schedule in SCHEDULE_NAMES,
         check=lambda plan: validate_partition(plan, graph, memory_capacity_bytes=profile.memory_bytes),
         check_stored=lambda plan: check_fits_run(
             plan, graph, profile.memory_bytes, optimizer=planned_optimizer(args), memory=memory_options(args)
@@ -141,12 +144,14 @@ def _make_partition(
 def _compute_partition(
     args: PipeTrainingArguments, traced: TracedModel, profile: GPUProfile, microbatch: dict[str, Any]
 ) -> Partition:
+    placement, num_stages = planned_placement(args.pipeline_schedule)
     request = PlanRequest(
         profile=profile,
         num_microbatches=args.microbatches_per_step,
         microbatch_size=next(v.shape[0] for v in microbatch.values() if isinstance(v, torch.Tensor)),
         schedule=args.pipeline_schedule,
-        placement="v" if args.pipeline_schedule == "zbv" else "chain",  # the one schedule that runs only a V
+        placement=placement,
+        num_stages=num_stages,
         optimizer=planned_optimizer(args),
         memory=memory_options(args),
         cost_table=_cost_table(args, traced),

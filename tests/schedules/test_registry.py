@@ -26,17 +26,18 @@ def test_traits_of_every_schedule() -> None:
             t.updates_every_group,
             t.weight_prediction,
             t.split_backward,
+            t.v_placement,
         )
         for name, t in SCHEDULES.items()
     }
     assert table == {
-        "gpipe": (True, True, "single", False, False, False),
-        "1f1b": (True, False, "single", False, False, False),
-        "async": (False, False, "stashed", True, True, False),
-        "2bw": (False, False, "double-buffered", False, False, False),
-        "zb-h1": (True, False, "single", False, False, True),
-        "zbv": (True, False, "single", False, False, True),
-        "interleaved-1f1b": (True, False, "single", False, False, False),
+        "gpipe": (True, True, "single", False, False, False, False),
+        "1f1b": (True, False, "single", False, False, False, False),
+        "async": (False, False, "stashed", True, True, False, False),
+        "2bw": (False, False, "double-buffered", False, False, False, False),
+        "zb-h1": (True, False, "single", False, False, True, False),
+        "zbv": (True, False, "single", False, False, True, True),
+        "interleaved-1f1b": (True, False, "single", False, False, False, False),
     }
 
 

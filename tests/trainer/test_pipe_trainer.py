@@ -134,3 +134,33 @@ def test_arguments_name_the_problem_and_the_fix(tmp_path: Path, overrides: dict,
     with pytest.raises(ValueError) as error:
         PipeTrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", **overrides)
     assert message in str(error.value)
+
+
+def test_a_schedule_file_is_taken_for_the_micro_batches_of_one_flush(tmp_path: Path) -> None:
+    from hf_ftpipe.schedules import make_schedule
+
+    order = tmp_path / "order.txt"
+    order.write_text(str(make_schedule("zbv", [0, 1, 1, 0], 4)), encoding="utf-8")
+    common = {"output_dir": str(tmp_path), "use_cpu": True, "report_to": "none", "pipeline_schedule": str(order)}
+    args = PipeTrainingArguments(num_microbatches=2, gradient_accumulation_steps=2, **common)
+    assert args.schedule_traits.v_placement and args.schedule_traits.split_backward and args.schedule_traits.flushes
+    with pytest.raises(ValueError) as error:
+        PipeTrainingArguments(num_microbatches=4, gradient_accumulation_steps=2, **common)
+    assert str(error.value) == (
+        f"`pipeline_schedule={str(order)!r}` orders 4 micro-batches, but each optimizer step runs num_microbatches=4 "
+        "x gradient_accumulation_steps=2 = 8 in one flush; write the file for 8 (`hf-ftpipe schedule "
+        "--num-microbatches 8 ...`), or set num_microbatches and gradient_accumulation_steps to make 4. A step "
+        "with fewer (a short last batch) runs the file's order less the missing micro-batches' actions"
+    )
+    with pytest.raises(ValueError, match=r"`token_slices=\[4, 4\]` with pipeline_schedule='.*order.txt': this "):
+        PipeTrainingArguments(num_microbatches=4, token_slices=[4, 4], **common)
+
+
+def test_a_missing_schedule_file_names_both_choices(tmp_path: Path) -> None:
+    missing = str(tmp_path / "order.csv")
+    with pytest.raises(ValueError) as error:
+        PipeTrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", pipeline_schedule=missing)
+    assert str(error.value) == (
+        f"`pipeline_schedule={missing!r}`: pipeline schedule file {missing!r} does not exist; give an existing file "
+        "or a schedule's name, one of ['gpipe', '1f1b', 'async', '2bw', 'zb-h1', 'zbv', 'interleaved-1f1b']"
+    )

@@ -99,7 +99,7 @@ def test_arguments_parse_from_the_command_line(tmp_path: Path) -> None:
     assert args.activation_checkpointing
 
 
-def test_command_line_rejects_an_unknown_schedule_and_lists_the_choices(tmp_path: Path) -> None:
+def test_command_line_rejects_an_unknown_schedule_and_names_both_choices(tmp_path: Path) -> None:
     command = [sys.executable, "-c", "from transformers import HfArgumentParser; from hf_ftpipe import "]
     command[-1] += "PipeTrainingArguments as A; HfArgumentParser(A).parse_args_into_dataclasses()"
     result = subprocess.run(
@@ -109,8 +109,17 @@ def test_command_line_rejects_an_unknown_schedule_and_lists_the_choices(tmp_path
         timeout=120,
     )
     assert result.returncode != 0
-    assert "invalid choice: 'zero-bubble'" in result.stderr
-    assert "'gpipe', '1f1b', 'async', '2bw'" in result.stderr
+    assert "unknown pipeline schedule 'zero-bubble'; choose one of ['gpipe', '1f1b', 'async', '2bw'" in result.stderr
+    assert "or give the path of a schedule file" in result.stderr
+
+
+def test_help_lists_the_schedules_and_schedule_files() -> None:
+    from hf_ftpipe.schedules import SCHEDULE_NAMES
+
+    text = " ".join(HfArgumentParser(PipeTrainingArguments).format_help().split())
+    described = text[text.index("--pipeline_schedule PIPELINE_SCHEDULE, ") :]
+    assert all(f"'{name}': " in described for name in SCHEDULE_NAMES), described[:2000]
+    assert "Or the path of a schedule file" in described
 
 
 @pytest.mark.slow

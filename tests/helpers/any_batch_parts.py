@@ -1,9 +1,13 @@
-"""What test_any_batch.py's cases plug into a Trainer: losses and metrics as scripts write them, and
-a hand-made plan whose loss stage is not where the logits are computed."""
+"""What test_any_batch.py's cases plug into a Trainer: losses and metrics as scripts write them, a
+hand-made plan whose loss stage is not where the logits are computed, and a schedule file."""
 
 from __future__ import annotations
 
+import contextlib
+import io
+import os
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -84,3 +88,20 @@ def register_logits_apart() -> None:
     """Make `logits_apart` a partitioner, in the pipeline job's processes only: registered in the test
     process, it would be listed by the `hf-ftpipe compare` runs of other tests."""
     register_partitioner(LOGITS_APART)(logits_apart)
+
+
+def write_schedule_file(schedule: str, num_microbatches: int, output_dir: str) -> str:
+    """``OUTPUT_DIR/order.txt``: what ``hf-ftpipe schedule`` prints for ``schedule`` on stages [0, 1]
+    for ``num_microbatches``. Every rank writes the same text, each through a file of its own
+    renamed into place, so no rank reads another's half-written file."""
+    from hf_ftpipe.cli import main
+
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        main(["schedule", "--placement", "0,1", "--schedule", schedule, "--num-microbatches", str(num_microbatches)])
+    path = Path(output_dir) / "order.txt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    own = path.with_suffix(f".{os.getpid()}")
+    own.write_text(printed.getvalue(), encoding="utf-8")
+    os.replace(own, path)
+    return str(path)

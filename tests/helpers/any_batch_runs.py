@@ -28,6 +28,7 @@ from any_batch_parts import (
     input_metrics,
     named_partitioner,
     token_loss,
+    write_schedule_file,
 )
 from generation_cases import generate_on_every_rank
 from mlm_runs import SPECIALS, tokenizer
@@ -56,6 +57,9 @@ class Case:
     """The run's optimizer steps, worked out by hand: ceil(train_rows / batch_size) * epochs."""
     schedule: str = "gpipe"
     num_microbatches: int = 2
+    schedule_file: bool = False
+    """PipeTrainer runs `schedule` from a file: the order ``hf-ftpipe schedule`` prints for it, for the
+    micro-batches of one flush on stages [0, 1] (`write_schedule_file`)."""
     args: dict[str, Any] = field(default_factory=dict)
     pipe_args: dict[str, Any] = field(default_factory=dict)
     """PipeTrainingArguments only (plain `Trainer` has no such thing)."""
@@ -154,6 +158,20 @@ CASES = {
         epochs=1,
         steps=3,
         schedule="zb-h1",
+        args={"gradient_accumulation_steps": 2, "optim": "sgd", "learning_rate": 0.1},
+    ),
+    # The same from a schedule file: zb-h1's order for 2 x 2 micro-batches as `hf-ftpipe schedule` prints it.
+    # 13 rows: windows of 4 + 4 rows and 4 + 1, the last a flush of 3 micro-batches that runs the file's order
+    # less micro-batch 3's actions (its second batch has 1 row, fewer than num_microbatches).
+    "gpt2-file": Case(
+        "gpt2",
+        "causal",
+        train_rows=13,
+        batch_size=4,
+        epochs=1,
+        steps=2,
+        schedule="zb-h1",
+        schedule_file=True,
         args={"gradient_accumulation_steps": 2, "optim": "sgd", "learning_rate": 0.1},
     ),
     # G = 2 without num_items_in_batch (no `labels`: answer positions): each batch's mean over G.
@@ -294,8 +312,10 @@ def setup(name: str, output_dir: str, pipe: bool) -> dict[str, Any]:
     common.update(case.args)
     if pipe:
         pipe_class = PipeSeq2SeqTrainingArguments if case.generate is not None else PipeTrainingArguments
+        flush = case.num_microbatches * case.args.get("gradient_accumulation_steps", 1)
+        schedule = write_schedule_file(case.schedule, flush, output_dir) if case.schedule_file else case.schedule
         args = pipe_class(
-            num_microbatches=case.num_microbatches, pipeline_schedule=case.schedule, **case.pipe_args, **common
+            num_microbatches=case.num_microbatches, pipeline_schedule=schedule, **case.pipe_args, **common
         )
     else:
         args = (Seq2SeqTrainingArguments if case.generate is not None else TrainingArguments)(**common)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from hf_ftpipe.errors import PartitionError
 from hf_ftpipe.schedules.from_file import is_schedule_file, summarize_file
 from hf_ftpipe.schedules.registry import SCHEDULE_NAMES, SCHEDULES, ScheduleTraits, schedule_traits
 from hf_ftpipe.schedules.zero_bubble import is_v_shape
@@ -58,8 +59,8 @@ def check_schedule_argument(schedule: str, num_microbatches: int, gradient_accum
 
 def planned_placement(schedule: str) -> tuple[Placement, int | None]:
     """The placement and number of stages to plan for: a V for a schedule that runs only one
-    (`ScheduleTraits.v_placement`); a file's own, a chain or a V (`ValueError` for another, which
-    no partitioner is asked for: give that plan in ``partition_file``); else a chain, as many
+    (`ScheduleTraits.v_placement`); a file's own, a chain or a V (for another, which no partitioner
+    is asked for, a `PartitionError` says to give that plan in ``partition_file``); else a chain, as many
     stages as the partitioner chooses."""
     traits = schedule_traits(schedule)
     if not is_schedule_file(schedule):
@@ -67,7 +68,7 @@ def planned_placement(schedule: str) -> tuple[Placement, int | None]:
     stage_rank = summarize_file(schedule).stage_rank
     if stage_rank is None or not (stage_rank == list(range(len(stage_rank))) or is_v_shape(stage_rank)):
         where = "names a stage on two ranks or leaves one out" if stage_rank is None else f"places {stage_rank}"
-        raise ValueError(
+        raise PartitionError(
             f"`pipeline_schedule={schedule!r}` {where}; the partitioners plan a chain (stage s on rank s) or a V "
             "(stage s on rank min(s, 2P-1-s)): write the file for one of them, or give a plan with its placement "
             "in `partition_file`"

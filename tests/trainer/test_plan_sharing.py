@@ -66,3 +66,39 @@ def test_cost_table_measured_profiles_once_then_reads_the_cache(tmp_path: Path) 
 def test_a_missing_cost_table_file_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="`cost_table` is neither 'measured' nor a file: .*hf-ftpipe profile MODEL"):
         arguments(tmp_path, cost_table=str(tmp_path / "nope.json"))
+
+
+@pytest.mark.parametrize(
+    ("schedule", "stage_rank", "partitioner"),
+    [
+        ("1f1b", [0, 1], "seq-dp"),
+        ("zbv", [0, 1, 1, 0], "seq-dp"),
+        ("zb-h1", [0, 1], "auto"),
+        ("zbv", [0, 1, 1, 0], "auto"),
+    ],
+    ids=["1f1b", "zbv", "zb-h1 file", "zbv file"],
+)
+def test_the_plan_has_the_placement_its_schedule_runs(
+    tmp_path: Path, request: pytest.FixtureRequest, schedule: str, stage_rank: list[int], partitioner: str
+) -> None:
+    # A V by the schedule's trait, by name or from a file; a file's stages and ranks exactly, whatever auto picks.
+    from hf_ftpipe.schedules import make_schedule
+
+    if request.node.callspec.id.endswith("file"):
+        (tmp_path / "order.txt").write_text(str(make_schedule(schedule, stage_rank, 4)), encoding="utf-8")
+        schedule = str(tmp_path / "order.txt")
+    args = arguments(tmp_path, pipeline_schedule=schedule, partitioner=partitioner)
+    plan = planning._compute_partition(args, GRAPH, UNIT.with_count(2), MICROBATCH)
+    assert plan.stage_device == stage_rank, plan.partitioner
+
+
+def test_a_schedule_file_placed_as_no_partitioner_plans_asks_for_a_plan_file(tmp_path: Path) -> None:
+    from hf_ftpipe.errors import PartitionError
+    from hf_ftpipe.schedules import make_schedule
+
+    (tmp_path / "order.txt").write_text(str(make_schedule("interleaved-1f1b", [0, 1, 0, 1], 4)), encoding="utf-8")
+    args = arguments(tmp_path, pipeline_schedule=str(tmp_path / "order.txt"))
+    with pytest.raises(
+        PartitionError, match=r"places \[0, 1, 0, 1\]; the partitioners plan a chain .* `partition_file`"
+    ):
+        planning._compute_partition(args, GRAPH, UNIT.with_count(2), MICROBATCH)

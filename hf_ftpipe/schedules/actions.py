@@ -155,11 +155,7 @@ def check_order(
 
 
 def restrict_order(
-    order: Sequence[Action],
-    stage_rank: Sequence[int],
-    edges: Sequence[tuple[int, int]],
-    microbatches: int,
-    num_slices: int | None = None,
+    order: Sequence[Action], stage_rank: Sequence[int], edges: Sequence[tuple[int, int]], microbatches: int
 ) -> list[Action]:
     """``order`` less every action of micro-batch ``microbatches`` and later: a short mini-batch's
     order (the last of an epoch), checked (`check_order`) rather than assumed valid.
@@ -170,6 +166,8 @@ def restrict_order(
     """
     kept = [a for a in order if a.microbatch_index < microbatches]
     split_backward = any(a.computation == "W" for a in kept)
+    sliced = [a.slice_index for a in kept if a.slice_index is not None]
+    num_slices = 1 + max(sliced) if sliced else None  # token slices: every slice of a kept micro-batch
     try:
         check_order(kept, stage_rank, edges, range(microbatches), num_slices, split_backward=split_backward)
     except ValueError as error:

@@ -64,8 +64,7 @@ class RankPrograms:
         if microbatches >= self.schedule.num_microbatches:
             return program
         if training and (num_slices, microbatches) not in self._short:  # evaluation: forwards only, in any order
-            slices = self.schedule.num_slices if num_slices is None else num_slices
-            restrict_order(order, self.schedule.stage_rank, self.schedule.edges, microbatches, slices)
+            restrict_order(order, self.schedule.stage_rank, self.schedule.edges, microbatches)
             self._short.add((num_slices, microbatches))
         return [op for op in program if op.microbatch_index < microbatches]
 

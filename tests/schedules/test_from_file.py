@@ -114,3 +114,9 @@ def test_a_short_order_that_misses_an_action_is_refused() -> None:
     broken = [a for a in order if str(a) != "1B0"]
     with pytest.raises(ValueError, match=r"the order of the first 1 micro-batches is not valid: 0B0 comes before 1B0"):
         restrict_order(broken, [0, 1], chain_edges(2), 1)
+
+
+def test_a_short_step_of_token_slices_keeps_every_slice_of_its_microbatches() -> None:
+    order = make_schedule("1f1b", [0, 1], 3, num_slices=2).global_order()
+    short = restrict_order(order, [0, 1], chain_edges(2), 2)
+    assert short == [a for a in order if a.microbatch_index < 2] and len(short) == 2 * 2 * 2 * 2

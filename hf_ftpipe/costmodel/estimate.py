@@ -33,9 +33,8 @@ from hf_ftpipe.costmodel.options import (
     Optimizer,
     Schedule,
     TokenSlices,
-    check_choice,
     check_positive,
-    check_schedule,
+    check_training,
     usable_capacity,
 )
 from hf_ftpipe.costmodel.prediction import GPUCost, Prediction, StageCost
@@ -82,9 +81,7 @@ def estimate(
         memory (`MemoryOptions`, *optional*): recomputation and gradient accumulation (they change
             time and memory); ``MemoryOptions()`` by default.
     """
-    check_schedule(schedule)
-    check_choice("optimizer", optimizer, Optimizer)
-    check_positive("num_microbatches", num_microbatches)
+    check_training(schedule, optimizer, num_microbatches)
     check_positive("microbatch_size", microbatch_size)
     options = memory or MemoryOptions()
     if costs is None:

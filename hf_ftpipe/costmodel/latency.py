@@ -26,11 +26,10 @@ from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING
 
 from hf_ftpipe import _strict_json
-from hf_ftpipe.costmodel.profiles import GPUProfile
 from hf_ftpipe.errors import LatencyFormatError
 
-if TYPE_CHECKING:  # only read here; importing hf_ftpipe.graph at runtime pulls in torch
-    from hf_ftpipe.graph.cost_graph import CostGraph
+if TYPE_CHECKING:  # only named here: it builds on this module
+    from hf_ftpipe.costmodel.roofline_latency import RooflineSliceTime
 
 __all__ = [
     "FORMAT_NAME",
@@ -146,22 +145,9 @@ class SliceLatency:
             active.remove(worst)
 
     @classmethod
-    def from_cost_model(
-        cls,
-        graph: CostGraph,
-        profile: GPUProfile,
-        *,
-        num_stages: int,
-        boundary_bytes_per_token: float,
-        dtype: str | None = None,
-    ) -> SliceLatency:
-        """The five coefficients fitted to `RooflineSliceTime` (the cost model itself) on a grid of
-        ``(s, c, b)``; ``fit_error`` says how closely."""
-        from hf_ftpipe.costmodel.roofline_latency import RooflineSliceTime  # it builds on this module
-
-        exact = RooflineSliceTime.from_graph(
-            graph, profile, num_stages=num_stages, boundary_bytes_per_token=boundary_bytes_per_token, dtype=dtype
-        )
+    def from_cost_model(cls, exact: RooflineSliceTime) -> SliceLatency:
+        """The five coefficients fitted to ``exact``, the cost model's own slice time
+        (`RooflineSliceTime.from_graph`), on a grid of ``(s, c, b)``; ``fit_error`` says how closely."""
         return cls.fit(exact.samples(), exact.key, source="cost-model")
 
     def to_dict(self) -> dict[str, object]:

@@ -47,9 +47,7 @@ from hf_ftpipe.costmodel.options import (
     Optimizer,
     Schedule,
     TokenSlices,
-    check_choice,
-    check_positive,
-    check_schedule,
+    check_training,
 )
 from hf_ftpipe.errors import PartitionError
 from hf_ftpipe.graph.cost_graph import CostGraph
@@ -174,9 +172,7 @@ def estimate_memory(
     With ``token_slices`` each of the ``num_microbatches`` micro-batches is a sequence cut into
     token slices (`TokenSlices`); ``graph`` and ``node_stage`` are the whole sequence's.
     """
-    check_schedule(schedule)
-    check_choice("optimizer", optimizer, Optimizer)
-    check_positive("num_microbatches", num_microbatches)
+    check_training(schedule, optimizer, num_microbatches)
     stage_nodes = nodes_by_stage(graph, node_stage, stage_device)
     model = StageMemory(
         graph,

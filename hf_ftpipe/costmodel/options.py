@@ -20,6 +20,7 @@ __all__ = [
     "check_choice",
     "check_positive",
     "check_schedule",
+    "check_training",
     "usable_capacity",
 ]
 
@@ -97,3 +98,10 @@ def check_schedule(schedule: str) -> None:
 def check_positive(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise PartitionError(f"`{name}` must be a positive integer, got {value!r}")
+
+
+def check_training(schedule: str, optimizer: str, num_microbatches: int) -> None:
+    """The training options every estimate prices, checked alike: `PartitionError` naming the bad one."""
+    check_schedule(schedule)
+    check_choice("optimizer", optimizer, Optimizer)
+    check_positive("num_microbatches", num_microbatches)

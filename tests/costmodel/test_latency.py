@@ -148,7 +148,8 @@ def toy_causal_lm(seq_len: int = 64, hidden: int = 32) -> CostGraph:
 
 def test_from_cost_model_has_per_token_and_attention_terms() -> None:
     profile = get_profile("a100-80gb", count=2)
-    latency = SliceLatency.from_cost_model(toy_causal_lm(), profile, num_stages=2, boundary_bytes_per_token=128)
+    exact = RooflineSliceTime.from_graph(toy_causal_lm(), profile, num_stages=2, boundary_bytes_per_token=128)
+    latency = SliceLatency.from_cost_model(exact)
     assert latency.source == "cost-model" and latency.key.seq_len == 64 and latency.key.num_stages == 2
     assert latency.fixed_s >= 2 * profile.link_latency_s * 0.99  # a send each way per slice
     assert latency.token_context_s > 0 and latency.token_squared_s > 0  # attention over context and itself
@@ -162,4 +163,4 @@ def test_the_roofline_sum_of_the_whole_sequence_is_the_cost_model_of_the_graph()
     whole = sum(cost.total_s for cost in node_costs(graph, profile).values())
     assert exact(64, 0) == pytest.approx(whole, rel=1e-12)
     assert exact(32, 32) + exact(32, 0) < whole  # slicing skips the masked half of the scores
-    assert SliceLatency.from_cost_model(graph, profile, num_stages=1, boundary_bytes_per_token=128).fit_error < 0.5
+    assert SliceLatency.from_cost_model(exact).fit_error < 0.5

@@ -35,14 +35,13 @@ from typing import Any
 from hf_ftpipe.costmodel.prediction import Prediction
 from hf_ftpipe.errors import PartitionFormatError
 from hf_ftpipe.graph.cost_graph import CostGraph
-from hf_ftpipe.plan._json import MAX_FILE_BYTES, build, json_type, read_json
+from hf_ftpipe.plan._json import build, json_type, read_json
 from hf_ftpipe.plan.anchors import GraphAnchors
 from hf_ftpipe.plan.validate import index_problems
 
 __all__ = [
     "FORMAT_NAME",
     "FORMAT_VERSION",
-    "MAX_FILE_BYTES",
     "Partition",
     "PartitionKey",
     "user_file_fix",

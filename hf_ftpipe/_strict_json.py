@@ -84,6 +84,14 @@ def read_versioned(
     return value
 
 
+def check_key(expected: Any, found: Any, *, where: str, made: str, error: type[Exception], fix: str) -> None:
+    """An ``error`` unless the file at ``where`` was ``made`` (fitted, measured) for the ``expected``
+    key: each field where its key ``found`` differs, then ``fix``."""
+    differ = key_differences(expected, found)
+    if differ:
+        raise error(f"{where} was {made} for another setup: {'; '.join(differ)}; {fix}")
+
+
 def key_differences(expected: Any, found: Any) -> list[str]:
     """``["key.dtype is 'float16', expected 'float32'"]``: each field where the dataclass ``found`` (a
     file's key) differs from ``expected``."""

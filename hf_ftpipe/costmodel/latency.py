@@ -168,9 +168,10 @@ class SliceLatency:
             where, SliceLatency, format_name=FORMAT_NAME, format_version=FORMAT_VERSION, what="latency file",
             error=LatencyFormatError, max_bytes=MAX_FILE_BYTES, fix=_REFIT, check=_check_key,
         )  # fmt: skip
-        if expected_key is not None and latency.key != expected_key:
-            differ = _strict_json.key_differences(expected_key, latency.key)
-            raise LatencyFormatError(f"{where}: fitted for another setup: {'; '.join(differ)}; {_REFIT}")
+        if expected_key is not None:
+            _strict_json.check_key(
+                expected_key, latency.key, where=where, made="fitted", error=LatencyFormatError, fix=_REFIT
+            )
         return latency
 
 

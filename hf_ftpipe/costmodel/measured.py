@@ -203,9 +203,7 @@ class CostTable:
 
     def check_key(self, expected: CostKey, where: str = "the cost table") -> None:
         """A `CostTableError` naming each key field that differs from ``expected`` (device and dtype included)."""
-        differ = _strict_json.key_differences(expected, self.key)
-        if differ:
-            raise CostTableError(f"{where} was measured for another setup: {'; '.join(differ)}; {_REPROFILE}")
+        _strict_json.check_key(expected, self.key, where=where, made="measured", error=CostTableError, fix=_REPROFILE)
 
     def to_dict(self) -> dict[str, object]:
         return {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, **asdict(self)}

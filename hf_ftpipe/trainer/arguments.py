@@ -264,6 +264,12 @@ class PipeTrainingArguments(TrainingArguments):
                 "`push_partition_to_hub=True` needs `partition_repo`, the Hub dataset repo to push to, "
                 "e.g. partition_repo='my-org/ftpipe-partitions'"
             )
+        if self.push_partition_to_hub and self.pipeline_schedule not in SCHEDULES:
+            raise ValueError(
+                f"`push_partition_to_hub=True` with the schedule file {self.pipeline_schedule!r}: a plan's key names "
+                "its schedule, here a path on this machine that says nothing to whoever pulls it; push plans made "
+                "for a named schedule, or keep this one in a `partition_file`"
+            )
         if self.partition_revision and not self.partition_repo:
             raise ValueError(
                 f"`partition_revision={self.partition_revision!r}` needs `partition_repo`, the Hub dataset repo to "

@@ -154,6 +154,8 @@ def test_a_schedule_file_is_taken_for_the_micro_batches_of_one_flush(tmp_path: P
     )
     with pytest.raises(ValueError, match=r"`token_slices=\[4, 4\]` with pipeline_schedule='.*order.txt': this "):
         PipeTrainingArguments(num_microbatches=4, token_slices=[4, 4], **common)
+    with pytest.raises(ValueError, match=r"`push_partition_to_hub=True` with the schedule file '.*order.txt': a plan"):
+        PipeTrainingArguments(num_microbatches=4, push_partition_to_hub=True, partition_repo="me/plans", **common)
 
 
 def test_a_missing_schedule_file_names_both_choices(tmp_path: Path) -> None:

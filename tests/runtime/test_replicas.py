@@ -33,7 +33,7 @@ NUM_MICROBATCHES = 2
 """Micro-batches per replica."""
 LR = 0.5
 
-CASES = {  # name: (model, schedule, stage_device, data_parallel_size, rows of each step's global batch)
+CASES = {  # name: (model, schedule, stage_device, data_parallel_size, rows of each step's global batch (or batches))
     "gpt2-gpipe": ("gpt2", "gpipe", [0, 1], 2, [8, 8, 3]),  # 3 rows: 2 micro-batches on replica 0, 1 on replica 1
     "gpt2-1f1b": ("gpt2", "1f1b", [0, 1], 2, [8, 2, 8]),  # 2 rows: replica 1 runs none (an empty step)
     "gpt2-zb-h1": ("gpt2", "zb-h1", [0, 1], 2, [8, 5]),
@@ -42,6 +42,7 @@ CASES = {  # name: (model, schedule, stage_device, data_parallel_size, rows of e
     "t5-1f1b": ("t5", "1f1b", [0, 1], 2, [8, 2]),  # in buckets of at most 2 kB: many per stage (see replica_run)
     "t5-zb-h1": ("t5", "zb-h1", [0, 1], 2, [8, 8]),
     "gpt2-1x4": ("gpt2", "1f1b", [0], 4, [16, 5]),  # plain data parallelism: one stage per rank
+    "gpt2-accumulated": ("gpt2", "1f1b", [0, 1], 2, [[8, 3], [2, 8]]),  # lists of mini-batches (batches_per_step=2)
     # 2bw updates each rank's copy of a tied weight apart until drain (WeightSync.reconcile_tied), so the rule
     # holds where no weight spans ranks: here T5's shared embedding is on stages 0, 1 and 3 of position 0 only
     "t5-2bw": ("t5", "2bw", [0, 0, 1, 0], 2, [8, 8, 8]),
@@ -64,8 +65,19 @@ def test_layout_numbers_replicas_by_consecutive_ranks() -> None:
         ReplicaLayout(2, 0)
 
 
-def global_batches(kind: str, rows: list[int]) -> list[dict[str, torch.Tensor]]:
-    return [tiny_batch(kind, count, seed=10 + step) for step, count in enumerate(rows)]
+def global_batches(kind: str, rows: list) -> list:
+    """Each step's global mini-batch of ``rows[step]`` rows (or mini-batches, for a list)."""
+    return [
+        [tiny_batch(kind, n, seed=10 + 10 * step + i) for i, n in enumerate(count)]
+        if isinstance(count, list)
+        else tiny_batch(kind, count, seed=10 + step)
+        for step, count in enumerate(rows)
+    ]
+
+
+def flat(data: list) -> list:
+    """The mini-batches (or losses) of every step in order, a step's list unpacked."""
+    return [batch for step in data for batch in (step if isinstance(step, list) else [step])]
 
 
 def replica_run(traced, kind: str, schedule: str, stage_device: list[int], data_parallel_size: int, rows: list[int]):
@@ -79,6 +91,7 @@ def replica_run(traced, kind: str, schedule: str, stage_device: list[int], data_
         schedule=schedule,
         data_parallel_size=data_parallel_size,
         timeout_s=TIMEOUT_S,
+        batches_per_step=max(len(n) if isinstance(n, list) else 1 for n in rows),
     )
     if kind == "t5" and schedule == "1f1b":
         engine.replica_gradients.bucket_bytes = 2048
@@ -89,7 +102,7 @@ def replica_run(traced, kind: str, schedule: str, stage_device: list[int], data_
     data = global_batches(kind, rows)
     for batch in data:
         optimizer.zero_grad()
-        losses.append(engine.train_step(batch).item())
+        losses.append(engine.train_step(batch).tolist())  # one per mini-batch for a list
         if not engine.streaming:
             gradients.append({n: p.grad.clone() for n, p in engine.named_parameters() if p.grad is not None})
             norms.append(engine.clip_grad_norm_(float("inf")).item())
@@ -211,15 +224,18 @@ def reference(kind: str, data_parallel_size: int, rows: list[int]):
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     losses, gradients, norms = [], [], []
     data = global_batches(kind, rows)
-    for batch in data:
+    for step in data:
         optimizer.zero_grad()
-        count = len(microbatch_rows(len(batch["input_ids"]), data_parallel_size * NUM_MICROBATCHES))
-        total = 0.0
-        for m in range(count):
-            loss = model(**{k: v.tensor_split(count)[m] for k, v in batch.items()}).loss
-            (loss / count).backward()
-            total += loss.item() / count
-        losses.append(total)
+        batches = step if isinstance(step, list) else [step]
+        counts = [len(microbatch_rows(len(b["input_ids"]), data_parallel_size * NUM_MICROBATCHES)) for b in batches]
+        totals = []
+        for batch, count in zip(batches, counts, strict=True):
+            totals.append(0.0)
+            for m in range(count):  # each micro-batch of the step weighted 1 / (their count)
+                loss = model(**{k: v.tensor_split(count)[m] for k, v in batch.items()}).loss
+                (loss / sum(counts)).backward()
+                totals[-1] += loss.item() / sum(counts)
+        losses.append(totals if isinstance(step, list) else totals[0])
         gradients.append({n: p.grad.clone() for n, p in model.named_parameters(remove_duplicate=False)})
         norms.append(torch.nn.utils.get_total_norm([p.grad for p in model.parameters()]).item())
         optimizer.step()
@@ -227,9 +243,9 @@ def reference(kind: str, data_parallel_size: int, rows: list[int]):
     return losses, gradients, norms, model.state_dict(), outputs
 
 
-def evaluated(data: list[dict[str, torch.Tensor]]) -> list[dict[str, torch.Tensor]]:
+def evaluated(data: list) -> list[dict[str, torch.Tensor]]:
     """The batches a case evaluates after training: the first, and the shortest (a replica's share may be empty)."""
-    return [data[0], min(data, key=lambda batch: len(batch["input_ids"]))]
+    return [flat(data)[0], min(flat(data), key=lambda batch: len(batch["input_ids"]))]
 
 
 def evaluation(model, batch: dict[str, torch.Tensor], data_parallel_size: int) -> dict[str, torch.Tensor]:
@@ -284,7 +300,8 @@ def test_replicas_equal_one_process_on_the_global_batch(runs: list[dict], name: 
         state, gathered, outputs = run["state"], run["gathered"], run["outputs"]
         where = (layout.replica_of(rank), layout.position_of(rank), data_parallel_size * NUM_MICROBATCHES)
         assert run["where"] == where
-        assert run["losses"] == pytest.approx(want_losses, abs=1e-5), f"{name}: rank {rank} losses"
+        assert [type(loss) for loss in run["losses"]] == [type(loss) for loss in want_losses]  # a list per list
+        assert flat(run["losses"]) == pytest.approx(flat(want_losses), abs=1e-5), f"{name}: rank {rank}"
         assert run["norms"] == pytest.approx(want_norms, abs=1e-5), f"{name}: rank {rank} gradient norms"
         for step, (got, want) in enumerate(zip(run["gradients"], want_gradients, strict=True)):
             assert set(got) == set(state) & trainable, f"{name}: rank {rank} step {step}: gradients of {sorted(got)}"

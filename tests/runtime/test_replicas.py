@@ -369,5 +369,5 @@ def test_a_rank_dying_in_one_replica_stops_every_rank_of_every_replica(launch: L
         message = torch.load(io.BytesIO(result.value), weights_only=False)
         messages[result.rank] = message
         assert message.startswith(f"[rank {result.rank}"), message
-        assert "rank 3" in message or "[rank 2" in message or "[rank 1" in message, message
+        assert "rank 3" in message, message  # waited on it, or stopped by the failure of a rank that did
     assert messages, "no rank reported why it stopped"

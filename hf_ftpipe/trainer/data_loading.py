@@ -3,7 +3,8 @@
 Ranks are stages of one model: accelerate's sharding is undone, data loader workers are seeded
 alike on every rank, and the batch size is not multiplied by the ranks. With ``data_parallel_size``
 replicas the loader's batch is the global one, every replica's mini-batch (`PipeTrainer` sets
-``_train_batch_size``), which the engine splits among the replicas (`hf_ftpipe.trainer.replicas`).
+``_train_batch_size``; evaluation's likewise), which the engine splits among the replicas
+(`hf_ftpipe.trainer.replicas`).
 Batches may have any shape, a short last one included, as with `Trainer`; only the streaming
 schedules (``async``, ``2bw``), which carry whole mini-batches from step to step, drop an
 incomplete last batch, and refuse a training set smaller than one with the sizes that would fit.
@@ -19,6 +20,7 @@ from transformers.trainer_pt_utils import BatchRebalanceSampler
 from transformers.trainer_utils import seed_worker
 
 from hf_ftpipe.errors import PipelineError
+from hf_ftpipe.trainer.replicas import global_batch_size
 
 __all__ = ["PipeDataLoading"]
 
@@ -32,6 +34,8 @@ class PipeDataLoading:
         drop_last = self.args.dataloader_drop_last
         # Streaming schedules carry whole mini-batches from step to step (see the module docstring).
         self.args.dataloader_drop_last = (bool(is_training) and self._streams_whole_batches()) or drop_last
+        if not is_training:  # training's is the global batch already (`PipeTrainer._train_batch_size`)
+            batch_size = global_batch_size(batch_size, self.args)  # the engine splits it among the replicas
         try:
             dataloader = super()._get_dataloader(dataset, description, batch_size, *args, **kwargs)
         finally:
@@ -104,7 +108,7 @@ class PipeDataLoading:
         if dataset is None or not hasattr(dataset, "__len__") or not self._streams_whole_batches():
             return
         replicas = self.args.data_parallel_size
-        samples, batch = len(dataset), self.args.per_device_train_batch_size * replicas
+        samples, batch = len(dataset), self._train_batch_size
         if samples >= batch:
             return
         microbatches = self.args.num_microbatches

@@ -17,9 +17,16 @@ from typing import Any
 import torch.distributed as dist
 
 from hf_ftpipe.errors import PipelineError
+from hf_ftpipe.runtime.replicas import ReplicaLayout
 from hf_ftpipe.schedules.registry import SCHEDULES
 
-__all__ = ["check_data_parallel_size", "launched_pipeline_size", "launched_world_size", "pipeline_size"]
+__all__ = [
+    "check_data_parallel_size",
+    "global_batch_size",
+    "launched_pipeline_size",
+    "launched_world_size",
+    "pipeline_size",
+]
 
 
 def check_data_parallel_size(data_parallel_size: int, schedule: str, world_size: int | None) -> None:
@@ -34,15 +41,13 @@ def check_data_parallel_size(data_parallel_size: int, schedule: str, world_size:
             f"`data_parallel_size={data_parallel_size!r}` must be a positive integer: the number of pipeline "
             "replicas, each of world_size / data_parallel_size stages (1: one pipeline over every process)"
         )
-    # Weight stashing (``async``) updates each stage as its own micro-batches stream by: replicas
-    # would apply different stale gradients at different times, an update rule nobody defined.
-    if data_parallel_size > 1 and schedule in SCHEDULES and SCHEDULES[schedule].weights == "stashed":
-        raise ValueError(
-            f"`data_parallel_size={data_parallel_size}` with pipeline_schedule={schedule!r}: each replica would "
-            "update its own weights from its own stale gradients, and the replicas would drift apart (no "
-            "defined update rule); use pipeline_schedule='2bw' (all-reduced once per weight version), "
-            "'gpipe' or '1f1b', or data_parallel_size=1"
-        )
+    if data_parallel_size > 1 and schedule in SCHEDULES:  # a schedule file is checked by the engine
+        try:  # the engine's rule: replicas agree on their weights only where updates are paired
+            ReplicaLayout(1, data_parallel_size).check_schedule(SCHEDULES[schedule])
+        except PipelineError as error:
+            raise ValueError(
+                f"`data_parallel_size={data_parallel_size}` with pipeline_schedule={schedule!r}: {error}"
+            ) from None
     if world_size is not None and world_size % data_parallel_size:
         divisors = [d for d in range(1, world_size + 1) if world_size % d == 0]
         raise ValueError(
@@ -50,6 +55,12 @@ def check_data_parallel_size(data_parallel_size: int, schedule: str, world_size:
             f"(world size = pipeline stages x data_parallel_size); use one of {divisors}, or launch a multiple "
             f"of {data_parallel_size} processes"
         )
+
+
+def global_batch_size(per_device_batch_size: int, args: Any) -> int:
+    """The rows every rank loads for one step: one replica's mini-batch (``per_device_*_batch_size``, as
+    under DDP) for each of ``args.data_parallel_size`` replicas. The engine gives replica d its share."""
+    return per_device_batch_size * args.data_parallel_size
 
 
 def launched_world_size() -> int | None:

@@ -7,6 +7,11 @@ each is asserted by its own test."""
 from __future__ import annotations
 
 import copy
+import io
+import os
+import signal
+import time
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -17,12 +22,13 @@ from hf_ftpipe.runtime import PipelineEngine
 from hf_ftpipe.runtime.microbatches import microbatch_rows
 from hf_ftpipe.runtime.replicas import ReplicaLayout
 
-from distributed import run_ranks, values_or_raise
+from distributed import RankResult, run_ranks
 from models import tiny_batch, tiny_model
 from placements import contiguous_placement
 
 MICROBATCH = 2
 """Rows of a planned micro-batch."""
+TIMEOUT_S = 60
 NUM_MICROBATCHES = 2
 """Micro-batches per replica."""
 LR = 0.5
@@ -74,7 +80,10 @@ def replica_run(traced, kind: str, schedule: str, stage_device: list[int], data_
     gathered = engine.gather_state_dict(0)
     outputs = engine.eval_step(data[0])
     where = (engine.replica, engine.position, engine.microbatches_per_batch)
-    return losses, gradients, engine.state_dict(), gathered, outputs, where
+    overlap = None
+    if engine.replica_gradients is not None and not engine.streaming:  # the last step's
+        overlap = (dict(engine.replica_gradients.started_after), engine.replica_gradients.actions_in_step)
+    return losses, gradients, engine.state_dict(), gathered, outputs, where, overlap
 
 
 def refused_run(traced, schedule: str, stage_device: list[int], data_parallel_size: int) -> str:
@@ -91,7 +100,46 @@ def refused_run(traced, schedule: str, stage_device: list[int], data_parallel_si
     return "no error"
 
 
-def all_cases(rank: int, world_size: int) -> dict:
+# -- a rank that dies ------------------------------------------------------------------------------
+
+
+def dying_replica_run(rank: int, traced, folder: str):
+    """2 x 2 1f1b on GPT-2; rank 3 (replica 1's stage 1) kills itself at its first forward of the second
+    step, after noting the time. Returns the error this rank stopped with."""
+    data = global_batches("gpt2", [8, 8, 8])
+    engine = PipelineEngine(
+        traced,
+        contiguous_placement(traced.cost_graph, [0, 1]),
+        num_microbatches=NUM_MICROBATCHES,
+        schedule="1f1b",
+        data_parallel_size=2,
+        timeout_s=TIMEOUT_S,
+    )
+    optimizer = torch.optim.SGD(engine.parameters(), lr=LR)
+    if rank == 3:
+        original, calls = engine.modules[1].forward, []
+
+        def dying_forward(*args):
+            calls.append(1)
+            if len(calls) == NUM_MICROBATCHES + 1:
+                with open(os.path.join(folder, "killed"), "w") as file:
+                    file.write(repr(time.time()))
+                os.kill(os.getpid(), signal.SIGKILL)
+            return original(*args)
+
+        engine.modules[1].forward = dying_forward
+    try:
+        for batch in data:
+            optimizer.zero_grad()
+            engine.train_step(batch)
+            optimizer.step()
+    except PipelineError as error:
+        return str(error)
+    return "no error"
+
+
+def all_cases(rank: int, world_size: int, folder: str):
+    """Every case, its results saved in ``folder``; then the run in which rank 3 dies (last: it ends the launch)."""
     traces = {}
     for kind in ("gpt2", "t5", "bert"):
         batch = global_batches(kind, [MICROBATCH])[0]
@@ -99,12 +147,35 @@ def all_cases(rank: int, world_size: int) -> dict:
     results = {name: refused_run(copy.deepcopy(traces[kind]), *rest) for name, (kind, *rest) in REFUSED.items()}
     for name, (kind, *rest) in CASES.items():
         results[name] = replica_run(copy.deepcopy(traces[kind]), kind, *rest)
-    return results
+    torch.save(results, os.path.join(folder, f"rank{rank}.pt"))
+    return dying_replica_run(rank, traces["gpt2"], folder)
+
+
+@dataclass
+class Launch:
+    cases: list[dict]
+    """Each rank's results of every case."""
+    stops: list[RankResult]
+    """How each rank ended the run in which rank 3 dies."""
+    stopped_after_s: float
+    """From rank 3's death to the end of the launch."""
 
 
 @pytest.fixture(scope="module")
-def runs() -> list[dict]:
-    return values_or_raise(run_ranks(all_cases, 4, deadline_s=300))
+def launch(tmp_path_factory) -> Launch:
+    folder = tmp_path_factory.mktemp("replicas")
+    stops = run_ranks(all_cases, 4, str(folder), deadline_s=TIMEOUT_S + 300)
+    ended = time.time()
+    missing = [f"--- rank {r.rank} ---\n{r.error}" for r in stops if not (folder / f"rank{r.rank}.pt").exists()]
+    if missing:
+        raise AssertionError("ranks failed:\n" + "\n".join(missing))
+    cases = [torch.load(folder / f"rank{rank}.pt", weights_only=False) for rank in range(4)]
+    return Launch(cases, stops, ended - float((folder / "killed").read_text()))
+
+
+@pytest.fixture(scope="module")
+def runs(launch: Launch) -> list[dict]:
+    return launch.cases
 
 
 def reference(kind: str, data_parallel_size: int, rows: list[int]):
@@ -176,7 +247,7 @@ def test_replicas_equal_one_process_on_the_global_batch(runs: list[dict], name: 
     trainable = {n for n, _ in tiny_model(kind).named_parameters()}
     covered = set()
     for rank, per_case in enumerate(runs):
-        losses, gradients, state, gathered, outputs, where = per_case[name]
+        losses, gradients, state, gathered, outputs, where, _ = per_case[name]
         assert where == (layout.replica_of(rank), layout.position_of(rank), data_parallel_size * NUM_MICROBATCHES)
         assert losses == pytest.approx(want_losses, abs=1e-5), f"{name}: rank {rank} losses"
         for step, (got, want) in enumerate(zip(gradients, want_gradients, strict=True)):
@@ -197,9 +268,19 @@ def test_2bw_replicas_update_by_the_gradients_summed_over_replicas(runs: list[di
     kind, _, _, data_parallel_size, rows = CASES["bert-2bw"]
     want_losses, want_weights = replay_2bw(kind, data_parallel_size, rows)
     for rank, per_case in enumerate(runs):
-        losses, _, state, gathered, _, _ = per_case["bert-2bw"]
+        losses, _, state, _, _, _, _ = per_case["bert-2bw"]
         assert losses == pytest.approx(want_losses, abs=1e-5), f"rank {rank} losses"
         check_weights("2bw", rank, {k: v for k, v in state.items() if k in want_weights}, want_weights)
+
+
+def test_a_stage_starts_its_all_reduce_after_its_last_w_before_the_rank_is_done(runs: list[dict]) -> None:
+    """zbv on positions [0, 1, 1, 0]: position 0 runs stage 3 and stage 0, whose backward comes last; stage
+    3's buckets start once its last W ran, while stage 0 still has work; stage 0's after the rank's last action."""
+    for rank in (0, 2):  # position 0 of each replica
+        started_after, actions = runs[rank]["gpt2-zbv"][-1]
+        assert set(started_after) == {0, 3}, started_after
+        assert started_after[3] < actions, f"rank {rank}: stage 3 started after {started_after[3]} of {actions}"
+        assert started_after[0] == actions, f"rank {rank}: stage 0 started after {started_after[0]} of {actions}"
 
 
 def test_async_with_replicas_is_refused(runs: list[dict]) -> None:
@@ -213,3 +294,22 @@ def test_world_size_not_p_times_d_names_p_d_and_the_fix(runs: list[dict]) -> Non
         message = per_case["world"]
         assert "P=2" in message and "D=3" in message and "6 processes" in message and "4 were started" in message
         assert "--num_processes 6" in message and "data_parallel_size=2" in message, f"rank {rank}: {message}"
+
+
+def test_a_rank_dying_in_one_replica_stops_every_rank_of_every_replica(launch: Launch) -> None:
+    """Rank 3's pipeline peer (rank 2) and its data-group peer (rank 1) wait on it directly; rank 0 on
+    them. Each stops with an error naming the rank that failed or died, or is stopped by its watchdog
+    (exit 1) on the failure another rank published, well within the timeout."""
+    results = launch.stops
+    assert results[3].exitcode == -signal.SIGKILL, results[3]
+    assert launch.stopped_after_s < TIMEOUT_S, f"the ranks took {launch.stopped_after_s:.0f} s to stop"
+    messages = {}
+    for result in results[:3]:
+        if result.error is not None:  # ended by its watchdog on a published failure
+            assert result.exitcode == 1, f"rank {result.rank}: {result.error}"
+            continue
+        message = torch.load(io.BytesIO(result.value), weights_only=False)
+        messages[result.rank] = message
+        assert message.startswith(f"[rank {result.rank}"), message
+        assert "rank 3" in message or "[rank 2" in message or "[rank 1" in message, message
+    assert messages, "no rank reported why it stopped"

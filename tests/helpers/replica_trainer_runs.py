@@ -6,9 +6,10 @@ label tokens), AdamW, clipping at 1.0, one epoch: with ``per_device_train_batch_
 ``data_parallel_size=2`` the global batch is 4, as `Trainer`'s with ``per_device_train_batch_size=4``,
 so both train 4 steps; then both evaluate 6 samples as one short batch (``per_device_eval_batch_size``
 x 2 = 8 for either: `Trainer`'s eval loss depends on the batching), which the replicas share unevenly.
-The 1f1b run smooths its labels: its loss is computed from the outputs on the last stage, for each
-replica's own micro-batches.
-A run is ``{"name", "schedule", "data_parallel_size", "resume", "save_steps", "label_smoothing_factor"}``.
+The 1f1b run smooths its labels (its loss is computed from the outputs on the last stage, for each
+replica's own micro-batches) and accumulates 2 global batches per update (one flush of both, each
+shared among the replicas): 2 steps. A run is ``{"name", "schedule", "data_parallel_size", "resume",
+"save_steps", "label_smoothing_factor", "gradient_accumulation_steps"}``.
 """
 
 from __future__ import annotations
@@ -23,12 +24,19 @@ GLOBAL_BATCH = 4
 GLOBAL_EVAL_BATCH = 8
 SAMPLES = 16
 STEPS = SAMPLES // GLOBAL_BATCH
+"""Optimizer steps of one epoch without gradient accumulation (see `steps`)."""
 
 RUNS = [
     # 2 x 2: each replica's mini-batch is half the global batch; checkpoint-2 is resumed below. (A resumed
     # run saves at the checkpoint's `save_steps`, which its trainer state carries.)
     {"name": "gpipe", "schedule": "gpipe", "data_parallel_size": 2, "save_steps": 1},
-    {"name": "1f1b", "schedule": "1f1b", "data_parallel_size": 2, "label_smoothing_factor": 0.1},
+    {
+        "name": "1f1b",
+        "schedule": "1f1b",
+        "data_parallel_size": 2,
+        "label_smoothing_factor": 0.1,
+        "gradient_accumulation_steps": 2,
+    },
     # 4 x 1 from the 2 x 2 checkpoint: another partition (4 stages), the same global batch ...
     {
         "name": "resumed",
@@ -42,11 +50,17 @@ RUNS = [
 ]
 
 
+def steps(spec: dict[str, Any]) -> int:
+    """The optimizer steps of the run ``spec``: one epoch of global batches, G per step."""
+    return STEPS // spec.get("gradient_accumulation_steps", 1)
+
+
 def common_arguments(output_dir: str, replicas: int, spec: dict[str, Any]) -> dict[str, Any]:
     """The arguments PipeTrainer (``replicas``: its ``data_parallel_size``) and `Trainer` (1) share."""
     return dict(
         output_dir=output_dir,
         label_smoothing_factor=spec.get("label_smoothing_factor", 0.0),
+        gradient_accumulation_steps=spec.get("gradient_accumulation_steps", 1),
         use_cpu=True,
         per_device_train_batch_size=GLOBAL_BATCH // replicas,  # one replica's share, as under DDP
         per_device_eval_batch_size=GLOBAL_EVAL_BATCH // replicas,

@@ -3,11 +3,11 @@
 checkpoints resume under the other layout (4 x 1 and back).
 
 One launch (`replica_trainer_job.py`) trains tiny GPT-2 under gpipe (a checkpoint every step) and
-1f1b (with label smoothing: a loss computed from the outputs of each replica's micro-batches), then
-resumes the gpipe run's ``checkpoint-2`` as 4 x 1 and that run's ``checkpoint-3`` as 2 x 2; this
-process trains `Trainer` with ``per_device_train_batch_size`` x 2 and compares the steps of one epoch
-(the global batch's count), every logged loss, gradient norm and learning rate, the FLOP count,
-`evaluate()` and the final weights.
+1f1b (label smoothing: a loss computed from the outputs of each replica's micro-batches; gradient
+accumulation over 2 global batches), then resumes the gpipe run's ``checkpoint-2`` as 4 x 1 and that
+run's ``checkpoint-3`` as 2 x 2; this process trains `Trainer` with ``per_device_train_batch_size`` x 2
+and compares the steps of one epoch (the global batch's count), every logged loss, gradient norm and
+learning rate, the FLOP count, `evaluate()` and the final weights.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from distributed import REPO, torchrun
-from replica_trainer_runs import GLOBAL_BATCH, RUNS, STEPS, trainer_run
+from replica_trainer_runs import GLOBAL_BATCH, RUNS, STEPS, steps, trainer_run
 from trainer_comparison import assert_metrics_close, assert_steps_close, assert_weights_close, logged_steps
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
@@ -37,16 +37,16 @@ def launched(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple[dict, Path]]:
-    """Plain `Trainer`'s results and output folder for a run, made once per label smoothing."""
-    done: dict[float, tuple[dict, Path]] = {}
+    """Plain `Trainer`'s results and output folder for a run, made once per loss and accumulation."""
+    done: dict[tuple[float, int], tuple[dict, Path]] = {}
 
     def results(name: str) -> tuple[dict, Path]:
         spec = next(spec for spec in RUNS if spec["name"] == name)
-        smoothing = spec.get("label_smoothing_factor", 0.0)
-        if smoothing not in done:
-            output = tmp_path_factory.mktemp(f"trainer-{smoothing}")
-            done[smoothing] = (trainer_run(str(output), spec), output)
-        return done[smoothing]
+        key = (spec.get("label_smoothing_factor", 0.0), spec.get("gradient_accumulation_steps", 1))
+        if key not in done:
+            output = tmp_path_factory.mktemp("trainer")
+            done[key] = (trainer_run(str(output), spec), output)
+        return done[key]
 
     return results
 
@@ -67,7 +67,8 @@ def test_two_replicas_of_two_stages_train_as_trainer_on_the_global_batch(
     expected, expected_dir = reference(name)
     assert (pipe["layout"], pipe["stages"]) == ((2, 2), 2), "not 2 replicas of a 2-stage plan"
     assert pipe["train_batch_size"] == GLOBAL_BATCH, "the loader's batch is not every replica's mini-batch"
-    assert len(logged_steps(pipe["history"])) == STEPS  # one epoch counted in global batches
+    spec = next(spec for spec in RUNS if spec["name"] == name)
+    assert len(logged_steps(pipe["history"])) == steps(spec)  # one epoch counted in global batches
     assert_steps_close(pipe["history"], expected["history"])
     assert pipe["total_flos"] == pytest.approx(expected["total_flos"], rel=1e-6)  # the global batch, once
     assert_metrics_close(pipe["evaluate"], expected["evaluate"], "evaluate()")
@@ -109,4 +110,5 @@ def test_replicas_log_once(launched: tuple[Path, str]) -> None:
     stdout = launched[1]
     assert stdout.count("'train_runtime'") == len(RUNS), stdout[-3000:]
     resumed_steps = {"resumed": 2, "back": 3}  # the steps before the checkpoint each resumed are not run again
-    assert stdout.count("'grad_norm'") == STEPS * len(RUNS) - sum(resumed_steps.values()), stdout[-3000:]
+    logged = sum(steps(spec) for spec in RUNS) - sum(resumed_steps.values())
+    assert stdout.count("'grad_norm'") == logged, stdout[-3000:]

@@ -117,6 +117,7 @@ def pipe_run(spec: dict[str, Any], root: str) -> dict[str, Any]:
         "train_batch_size": trainer.state.train_batch_size,
         "layout": (engine.layout.pipeline_size, engine.layout.data_parallel_size),
         "stages": trainer.partition.num_stages,
+        "planned_gpus": trainer.partition.key.num_gpus,  # the plan's (and its cache and Hub key's) GPUs: P
         "evaluate": trainer.evaluate(),
     }
 

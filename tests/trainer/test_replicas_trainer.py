@@ -65,7 +65,7 @@ def test_two_replicas_of_two_stages_train_as_trainer_on_the_global_batch(
 ) -> None:
     pipe = _result(launched, name)
     expected, expected_dir = reference(name)
-    assert (pipe["layout"], pipe["stages"]) == ((2, 2), 2), "not 2 replicas of a 2-stage plan"
+    assert (pipe["layout"], pipe["stages"], pipe["planned_gpus"]) == ((2, 2), 2, 2), "not 2 replicas of a 2-GPU plan"
     assert pipe["train_batch_size"] == GLOBAL_BATCH, "the loader's batch is not every replica's mini-batch"
     spec = next(spec for spec in RUNS if spec["name"] == name)
     assert len(logged_steps(pipe["history"])) == steps(spec)  # one epoch counted in global batches
@@ -93,7 +93,7 @@ def test_a_checkpoint_resumes_under_another_layout(
     assert (saved / "model.safetensors").is_file()
     assert sorted(p.name for p in (saved / "optimizer").glob("*.json")) == [f"rank{r}.json" for r in range(writers)]
     resumed = _result(launched, name)
-    assert (resumed["layout"], resumed["stages"]) == (layout, layout[0])
+    assert (resumed["layout"], resumed["planned_gpus"]) == (layout, layout[0])
     steps = logged_steps(resumed["history"])
     assert [entry["step"] for entry in steps] == list(range(1, STEPS + 1))  # the first from the checkpoint
     uninterrupted = logged_steps(_result(launched, "gpipe")["history"])

@@ -9,6 +9,7 @@ from transformers import TrainingArguments
 
 from hf_ftpipe.schedules.registry import SCHEDULES, ScheduleTraits
 from hf_ftpipe.trainer.launch import use_cpu_for_launch
+from hf_ftpipe.trainer.replicas import check_data_parallel_size, launched_world_size
 from hf_ftpipe.trainer.schedule_choice import SCHEDULE_HELP, check_schedule_argument
 
 __all__ = ["PipeTrainingArguments"]
@@ -24,9 +25,11 @@ class PipeTrainingArguments(TrainingArguments):
     Batch sizes: ``per_device_train_batch_size`` is the mini-batch of one pipeline step; it is split
     into ``num_microbatches`` equal micro-batches that flow through the stages. Every rank reads the
     same mini-batch from its own data loader, so the effective batch size is
-    ``per_device_train_batch_size * gradient_accumulation_steps`` whatever the number of processes:
+    ``per_device_train_batch_size * gradient_accumulation_steps`` whatever the number of stages:
     with ``gpipe`` and ``1f1b`` the G mini-batches of one optimizer update run as one flush of
-    G x ``num_microbatches`` micro-batches (`microbatches_per_step`).
+    G x ``num_microbatches`` micro-batches (`microbatches_per_step`). With ``data_parallel_size=D``
+    replicas of the pipeline, ``per_device_train_batch_size`` is one replica's mini-batch, as under
+    DDP, and the global batch D times that (`hf_ftpipe.trainer.replicas`).
 
     Several processes launched on a machine without a GPU (``torchrun``, ``accelerate launch
     --multi_gpu``) run on CPU as with ``use_cpu=True``, which these arguments then set: otherwise
@@ -46,6 +49,14 @@ class PipeTrainingArguments(TrainingArguments):
     async_update_interval: int = field(
         default=1,
         metadata={"help": "'async' only: micro-batches whose gradients each stage accumulates per weight update."},
+    )
+    data_parallel_size: int = field(
+        default=1,
+        metadata={
+            "help": "Replicas of the pipeline (data parallelism): the launched processes form data_parallel_size "
+            "pipelines of world_size / data_parallel_size stages each, and every stage's gradients are summed "
+            "across its replicas. per_device_train_batch_size is one replica's mini-batch, as under DDP."
+        },
     )
     num_microbatches: int = field(
         default=4,
@@ -214,6 +225,7 @@ class PipeTrainingArguments(TrainingArguments):
             )
         if self.num_microbatches < 1:
             raise ValueError(f"`num_microbatches` must be at least 1, got {self.num_microbatches}")
+        check_data_parallel_size(self.data_parallel_size, traits, launched_world_size())
         for name in ("per_device_train_batch_size", "per_device_eval_batch_size"):
             size = getattr(self, name)
             if size % self.num_microbatches:

@@ -10,7 +10,10 @@ another number of ranks:
 - ``optimizer/rank{r}.safetensors`` + ``optimizer/rank{r}.json``: each rank's optimizer state,
   keyed by the model's own parameter names instead of a rank's parameter order. On resume every
   rank reads the JSON indexes of all the writers and takes the entries of the parameters it now
-  holds, wherever they were written (`load_optimizer_state`).
+  holds, wherever they were written (`load_optimizer_state`). With ``data_parallel_size`` replicas
+  of the pipeline, every replica holds the same state (its gradients are summed across the
+  replicas before each update), so replica 0's ranks alone write it, ``r`` being the pipeline
+  position; every replica reads it back, under any P x D.
 
 A weight tied across ranks (GPT-2's ``wte`` and ``lm_head``) has one copy per rank holding it.
 Under ``gpipe`` and ``1f1b`` every copy receives the same summed gradient, so the copies' optimizer
@@ -40,6 +43,7 @@ from torch import nn
 from hf_ftpipe._json_depth import check_json_depth
 from hf_ftpipe.errors import CheckpointError
 from hf_ftpipe.graph.cost_graph import CostGraph
+from hf_ftpipe.runtime.replicas import ReplicaLayout
 from hf_ftpipe.runtime.weight_sync import WeightSync
 from hf_ftpipe.runtime.weights import find_weights
 
@@ -60,7 +64,11 @@ class _Engine(Protocol):
     """What checkpoints need of `PipelineEngine`: this rank's tensors by name, and who owns a shared one."""
 
     rank: int
-    world_size: int
+    replica: int
+    """Which replica of the pipeline this rank belongs to (0 .. data_parallel_size - 1)."""
+    position: int
+    """This rank's place in its replica's pipeline: the partition's device number."""
+    layout: ReplicaLayout
     graph: CostGraph
     weight_sync: WeightSync
     streaming: bool
@@ -111,12 +119,15 @@ def load_engine_weights(engine: _Engine, folder: str | os.PathLike) -> int:
 
 
 def save_optimizer_state(engine: _Engine, optimizer: torch.optim.Optimizer, folder: str | os.PathLike) -> None:
-    """Write this rank's optimizer state under parameter names (every rank calls it).
+    """Write this rank's optimizer state under parameter names (every rank calls it; the ranks of
+    replica 0 write, the others hold the same state).
 
     ``optimizer/rank{r}.json`` holds the param groups' settings with the names of their
     parameters, and each parameter's non-tensor state; ``optimizer/rank{r}.safetensors`` the
     tensor state, as ``{parameter name}/{state key}`` (e.g. ``transformer.h.0.mlp.c_fc.weight/exp_avg``).
     """
+    if engine.replica != 0:
+        return  # replica 0's ranks are pipeline positions 0 .. P - 1: rank{r} names a position
     params = dict(engine.named_parameters())
     names = {id(param): name for name, param in params.items()}
     groups = []
@@ -139,7 +150,7 @@ def save_optimizer_state(engine: _Engine, optimizer: torch.optim.Optimizer, fold
         "version": _FORMAT_VERSION,
         "optimizer": type(_unwrap(optimizer)).__name__,
         "rank": engine.rank,
-        "world_size": engine.world_size,
+        "world_size": engine.layout.pipeline_size,  # the writers: one pipeline's ranks
         "param_groups": groups,
         "tensors": sorted(tensors),
         "scalars": scalars,
@@ -164,7 +175,7 @@ def load_optimizer_state(engine: _Engine, optimizer: torch.optim.Optimizer, fold
     ``optimizer.load_state_dict``, which casts each state tensor to its parameter's device and
     dtype as usual.
     """
-    saved = _SavedOptimizer(Path(folder) / OPTIMIZER_FOLDER, reader_rank=engine.rank)
+    saved = _SavedOptimizer(Path(folder) / OPTIMIZER_FOLDER, reader_rank=engine.position)
     kind = type(_unwrap(optimizer)).__name__
     if saved.optimizers != {kind}:
         raise CheckpointError(

@@ -1,7 +1,10 @@
 """`PipeTrainer`'s data loading: every rank gets the same whole batches, in the same order.
 
-Ranks are stages of one model, not data-parallel replicas: accelerate's sharding is undone, data
-loader workers are seeded alike on every rank, and the batch size is not multiplied by the ranks.
+Ranks are stages of one model: accelerate's sharding is undone, data loader workers are seeded
+alike on every rank, and the batch size is not multiplied by the ranks. With ``data_parallel_size``
+replicas the loader's batch is the global one, every replica's mini-batch (`PipeTrainer` sets
+``_train_batch_size``; evaluation's likewise), which the engine splits among the replicas
+(`hf_ftpipe.trainer.replicas`).
 Batches may have any shape, a short last one included, as with `Trainer`; only the streaming
 schedules (``async``, ``2bw``), which carry whole mini-batches from step to step, drop an
 incomplete last batch, and refuse a training set smaller than one with the sizes that would fit.
@@ -17,6 +20,7 @@ from transformers.trainer_pt_utils import BatchRebalanceSampler
 from transformers.trainer_utils import seed_worker
 
 from hf_ftpipe.errors import PipelineError
+from hf_ftpipe.trainer.replicas import global_batch_size
 
 __all__ = ["PipeDataLoading"]
 
@@ -30,6 +34,8 @@ class PipeDataLoading:
         drop_last = self.args.dataloader_drop_last
         # Streaming schedules carry whole mini-batches from step to step (see the module docstring).
         self.args.dataloader_drop_last = (bool(is_training) and self._streams_whole_batches()) or drop_last
+        if not is_training:  # training's is the global batch already (`PipeTrainer._train_batch_size`)
+            batch_size = global_batch_size(batch_size, self.args)  # the engine splits it among the replicas
         try:
             dataloader = super()._get_dataloader(dataset, description, batch_size, *args, **kwargs)
         finally:
@@ -72,7 +78,8 @@ class PipeDataLoading:
         return batches, count
 
     def get_total_train_batch_size(self, args: Any) -> int:
-        return self._train_batch_size * args.gradient_accumulation_steps  # ranks are stages, not replicas
+        # `_train_batch_size` is the global batch already (every replica's mini-batch): no rank is counted again.
+        return self._train_batch_size * args.gradient_accumulation_steps
 
     def _get_num_items_in_batch(self, batch_samples: list, device: torch.device) -> None:
         return None  # the pipeline weighs the micro-batch losses itself (see `_loss_weights`)
@@ -98,19 +105,22 @@ class PipeDataLoading:
         dataset = self.train_dataset
         if dataset is None or not hasattr(dataset, "__len__") or not self._streams_whole_batches():
             return
-        samples, batch = len(dataset), self.args.per_device_train_batch_size
+        replicas = self.args.data_parallel_size
+        samples, batch = len(dataset), self._train_batch_size
         if samples >= batch:
             return
         microbatches = self.args.num_microbatches
-        if samples >= microbatches:
-            usable = samples - samples % microbatches
+        per_replica = samples // replicas
+        if per_replica >= microbatches:
+            usable = per_replica - per_replica % microbatches
             fits = f"per_device_train_batch_size={usable} (a multiple of num_microbatches={microbatches})"
         else:
-            fits = f"per_device_train_batch_size={max(samples, 1)} with num_microbatches={max(samples, 1)}"
+            fits = f"per_device_train_batch_size={max(per_replica, 1)} with num_microbatches={max(per_replica, 1)}"
+        replicated = f" x data_parallel_size={replicas}" if replicas > 1 else ""
         raise PipelineError(
             f"the training set has {samples} samples, fewer than one mini-batch of per_device_train_batch_size="
-            f"{batch}; pipeline_schedule={self.args.pipeline_schedule!r} trains on whole mini-batches "
-            f"only (an incomplete last batch is dropped). Use {fits}, or more data"
+            f"{self.args.per_device_train_batch_size}{replicated}; pipeline_schedule={self.args.pipeline_schedule!r} "
+            f"trains on whole mini-batches only (an incomplete last batch is dropped). Use {fits}, or more data"
         )
 
 

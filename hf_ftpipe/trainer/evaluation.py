@@ -7,7 +7,9 @@ on one process, micro-batch by micro-batch, weighted by label tokens (see
 `hf_ftpipe.trainer.loss_weighting`); predictions are the model's outputs less ``loss`` and
 ``keys_to_ignore_at_inference``, or, with ``predict_with_generate``, tokens ``model.generate``
 makes through the pipeline (`generate`, `hf_ftpipe.trainer.generation`). Every rank gets the same
-whole outputs, so nothing is gathered.
+whole outputs, so nothing is gathered. With ``data_parallel_size`` replicas, an eval batch holds one
+replica's ``per_device_eval_batch_size`` rows for each, and the engine splits it among them and
+gathers their outputs.
 A loss computed from the outputs (label smoothing, ``compute_loss_func``, an overridden
 ``compute_loss``: `hf_ftpipe.trainer.output_loss`) is computed from the whole batch's, as `Trainer` does.
 
@@ -197,7 +199,7 @@ class PipeEvaluation:
         longest sentence) as many as keep each micro-batch within the planned micro-batch's tokens.
         A forward without backward keeps no activations, so that fits in the memory planned for
         training; `Trainer` evaluates such rows, so PipeTrainer does too."""
-        size = self.args.per_device_train_batch_size
+        size = self._train_batch_size  # every replica's planned mini-batch: eval_step splits it among them
         ratio, planned_rows = 1.0, None
         for name, info in self.engine.graph.inputs.items():
             value = inputs.get(name)
@@ -207,7 +209,7 @@ class PipeEvaluation:
             planned_rows = info.shape[0]
         if ratio >= 1 or planned_rows is None:
             return size
-        return max(1, math.floor(planned_rows * ratio)) * self.engine.num_microbatches
+        return max(1, math.floor(planned_rows * ratio)) * self.engine.microbatches_per_batch
 
     def _placeholder_labels(self, inputs: dict[str, Any]) -> dict[str, Any]:
         """``inputs`` with each traced input it lacks (labels, answer positions) filled with a value every
@@ -239,7 +241,7 @@ class PipeEvaluation:
         graph = self.engine.graph
         if any(info.varying for info in graph.inputs.values()):
             return chunk
-        size, real = self.args.per_device_train_batch_size, find_batch_size(chunk)
+        size, real = self._train_batch_size, find_batch_size(chunk)  # a whole mini-batch for every replica
         if real >= size:
             return chunk
         padded = {}
@@ -255,7 +257,7 @@ class PipeEvaluation:
     def _microbatch_counts(self, chunk: dict[str, Any], real: int) -> torch.Tensor:
         """What each micro-batch's loss is a mean over: its label tokens, or (no labels to count) its
         rows, of which the first ``real`` are the batch's own."""
-        num_microbatches = self.engine.num_microbatches
+        num_microbatches = self.engine.microbatches_per_batch  # the replicas' losses, gathered in order
         labels = chunk.get("labels")
         if isinstance(labels, torch.Tensor) and labels.dim() > 0:
             counts = label_counts(labels, num_microbatches, shifted=self._model_loss_shifts)

@@ -48,6 +48,7 @@ from hf_ftpipe.trainer.per_shape import per_shape_options
 from hf_ftpipe.trainer.plan_sharing import share_partition
 from hf_ftpipe.trainer.planned_shapes import longest_rows, planned_microbatch
 from hf_ftpipe.trainer.preflight import agree_before_training
+from hf_ftpipe.trainer.replicas import global_batch_size, launched_pipeline_size
 from hf_ftpipe.trainer.reporting import PipeReporting
 from hf_ftpipe.trainer.run_log import get_logger
 from hf_ftpipe.trainer.token_slicing import capture_for_pipeline
@@ -114,6 +115,9 @@ class PipeTrainer(PipeTrainingSteps, PipeEvaluation, PipeCheckpointing, PipeData
             check_peft_model(model)
         with self.failing_together("setting up PipeTrainer"):
             super().__init__(model=model, args=args, **kwargs)
+        # Every rank loads the global batch, for every replica (`hf_ftpipe.trainer.replicas`): what Trainer's
+        # loader, epochs, steps and samples/s count.
+        self._train_batch_size = global_batch_size(self.args.train_batch_size, self.args)
         self.engine: PipelineEngine | None = None
         self.partition: Partition | None = None
         self._resume_from: str | None = None
@@ -154,6 +158,7 @@ class PipeTrainer(PipeTrainingSteps, PipeEvaluation, PipeCheckpointing, PipeData
                 "`torchrun --nproc_per_node N script.py`, with N >= 2"
             )
         check_one_writer(self.args)
+        launched_pipeline_size(self.args)  # the world divides into data_parallel_size pipelines
         rows = microbatch_rows(self.args.per_device_train_batch_size, self.args.num_microbatches)[0]  # the largest
         # Any batch serves to trace (only its shapes matter); the plan is for the largest micro-batch.
         microbatch = {n: value[:rows] if isinstance(value, torch.Tensor) else value for n, value in inputs.items()}
@@ -172,6 +177,7 @@ class PipeTrainer(PipeTrainingSteps, PipeEvaluation, PipeCheckpointing, PipeData
             traced,
             self.partition,
             num_microbatches=self.args.num_microbatches,
+            data_parallel_size=self.args.data_parallel_size,
             schedule=self.args.pipeline_schedule,
             gradient_accumulation_steps=self.args.async_update_interval,
             batches_per_step=self.args.gradient_accumulation_steps,
@@ -189,10 +195,15 @@ class PipeTrainer(PipeTrainingSteps, PipeEvaluation, PipeCheckpointing, PipeData
         if self.args.release_unused_weights:
             freed = release_foreign_weights(self.model, self.engine.parameters())
             logger.info("rank %d released %.1f MB of weights other ranks run", self.engine.rank, freed / 2**20)
-        stages = self.partition.stages_on(self.engine.rank)
+        stages = self.partition.stages_on(self.engine.position)
         params = sum(p.numel() for p in self.engine.parameters())
         logger.info(
-            "rank %d runs stages %s (%d parameters) of %d", self.engine.rank, stages, params, self.partition.num_stages
+            "rank %d (replica %d) runs stages %s (%d parameters) of %d",
+            self.engine.rank,
+            self.engine.replica,
+            stages,
+            params,
+            self.partition.num_stages,
         )
         return self.engine
 

@@ -31,6 +31,7 @@ from hf_ftpipe.plan.request import PlanRequest
 from hf_ftpipe.runtime.watchdog import Watchdog
 from hf_ftpipe.schedules.registry import SCHEDULE_NAMES
 from hf_ftpipe.trainer.arguments import PipeTrainingArguments
+from hf_ftpipe.trainer.replicas import launched_pipeline_size
 from hf_ftpipe.trainer.run_log import PlanUsed, get_logger, plan_line
 from hf_ftpipe.trainer.schedule_choice import planned_placement
 
@@ -57,7 +58,7 @@ def share_partition(
 
     The other ranks wait for it at most ``pipeline_timeout_s`` (``watchdog``), planning included.
     Rank 0 then logs the plan, with the ``token_slices`` the pipeline cuts sequences into."""
-    profile = get_profile(args.gpu_profile, count=dist.get_world_size())
+    profile = get_profile(args.gpu_profile, count=launched_pipeline_size(args))  # every replica runs the plan
     payload: list[str | None] = [None]
     used: PlanUsed | None = None
     if dist.get_rank() == 0:

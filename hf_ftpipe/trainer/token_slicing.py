@@ -35,6 +35,7 @@ from hf_ftpipe.graph.trace import TracedModel, capture_model
 from hf_ftpipe.partitioners.slicing import LatencyFn, Slicing, SlicingByLength, slicing_step
 from hf_ftpipe.runtime.watchdog import Watchdog
 from hf_ftpipe.trainer.arguments import PipeTrainingArguments
+from hf_ftpipe.trainer.replicas import launched_pipeline_size
 from hf_ftpipe.trainer.run_log import get_logger
 
 __all__ = ["capture_for_pipeline", "choose_token_slices", "slicing_step"]
@@ -71,7 +72,9 @@ def capture_for_pipeline(
         return capture_token_slices(model, microbatch, list(fit_slices(lengths, seq_len)), planned=planned)
     whole = capture_token_slices(model, microbatch, [seq_len], planned=planned)
     slicer = SlicingByLength(
-        _share_latency(args, model, whole.full.cost_graph, watchdog), dist.get_world_size(), _microbatch_size(args)
+        _share_latency(args, model, whole.full.cost_graph, watchdog),
+        launched_pipeline_size(args),
+        _microbatch_size(args),
     )
     if whole.by_length:  # fixed shapes (the model cannot vary its length): the one length's slices
         lengths = list(slicer(seq_len))
@@ -99,7 +102,7 @@ def _share_latency(args: PipeTrainingArguments, model: nn.Module, graph: CostGra
     payload: list[bytes | str | None] = [None]
     if dist.get_rank() == 0:
         try:
-            num_stages = dist.get_world_size()
+            num_stages = launched_pipeline_size(args)
             latency = cost_model_slice_time(
                 graph,
                 get_profile(args.gpu_profile, count=num_stages),
@@ -124,7 +127,7 @@ def _log_choice(slicing: Slicing, args: PipeTrainingArguments) -> None:
             "predicted; re-planned for each shorter length)",
             list(slicing.slices),
             _microbatch_size(args),
-            dist.get_world_size(),
+            launched_pipeline_size(args),
             slicing.step_time_s * 1e3,
         )
 

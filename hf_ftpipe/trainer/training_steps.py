@@ -87,7 +87,7 @@ class PipeTrainingSteps:
         given ``count`` and weighs 1. Without: each micro-batch's share of the rows. `Trainer` then
         divides by the window's batches unless the loss is already normalised (its ``loss_is_scaled_for_ga``).
         """
-        num_microbatches = self.engine.num_microbatches
+        num_microbatches = self.engine.microbatches_per_batch  # every replica's: the global batch's
         if count is None:
             rows = find_batch_size(inputs)
             weights = [size / rows for size in microbatch_rows(rows, num_microbatches)]
@@ -126,8 +126,13 @@ class PipeTrainingSteps:
     # -- a loss computed from the outputs, on the last stage ----------------------------------
 
     def _outputs_loss_setup(self, batches: list[dict[str, Any]], count: int | None) -> None:
-        """Give the engine the step's loss function: ``compute_loss`` on each micro-batch's outputs."""
-        num_microbatches = self.engine.num_microbatches
+        """Give the engine the step's loss function: ``compute_loss`` on each micro-batch's outputs.
+
+        The engine numbers the micro-batches of its own replica: replica d runs the d-th
+        ``num_microbatches`` of each batch's ``D x num_microbatches`` (`hf_ftpipe.runtime.replicas`)."""
+        num_microbatches = self.engine.microbatches_per_batch
+        first = self.engine.replica * self.engine.num_microbatches
+        mine = slice(first, first + self.engine.num_microbatches)
         microbatches = []
         for batch in batches:
             rows = find_batch_size(batch)
@@ -137,7 +142,7 @@ class PipeTrainingSteps:
                 parts = value.tensor_split(pieces) if _batched(value, rows) else [value] * pieces
                 for piece, part in zip(split, parts, strict=True):
                     piece[name] = part
-            microbatches += split
+            microbatches += split[mine]
         items = None if count is None else torch.tensor(count, device=self.args.device)
 
         def loss_function(m: int, outputs: dict[str, torch.Tensor], data: Any) -> torch.Tensor:

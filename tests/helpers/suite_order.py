@@ -15,6 +15,7 @@ SLOWEST_FILES = (
     "runtime/test_memory_prediction.py",
     "faults/test_stalled_rank.py",
     "runtime/test_engine.py",
+    "trainer/test_replicas_trainer.py",
     "trainer/test_trainer_surface.py",
     "test_docs.py",
     "runtime/test_streaming.py",

@@ -1,0 +1,126 @@
+"""The runs of tests/trainer/test_replicas_trainer.py: PipeTrainer on 4 processes as 2 replicas of a
+2-stage pipeline (or one 4-stage pipeline), and plain `Trainer` on one process with the global batch.
+
+Tiny GPT-2 (tied embeddings), 16 samples with label padding (micro-batches hold different numbers of
+label tokens), AdamW, clipping at 1.0, one epoch: with ``per_device_train_batch_size=2`` and
+``data_parallel_size=2`` the global batch is 4, as `Trainer`'s with ``per_device_train_batch_size=4``,
+so both train 4 steps; then both evaluate 6 samples as one short batch (``per_device_eval_batch_size``
+x 2 = 8 for either: `Trainer`'s eval loss depends on the batching), which the replicas share unevenly.
+The 1f1b run smooths its labels (its loss is computed from the outputs on the last stage, for each
+replica's own micro-batches) and accumulates 2 global batches per update (one flush of both, each
+shared among the replicas): 2 steps. A run is ``{"name", "schedule", "data_parallel_size", "resume",
+"save_steps", "label_smoothing_factor", "gradient_accumulation_steps"}``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from models import tiny_model
+from parity_runs import make_data
+
+GLOBAL_BATCH = 4
+GLOBAL_EVAL_BATCH = 8
+SAMPLES = 16
+STEPS = SAMPLES // GLOBAL_BATCH
+"""Optimizer steps of one epoch without gradient accumulation (see `steps`)."""
+
+RUNS = [
+    # 2 x 2: each replica's mini-batch is half the global batch; checkpoint-2 is resumed below. (A resumed
+    # run saves at the checkpoint's `save_steps`, which its trainer state carries.)
+    {"name": "gpipe", "schedule": "gpipe", "data_parallel_size": 2, "save_steps": 1},
+    {
+        "name": "1f1b",
+        "schedule": "1f1b",
+        "data_parallel_size": 2,
+        "label_smoothing_factor": 0.1,
+        "gradient_accumulation_steps": 2,
+    },
+    # 4 x 1 from the 2 x 2 checkpoint: another partition (4 stages), the same global batch ...
+    {
+        "name": "resumed",
+        "schedule": "gpipe",
+        "data_parallel_size": 1,
+        "resume": "gpipe/checkpoint-2",
+        "save_steps": 1,
+    },
+    # ... and back: 2 x 2 from the 4 x 1 checkpoint.
+    {"name": "back", "schedule": "gpipe", "data_parallel_size": 2, "resume": "resumed/checkpoint-3"},
+]
+
+
+def steps(spec: dict[str, Any]) -> int:
+    """The optimizer steps of the run ``spec``: one epoch of global batches, G per step."""
+    return STEPS // spec.get("gradient_accumulation_steps", 1)
+
+
+def common_arguments(output_dir: str, replicas: int, spec: dict[str, Any]) -> dict[str, Any]:
+    """The arguments PipeTrainer (``replicas``: its ``data_parallel_size``) and `Trainer` (1) share."""
+    return dict(
+        output_dir=output_dir,
+        label_smoothing_factor=spec.get("label_smoothing_factor", 0.0),
+        gradient_accumulation_steps=spec.get("gradient_accumulation_steps", 1),
+        use_cpu=True,
+        per_device_train_batch_size=GLOBAL_BATCH // replicas,  # one replica's share, as under DDP
+        per_device_eval_batch_size=GLOBAL_EVAL_BATCH // replicas,
+        num_train_epochs=1,
+        optim="adamw_torch",
+        learning_rate=3e-3,
+        lr_scheduler_type="linear",
+        warmup_steps=1,
+        max_grad_norm=1.0,
+        logging_steps=1,
+        report_to="none",
+        seed=0,
+        data_seed=0,
+    )
+
+
+def trainer_run(output_dir: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """Plain `Trainer` on this process with the global batch: the reference of the run ``spec``."""
+    from transformers import Trainer, TrainingArguments
+
+    args = TrainingArguments(save_strategy="no", **common_arguments(output_dir, 1, spec))
+    trainer = Trainer(model=tiny_model("gpt2"), args=args, **_data())
+    trainer.train()
+    trainer.save_model(output_dir)
+    metrics = trainer.evaluate()
+    return {"history": trainer.state.log_history, "total_flos": trainer.state.total_flos, "evaluate": metrics}
+
+
+def pipe_run(spec: dict[str, Any], root: str) -> dict[str, Any]:
+    """One PipeTrainer run of ``RUNS`` in these processes; every rank returns the same dict."""
+    from hf_ftpipe import PipeTrainer, PipeTrainingArguments
+
+    replicas = spec["data_parallel_size"]
+    output_dir = str(Path(root) / spec["name"])
+    save_steps = spec.get("save_steps")
+    args = PipeTrainingArguments(
+        data_parallel_size=replicas,
+        pipeline_schedule=spec["schedule"],
+        num_microbatches=2,
+        partitioner="params",
+        partition_cache=False,
+        save_strategy="steps" if save_steps else "no",
+        save_steps=save_steps or 500,
+        **common_arguments(output_dir, replicas, spec),
+    )
+    trainer = PipeTrainer(model=tiny_model("gpt2"), args=args, **_data())
+    resume = spec.get("resume")
+    trainer.train(resume_from_checkpoint=str(Path(root) / resume) if resume else None)
+    trainer.save_model(output_dir)
+    engine = trainer.engine
+    return {
+        "history": trainer.state.log_history,
+        "total_flos": trainer.state.total_flos,
+        "train_batch_size": trainer.state.train_batch_size,
+        "layout": (engine.layout.pipeline_size, engine.layout.data_parallel_size),
+        "stages": trainer.partition.num_stages,
+        "planned_gpus": trainer.partition.key.num_gpus,  # the plan's (and its cache and Hub key's) GPUs: P
+        "evaluate": trainer.evaluate(),
+    }
+
+
+def _data() -> dict[str, Any]:
+    return {"train_dataset": make_data("gpt2", SAMPLES, seed=1), "eval_dataset": make_data("gpt2", 6, seed=2)}

@@ -16,6 +16,7 @@ SLOWEST_FILES = (
     "faults/test_stalled_rank.py",
     "runtime/test_engine.py",
     "trainer/test_replicas_trainer.py",
+    "runtime/test_replicas.py",
     "trainer/test_trainer_surface.py",
     "test_docs.py",
     "runtime/test_streaming.py",

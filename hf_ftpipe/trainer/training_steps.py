@@ -9,9 +9,10 @@ call returns its own batch's loss, as `Trainer`'s would, for the logs.
 
 Each micro-batch's loss weighs what it weighs in `Trainer`'s (see `hf_ftpipe.trainer.loss_weighting`):
 where `Trainer` counts ``num_items_in_batch`` (the label tokens of the whole window), its token
-count over that count; otherwise its share of its batch's rows, divided by the window's batches
-when `Trainer` divides by them (``loss_is_scaled_for_ga``). A loss computed from the outputs
-(`hf_ftpipe.trainer.output_loss`) is given the window's count and counts once per micro-batch.
+count over that count, or over its own batch's where the model's loss ignores the count; otherwise
+its share of its batch's rows, divided by the window's batches when `Trainer` divides by them
+(``loss_is_scaled_for_ga``). A loss computed from the outputs (`hf_ftpipe.trainer.output_loss`) is
+given the window's count and counts once per micro-batch.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from hf_ftpipe.errors import PipelineError
 from hf_ftpipe.runtime.microbatches import microbatch_rows
 from hf_ftpipe.trainer.batch_check import check_same_batch
 from hf_ftpipe.trainer.compilation import report_compilation
-from hf_ftpipe.trainer.loss_weighting import label_counts, model_loss_shifts_labels
+from hf_ftpipe.trainer.loss_weighting import label_counts, model_loss_counts_items, model_loss_shifts_labels
 from hf_ftpipe.trainer.output_loss import (
     ModelOutputsOnly,
     check_called,
@@ -82,10 +83,12 @@ class PipeTrainingSteps:
         """Each micro-batch's weight in the loss `Trainer` computes for ``inputs``, one of ``batches``
         batches of a window whose ``num_items_in_batch`` is ``count``.
 
-        With ``count``, a model's own loss is the sum of token losses over the window's label tokens:
-        micro-batch m weighs its own token count over ``count``; a loss computed from the outputs is
-        given ``count`` and weighs 1. Without: each micro-batch's share of the rows. `Trainer` then
-        divides by the window's batches unless the loss is already normalised (its ``loss_is_scaled_for_ga``).
+        With ``count``, a model's own loss that divides by it (`model_loss_counts_items`) is the sum of
+        token losses over the window's label tokens: micro-batch m weighs its own token count over
+        ``count``; one that ignores it is its batch's own mean: m weighs its count over its batch's. A
+        loss computed from the outputs is given ``count`` and weighs 1. Without: each micro-batch's share
+        of the rows. `Trainer` then divides by the window's batches unless it takes the loss as
+        normalised (its ``loss_is_scaled_for_ga``, true with ``count`` whether or not the model used it).
         """
         num_microbatches = self.engine.microbatches_per_batch  # every replica's: the global batch's
         if count is None:
@@ -95,7 +98,10 @@ class PipeTrainingSteps:
             weights = [1.0] * len(microbatch_rows(find_batch_size(inputs), num_microbatches))
         else:
             counts = label_counts(inputs["labels"], num_microbatches, shifted=self._model_loss_shifts)
-            weights = [n / count for n in counts]
+            if self._model_loss_counts(inputs["labels"]):
+                weights = [n / count for n in counts]
+            else:  # the model's mean over its own batch, which Trainer takes as scaled all the same
+                weights = [n / sum(counts) if n else 0.0 for n in counts]
         scaled = self.loss_is_scaled_for_ga
         if scaled is None:
             scaled = (self.model_accepts_loss_kwargs and count is not None) or self.compute_loss_func is not None
@@ -116,6 +122,12 @@ class PipeTrainingSteps:
         if isinstance(inputs.get("shift_labels"), torch.Tensor):
             return sum(label_counts(inputs["shift_labels"], 1, shifted=False))
         return sum(label_counts(labels, 1, shifted=getattr(self, "_loss_shifts_labels", False)))
+
+    def _model_loss_counts(self, labels: torch.Tensor) -> bool:
+        """`model_loss_counts_items` for this run's model, decided on its first labels."""
+        if not hasattr(self, "_model_loss_counts_value"):
+            self._model_loss_counts_value = model_loss_counts_items(self.model, labels)
+        return self._model_loss_counts_value
 
     @property
     def _model_loss_shifts(self) -> bool:

@@ -86,6 +86,9 @@ class ModelOutputsOnly(nn.Module):
         inputs (`Mapping[str, Any]`): the inputs the outputs were computed from.
         method (`str`): the method being run, for the errors.
         label_count (`int`): the label tokens the model's own loss is a mean over.
+        batch_count (`float`, *optional*): where the model's loss ignores ``num_items_in_batch``
+            (`hf_ftpipe.trainer.loss_weighting.model_loss_counts_items`), the label tokens of the
+            micro-batch's whole batch: `Trainer`'s model returns the mean over them, whatever the count.
     """
 
     def __init__(
@@ -95,12 +98,13 @@ class ModelOutputsOnly(nn.Module):
         inputs: Mapping[str, Any],
         method: str,
         label_count: int,
+        batch_count: float | None = None,
     ) -> None:
         super().__init__()
         self.config = getattr(model, "config", None)
         self._name = type(model).__name__
         self._outputs, self._inputs, self._method = outputs, inputs, method
-        self._label_count = label_count
+        self._label_count, self._batch_count = label_count, batch_count
         self.calls = 0
 
     def _get_name(self) -> str:  # Trainer picks label smoothing's shift by the model's class name
@@ -137,7 +141,8 @@ class ModelOutputsOnly(nn.Module):
         if ("labels" in kwargs or "labels" not in self._inputs) and loss is not None:  # as the model returns it
             items = kwargs.get("num_items_in_batch")
             if items is not None:  # a sum over label tokens, divided by the accumulated batch's count
-                loss = loss * self._label_count / items if self._label_count else loss.new_zeros(())
+                count = items if self._batch_count is None else self._batch_count  # or its own batch's mean
+                loss = loss * self._label_count / count if self._label_count else loss.new_zeros(())
             return ModelOutput(loss=loss, **outputs)
         return ModelOutput(**outputs)
 

@@ -9,9 +9,10 @@ call returns its own batch's loss, as `Trainer`'s would, for the logs.
 
 Each micro-batch's loss weighs what it weighs in `Trainer`'s (see `hf_ftpipe.trainer.loss_weighting`):
 where `Trainer` counts ``num_items_in_batch`` (the label tokens of the whole window), its token
-count over that count; otherwise its share of its batch's rows, divided by the window's batches
-when `Trainer` divides by them (``loss_is_scaled_for_ga``). A loss computed from the outputs
-(`hf_ftpipe.trainer.output_loss`) is given the window's count and counts once per micro-batch.
+count over that count, or over its own batch's where the model's loss ignores the count; otherwise
+its share of its batch's rows, divided by the window's batches when `Trainer` divides by them
+(``loss_is_scaled_for_ga``). A loss computed from the outputs (`hf_ftpipe.trainer.output_loss`) is
+given the window's count and counts once per micro-batch.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from hf_ftpipe.errors import PipelineError
 from hf_ftpipe.runtime.microbatches import microbatch_rows
 from hf_ftpipe.trainer.batch_check import check_same_batch
 from hf_ftpipe.trainer.compilation import report_compilation
-from hf_ftpipe.trainer.loss_weighting import label_counts, model_loss_shifts_labels
+from hf_ftpipe.trainer.loss_weighting import label_counts, model_loss_counts_items, model_loss_shifts_labels
 from hf_ftpipe.trainer.output_loss import (
     ModelOutputsOnly,
     check_called,
@@ -82,10 +83,12 @@ class PipeTrainingSteps:
         """Each micro-batch's weight in the loss `Trainer` computes for ``inputs``, one of ``batches``
         batches of a window whose ``num_items_in_batch`` is ``count``.
 
-        With ``count``, a model's own loss is the sum of token losses over the window's label tokens:
-        micro-batch m weighs its own token count over ``count``; a loss computed from the outputs is
-        given ``count`` and weighs 1. Without: each micro-batch's share of the rows. `Trainer` then
-        divides by the window's batches unless the loss is already normalised (its ``loss_is_scaled_for_ga``).
+        With ``count``, a model's own loss that divides by it (`model_loss_counts_items`) is the sum of
+        token losses over the window's label tokens: micro-batch m weighs its own token count over
+        ``count``; one that ignores it is its batch's own mean: m weighs its count over its batch's. A
+        loss computed from the outputs is given ``count`` and weighs 1. Without: each micro-batch's share
+        of the rows. `Trainer` then divides by the window's batches unless it takes the loss as
+        normalised (its ``loss_is_scaled_for_ga``, true with ``count`` whether or not the model used it).
         """
         num_microbatches = self.engine.microbatches_per_batch  # every replica's: the global batch's
         if count is None:
@@ -95,7 +98,10 @@ class PipeTrainingSteps:
             weights = [1.0] * len(microbatch_rows(find_batch_size(inputs), num_microbatches))
         else:
             counts = label_counts(inputs["labels"], num_microbatches, shifted=self._model_loss_shifts)
-            weights = [n / count for n in counts]
+            if self._model_loss_counts(inputs["labels"]):
+                weights = [n / count for n in counts]
+            else:  # the model's mean over its own batch, which Trainer takes as scaled all the same
+                weights = [n / sum(counts) if n else 0.0 for n in counts]
         scaled = self.loss_is_scaled_for_ga
         if scaled is None:
             scaled = (self.model_accepts_loss_kwargs and count is not None) or self.compute_loss_func is not None
@@ -117,6 +123,12 @@ class PipeTrainingSteps:
             return sum(label_counts(inputs["shift_labels"], 1, shifted=False))
         return sum(label_counts(labels, 1, shifted=getattr(self, "_loss_shifts_labels", False)))
 
+    def _model_loss_counts(self, labels: torch.Tensor) -> bool:
+        """`model_loss_counts_items` for this run's model, decided on its first labels."""
+        if not hasattr(self, "_model_loss_counts_value"):
+            self._model_loss_counts_value = model_loss_counts_items(self.model, labels)
+        return self._model_loss_counts_value
+
     @property
     def _model_loss_shifts(self) -> bool:
         if not hasattr(self, "_model_loss_shifts_value"):
@@ -133,7 +145,7 @@ class PipeTrainingSteps:
         num_microbatches = self.engine.microbatches_per_batch
         first = self.engine.replica * self.engine.num_microbatches
         mine = slice(first, first + self.engine.num_microbatches)
-        microbatches = []
+        microbatches, batch_counts = [], []
         for batch in batches:
             rows = find_batch_size(batch)
             pieces = min(rows, num_microbatches)
@@ -143,27 +155,51 @@ class PipeTrainingSteps:
                 for piece, part in zip(split, parts, strict=True):
                     piece[name] = part
             microbatches += split[mine]
+            batch_counts += [self._own_batch_count(batch)] * len(split[mine])
         items = None if count is None else torch.tensor(count, device=self.args.device)
 
         def loss_function(m: int, outputs: dict[str, torch.Tensor], data: Any) -> torch.Tensor:
-            loss = self._loss_from_outputs(microbatches[m], outputs, items)
+            loss = self._loss_from_outputs(microbatches[m], outputs, items, batch_count=batch_counts[m])
             if items is not None and not getattr(self, "_loss_scaling_checked", False):
-                self._check_loss_scaling(microbatches[m], outputs, items, loss)
+                self._check_loss_scaling(microbatches[m], outputs, items, loss, batch_counts[m])
             return loss
 
         self.engine.loss_function = loss_function
 
+    def _own_batch_count(self, batch: dict[str, Any]) -> int | None:
+        """The label tokens of ``batch``, where the model's own loss is a mean over them that ignores
+        ``num_items_in_batch`` (else ``None``)."""
+        labels = batch.get("labels")
+        if not isinstance(labels, torch.Tensor) or labels.dim() == 0 or self._model_loss_counts(labels):
+            return None
+        return sum(label_counts(labels, 1, shifted=self._model_loss_shifts))
+
     def _check_loss_scaling(
-        self, inputs: dict[str, Any], outputs: dict[str, torch.Tensor], items: torch.Tensor, loss: torch.Tensor
+        self,
+        inputs: dict[str, Any],
+        outputs: dict[str, torch.Tensor],
+        items: torch.Tensor,
+        loss: torch.Tensor,
+        batch_count: int | None = None,
     ) -> None:
         """Once per run: the micro-batches' losses add up to `Trainer`'s only if the loss is a sum divided
-        by ``num_items_in_batch``; a mean of its own would count once per micro-batch, silently."""
+        by ``num_items_in_batch``, or, where the model's own loss ignores it (``batch_count``), in
+        proportion to that loss (its batch's mean, shared out by the stand-in); a mean of its own would
+        count once per micro-batch, silently."""
         self._loss_scaling_checked = True
         if self.label_smoother is not None and self.compute_loss_func is None and not overrides_compute_loss(self):
             return  # LabelSmoother divides by it
+        detached = {k: v.detach() for k, v in outputs.items()}
         with torch.no_grad():
-            halved = self._loss_from_outputs(inputs, {k: v.detach() for k, v in outputs.items()}, items * 2)
-        if not torch.allclose(2 * halved.float(), loss.detach().float(), rtol=1e-4, atol=1e-7):
+            halved = self._loss_from_outputs(inputs, detached, items * 2, batch_count=batch_count)
+            doubled = (
+                None
+                if not batch_count
+                else self._loss_from_outputs(inputs, detached, items, batch_count=batch_count / 2)
+            )
+        if doubled is not None and _close(halved, loss) and _close(doubled, 2 * loss):
+            return  # the model's own loss, ignoring num_items_in_batch as it does under Trainer
+        if not _close(2 * halved, loss):
             raise PipelineError(
                 f"{method_name(self)} returned {loss.item():.6g} with num_items_in_batch={int(items)} but "
                 f"{halved.item():.6g} with twice as many, not half: PipeTrainer computes it once per micro-batch, "
@@ -179,6 +215,7 @@ class PipeTrainingSteps:
         num_items_in_batch: Any,
         return_outputs: bool = False,
         label_count: int | None = None,
+        batch_count: float | None = None,
     ) -> Any:
         """``self.compute_loss`` on the model's ``outputs`` for ``inputs`` (see `ModelOutputsOnly`)."""
         if label_count is None:
@@ -188,7 +225,7 @@ class PipeTrainingSteps:
                 if isinstance(labels, torch.Tensor) and labels.dim() > 0
                 else 0
             )
-        stand_in = ModelOutputsOnly(self.model, outputs, inputs, method_name(self), label_count)
+        stand_in = ModelOutputsOnly(self.model, outputs, inputs, method_name(self), label_count, batch_count)
         if return_outputs:  # as Trainer.prediction_step calls it
             result = self.compute_loss(
                 stand_in, dict(inputs), return_outputs=True, num_items_in_batch=num_items_in_batch
@@ -197,6 +234,10 @@ class PipeTrainingSteps:
             result = self.compute_loss(stand_in, dict(inputs), num_items_in_batch=num_items_in_batch)
         check_called(stand_in)
         return result
+
+
+def _close(got: torch.Tensor, want: torch.Tensor) -> bool:
+    return torch.allclose(got.detach().float(), want.detach().float(), rtol=1e-4, atol=1e-7)
 
 
 def _batched(value: Any, rows: int) -> bool:

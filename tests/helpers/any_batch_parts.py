@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import TrainerCallback
 
 from hf_ftpipe.errors import PartitionError
 from hf_ftpipe.partitioners import partition_seq_greedy, register_partitioner
@@ -105,3 +106,15 @@ def write_schedule_file(schedule: str, num_microbatches: int, output_dir: str) -
     own.write_text(printed.getvalue(), encoding="utf-8")
     os.replace(own, path)
     return str(path)
+
+
+class StepSlices(TrainerCallback):
+    """The token slices the pipeline cut each training step's sequences into (none without slicing)."""
+
+    def __init__(self, trainer: Any) -> None:
+        self.trainer, self.seen = trainer, []
+
+    def on_step_end(self, *args: Any, **kwargs: Any) -> None:
+        slicing = getattr(getattr(self.trainer, "engine", None), "token_slicing", None)
+        if slicing is not None:
+            self.seen.append(list(slicing.slice_lengths))

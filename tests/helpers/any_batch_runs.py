@@ -18,11 +18,11 @@ from transformers import (
     DataCollatorForLanguageModeling,
     DataCollatorForSeq2Seq,
     DataCollatorWithPadding,
-    TrainerCallback,
 )
 
 from any_batch_parts import (
     LOGITS_APART,
+    StepSlices,
     class_weighted_loss,
     generated_metrics,
     input_metrics,
@@ -224,6 +224,18 @@ CASES = {
         args={"optim": "sgd", "learning_rate": 0.1},
         pipe_args={"torch_compile": True, "torch_compile_backend": "eager"},
     ),
+    # G = 2 on BERT's classification head, whose forward takes **kwargs (so Trainer counts num_items_in_batch
+    # and divides by no G) but takes a CrossEntropyLoss mean of its own: each batch's mean, summed over the
+    # window. Batches of 4, 4 and 2 rows: the last window has one batch.
+    "bert-accumulate": Case(
+        "bert",
+        "padding",
+        train_rows=10,
+        batch_size=4,
+        epochs=1,
+        steps=2,
+        args={"gradient_accumulation_steps": 2},
+    ),
     "bert-compute-loss": Case(
         "bert",
         "padding",
@@ -362,7 +374,7 @@ def run(name: str, output_dir: str, trainer_class: type) -> dict[str, Any]:
             compute_metrics=span_metrics,
         )
     trainer = trainer_class(**parts)
-    slicings = _StepSlices(trainer)
+    slicings = StepSlices(trainer)
     trainer.add_callback(slicings)
     trainer.train()
     result: dict[str, Any] = {"history": trainer.state.log_history, "global_step": trainer.state.global_step}
@@ -388,15 +400,3 @@ def run(name: str, output_dir: str, trainer_class: type) -> dict[str, Any]:
     compiler = getattr(getattr(trainer, "engine", None), "compiler", None)
     result["compiled_graphs"] = None if compiler is None else compiler.graphs
     return result
-
-
-class _StepSlices(TrainerCallback):
-    """The token slices the pipeline cut each training step's sequences into (none without slicing)."""
-
-    def __init__(self, trainer: Any) -> None:
-        self.trainer, self.seen = trainer, []
-
-    def on_step_end(self, *args: Any, **kwargs: Any) -> None:
-        slicing = getattr(getattr(self.trainer, "engine", None), "token_slicing", None)
-        if slicing is not None:
-            self.seen.append(list(slicing.slice_lengths))

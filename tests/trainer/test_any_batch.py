@@ -14,7 +14,9 @@ answer positions, as run_qa.py's are, by run_qa.py's kind of trainer subclass (`
 evaluate and predict overridden, made on either base class); and `Trainer`'s training options:
 gradient accumulation (G = 2, batches of different lengths in one window, an incomplete last window;
 GPT-2 under zb-h1, where `Trainer` counts ``num_items_in_batch``, the same from a schedule file of zb-h1's
-order whose last flush runs 3 of its 4 micro-batches, and question answering, where it divides by G),
+order whose last flush runs 3 of its 4 micro-batches, BERT's classification head, whose forward takes
+``**kwargs`` but a mean of its own, so that `Trainer` sums the window's batch means, and question
+answering, where it divides by G),
 label smoothing (T5 under zbv on a V placement, G = 2, with `Trainer`'s default fused
 AdamW; GPT-2 under 1f1b, G = 2),
 ``compute_loss_func`` (GPT-2) and a subclass's ``compute_loss`` override (BERT, G = 2), on the last

@@ -139,3 +139,38 @@ def test_a_loss_that_ignores_num_items_in_batch_is_an_error_naming_it(tmp_path: 
         with pytest.raises(PipelineError, match="MeanTrainer.compute_loss returned .* not half") as error:
             trainer._check_loss_scaling(batch, outputs, items, loss)
         assert "divide a sum by num_items_in_batch" in str(error.value)
+
+
+def _doubled(self: Trainer, model: Any, inputs: dict, return_outputs: bool = False, num_items_in_batch=None):
+    return 2 * super(type(self), self).compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
+
+
+def _row_mean(self: Trainer, model: Any, inputs: dict, return_outputs: bool = False, num_items_in_batch=None):
+    labels = inputs.pop("labels")
+    return torch.nn.functional.cross_entropy(model(**inputs).logits, labels)
+
+
+def test_a_model_loss_that_ignores_num_items_in_batch_is_shared_out_by_its_batch_count(tmp_path: Path) -> None:
+    """BERT's classification loss is its batch's mean whatever the count `Trainer` passes: an override
+    post-processing it gets each micro-batch's share of that mean, which add up to `Trainer`'s loss;
+    the scaling check takes it, and still refuses a mean the override takes of its own."""
+    args = PipeTrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none")
+    generator = torch.Generator().manual_seed(0)
+    batch = {"input_ids": torch.randint(3, 64, (5, 6), generator=generator), "labels": torch.tensor([0, 1, 1, 0, 1])}
+    items = torch.tensor(11)  # the window's count: two batches' rows, which BERT's mean ignores
+    trainer = type("DoubledTrainer", (PipeTrainer,), {"compute_loss": _doubled})(model=tiny_model("bert"), args=args)
+    with torch.no_grad():
+        expected = trainer.compute_loss(trainer.model, dict(batch), num_items_in_batch=items)
+        pieces = [{name: value[rows] for name, value in batch.items()} for rows in (slice(0, 3), slice(3, 5))]
+        losses, outputs = [], []
+        for piece in pieces:
+            out = trainer.model(**piece)
+            outputs.append({"loss": out.loss, "logits": out.logits})
+            losses.append(trainer._loss_from_outputs(piece, outputs[-1], items, batch_count=5))
+    torch.testing.assert_close(sum(losses), expected)
+    trainer._check_loss_scaling(pieces[0], outputs[0], items, losses[0], batch_count=5)
+
+    trainer = type("MeanTrainer", (PipeTrainer,), {"compute_loss": _row_mean})(model=tiny_model("bert"), args=args)
+    loss = trainer._loss_from_outputs(pieces[0], outputs[0], items, batch_count=5)
+    with pytest.raises(PipelineError, match="MeanTrainer.compute_loss returned .* not half"):
+        trainer._check_loss_scaling(pieces[0], outputs[0], items, loss, batch_count=5)

@@ -13,6 +13,7 @@ from hf_ftpipe.errors import PartitionError
 from hf_ftpipe.partitioners import partition_auto, partition_mixed, partition_seq_dp, partition_seq_greedy
 from hf_ftpipe.partitioners.layouts import compare_layouts, position_profile
 from hf_ftpipe.plan.validate import validate_partition
+from hf_ftpipe.simulator import simulate
 
 from toy_graphs import UNIT, chain, param
 
@@ -129,3 +130,15 @@ def test_a_mixed_topology_plans_each_pipeline_for_its_own_gpus() -> None:
     assert position_profile([FAST, SLOW]).effective_flops_per_s() == 1.0
     assert position_profile([FAST, FAST]) == FAST
     assert all(r.feasible for r in results.values())
+
+
+def test_the_simulator_times_each_stage_on_its_own_gpu() -> None:
+    # The 4 + 2 plan of the first test, one micro-batch under gpipe: the fast GPU forwards its 4 ops
+    # in 20 s, the slow one its 2 in 20 s, then backwards of 20 s each: an 80 s step, from the plan's
+    # recorded prediction or from the graph with each GPU's profile. Timed as two slow GPUs: 120 s.
+    graph = chain([10.0] * 6)
+    profile = SLOW.with_count(2)
+    plan = partition_seq_dp(graph, profile, gpu_profiles=[FAST, SLOW], **OPTIONS)
+    assert simulate(plan, profile=profile).step_time_s == pytest.approx(80.0)
+    assert simulate(plan, graph=graph, profile=profile, gpu_profiles=[FAST, SLOW]).step_time_s == pytest.approx(80.0)
+    assert simulate(plan, graph=graph, profile=profile).step_time_s == pytest.approx(120.0)

@@ -7,10 +7,15 @@ what it waited for. Messages carry tags (gloo matches on them); both ends issue 
 order, which NCCL's in-order matching needs. Point-to-point messages go through their own process
 group, so a send still waiting for its receiver never holds up a collective queued behind it
 (NCCL runs one communicator's operations in order).
+
+With replicas of the pipeline (`hf_ftpipe.runtime.replicas`) peers are named by their position in
+this rank's pipeline, as the schedule names them; the messenger maps a position to its global rank
+(``pipeline_ranks``), and a broadcast stays within the pipeline's own group.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -26,6 +31,7 @@ class _Send:
     work: dist.Work
     what: str
     dst: int
+    """The receiver's global rank."""
     tensor: torch.Tensor
     """Kept alive until the transport is done with it."""
     generation: int
@@ -44,6 +50,10 @@ class Messenger:
         run_id (`str`): distinguishes this pipeline's keys in the store from earlier ones.
         watchdog (`Watchdog`, *optional*): one shared with the caller (PipeTrainer bounds its own
             collectives with it, so a failure in either is seen by both); made here if not given.
+        pipeline_ranks (`Sequence[int]`, *optional*): the global rank at each position of this rank's
+            pipeline (default: every rank, position = rank); `send`, `recv` and `broadcast` name positions.
+        pipeline_group (`dist.ProcessGroup`, *optional*): the collectives of this rank's pipeline
+            (default: the default group).
     """
 
     def __init__(
@@ -53,8 +63,14 @@ class Messenger:
         run_id: str,
         p2p_group: dist.ProcessGroup | None = None,
         watchdog: Watchdog | None = None,
+        pipeline_ranks: Sequence[int] | None = None,
+        pipeline_group: dist.ProcessGroup | None = None,
     ) -> None:
         self.rank = rank
+        self.pipeline_ranks = list(pipeline_ranks) if pipeline_ranks is not None else list(range(dist.get_world_size()))
+        self.position = self.pipeline_ranks.index(rank)
+        """This rank's position in its pipeline."""
+        self.pipeline_group = pipeline_group
         self.watchdog = watchdog or Watchdog(rank, dist.get_world_size(), timeout_s, run_id)
         self.p2p_group = p2p_group
         self.generation = 0
@@ -64,8 +80,12 @@ class Messenger:
 
     # -- transfers --------------------------------------------------------------------------
 
+    def rank_of(self, position: int) -> int:
+        """The global rank at ``position`` of this rank's pipeline."""
+        return self.pipeline_ranks[position]
+
     def send(self, tensor: torch.Tensor, dst: int, tag: int, what: str) -> int:
-        """Start sending ``tensor``; it is kept alive until the send is known to be complete.
+        """Start sending ``tensor`` to position ``dst``; it is kept alive until the send is known to be complete.
         Returns the send's id, for `delivered`.
 
         A step's sends would otherwise keep every micro-batch's activations and gradients alive
@@ -76,9 +96,9 @@ class Messenger:
         """
         self._pending_sends = [entry for entry in self._pending_sends if not entry.work.is_completed()]
         tensor = tensor.detach().contiguous()
-        work = dist.isend(tensor, dst, group=self.p2p_group, tag=tag)
+        work = dist.isend(tensor, self.rank_of(dst), group=self.p2p_group, tag=tag)
         self._next_send_id += 1
-        self._pending_sends.append(_Send(work, what, dst, tensor, self.generation, self._next_send_id))
+        self._pending_sends.append(_Send(work, what, self.rank_of(dst), tensor, self.generation, self._next_send_id))
         return self._next_send_id
 
     def delivered(self, send_id: int) -> None:
@@ -97,15 +117,15 @@ class Messenger:
     def post_recv(
         self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, src: int, tag: int
     ) -> tuple[dist.Work, torch.Tensor]:
-        """Start receiving into a new buffer; `wait` on the returned work before reading it."""
+        """Start receiving from position ``src`` into a new buffer; `wait` on the returned work before reading it."""
         buffer = torch.empty(shape, dtype=dtype, device=device)
-        return dist.irecv(buffer, src, group=self.p2p_group, tag=tag), buffer
+        return dist.irecv(buffer, self.rank_of(src), group=self.p2p_group, tag=tag), buffer
 
     def recv(
         self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, src: int, tag: int, what: str
     ) -> torch.Tensor:
         work, buffer = self.post_recv(shape, dtype, device, src, tag)
-        self.wait(work, f"receiving {what} from rank {src}", peers=(src,))
+        self.wait(work, f"receiving {what} from rank {self.rank_of(src)}", peers=(self.rank_of(src),))
         return buffer
 
     def flush(self, older_than: int | None = None) -> None:
@@ -123,8 +143,11 @@ class Messenger:
         self._pending_sends = keep
 
     def broadcast(self, tensor: torch.Tensor, src: int, what: str) -> torch.Tensor:
-        work = dist.broadcast(tensor, src, async_op=True)
-        self.wait(work, f"broadcasting {what} from rank {src}", peers=(src,) if src != self.rank else _others(None))
+        """Broadcast ``tensor`` from position ``src`` to every rank of this pipeline."""
+        rank = self.rank_of(src)
+        work = dist.broadcast(tensor, rank, group=self.pipeline_group, async_op=True)
+        peers = (rank,) if rank != self.rank else _others(self.pipeline_group)
+        self.wait(work, f"broadcasting {what} from rank {rank}", peers=peers)
         return tensor
 
     def all_reduce(

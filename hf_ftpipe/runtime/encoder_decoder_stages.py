@@ -265,7 +265,9 @@ def relative_position_bias(
         weight = dict(engine.named_parameters())[name].detach().float().clone()
     else:
         weight = torch.empty(tuple(info.shape), dtype=torch.float32, device=engine.device)
-    weight = engine.messenger.broadcast(weight.contiguous(), owner, "the decoder's relative position bias")
+    weight = engine.messenger.broadcast(
+        weight.contiguous(), engine.layout.position_of(owner), "the decoder's relative position bias"
+    )
     config = model.config
     positions = torch.arange(length, device=engine.device)
     relative = positions[None, :] - positions[:, None]  # key - query

@@ -11,6 +11,10 @@ caller's optimizer; weights shared by several ranks (tied embeddings) get the su
 copies' gradients first. Streaming schedules update inside the step with the optimizer given to
 `attach_optimizer`, keep the weight versions in-flight micro-batches need (`StreamingWeights`),
 and carry micro-batches from one step into the next; `drain` empties the pipeline.
+
+With ``data_parallel_size`` D > 1 the job runs D replicas of the pipeline (`hf_ftpipe.runtime.replicas`):
+each trains its share of the global mini-batch, and the gradients are summed over the replicas
+(`hf_ftpipe.runtime.replica_gradients`) before the step's tied-weight sum.
 """
 
 from __future__ import annotations
@@ -32,12 +36,13 @@ from hf_ftpipe.runtime.compiled_stages import CompileOptions, StageCompiler
 from hf_ftpipe.runtime.deliveries import Deliveries
 from hf_ftpipe.runtime.executor import Executor, LossFunction
 from hf_ftpipe.runtime.messages import dataflow, plan_transfers
-from hf_ftpipe.runtime.microbatches import batch_losses, check_loss_weights, mean_loss
 from hf_ftpipe.runtime.model_outputs import ModelOutputs
 from hf_ftpipe.runtime.per_shape import PerShapeOptions, PerShapeStages
-from hf_ftpipe.runtime.prediction import check_predictable
 from hf_ftpipe.runtime.rank_stages import build_rank_stages
 from hf_ftpipe.runtime.rank_weights import RankWeights
+from hf_ftpipe.runtime.replica_batches import ReplicaBatches
+from hf_ftpipe.runtime.replica_gradients import ReplicaGradients
+from hf_ftpipe.runtime.replicas import ReplicaGroups, ReplicaLayout
 from hf_ftpipe.runtime.stage import plan_stages
 from hf_ftpipe.runtime.state import MicrobatchState
 from hf_ftpipe.runtime.step_inputs import StepInputs
@@ -72,7 +77,8 @@ class PipelineEngine(Executor, RankWeights):
         traced (`TracedModel` or `SlicedModel`): the model captured on a micro-batch (every rank
             captures the same); a `SlicedModel` (`hf_ftpipe.graph.capture_token_slices`) trains
             each micro-batch as token slices (TeraPipe), ``gpipe`` or ``1f1b`` only.
-        placement (`StagePlacement`): the partition; ``stage_device[s]`` is the rank running stage ``s``.
+        placement (`StagePlacement`): the partition; ``stage_device[s]`` is the rank (the position in each
+            replica's pipeline) running stage ``s``.
         num_microbatches (`int`): micro-batches per mini-batch.
         schedule (`str`, defaults to ``"gpipe"``): a name of `hf_ftpipe.schedules.registry.SCHEDULES`
             (``gpipe``, ``1f1b``, ``zb-h1``, ``zbv``...) or a schedule file (`hf_ftpipe.schedules.from_file`).
@@ -101,6 +107,9 @@ class PipelineEngine(Executor, RankWeights):
             place, names unchanged (`hf_ftpipe.runtime.compiled_stages`); `compiler` keeps the time it took.
         loss_reads (`Collection[str]`, *optional*): the model outputs `loss_function` will read (``logits``):
             each is also sent to the loss stage wherever the plan produces it (`plan_stages`).
+        data_parallel_size (`int`, defaults to 1): D replicas of the pipeline on ``P × D`` processes; a step
+            takes the global mini-batch, ``D × num_microbatches`` micro-batches, and sums the gradients over
+            the replicas (``gpipe``, ``1f1b``, zero-bubble schedules, ``2bw``; not ``async``).
     """
 
     def __init__(
@@ -122,6 +131,7 @@ class PipelineEngine(Executor, RankWeights):
         per_shape: PerShapeOptions | None = None,
         compile: CompileOptions | None = None,
         loss_reads: Collection[str] = (),
+        data_parallel_size: int = 1,
     ) -> None:
         if not dist.is_initialized():
             raise PipelineError(
@@ -138,17 +148,14 @@ class PipelineEngine(Executor, RankWeights):
             self.device = torch.device("cpu")
         self.graph = traced.cost_graph
         self.num_microbatches = num_microbatches
-        self.stage_rank = list(placement.stage_device)
-        if max(self.stage_rank) + 1 != self.world_size:
-            raise PipelineError(
-                f"the partition places stages on {max(self.stage_rank) + 1} GPUs but {self.world_size} "
-                f"processes were started; launch with --num_processes {max(self.stage_rank) + 1} or "
-                "recompute the partition for this number of processes"
-            )
+        self.stage_rank = list(placement.stage_device)  # positions in this rank's pipeline
+        self.layout = ReplicaLayout.of_world(max(self.stage_rank) + 1, data_parallel_size, self.world_size)
+        self.replica, self.position = self.layout.replica_of(self.rank), self.layout.position_of(self.rank)
+        self.microbatches_per_batch = data_parallel_size * num_microbatches
         self.specs = plan_stages(self.graph, placement.node_stage, loss_reads)
         if len(self.specs) != len(self.stage_rank):
             raise PartitionError(f"the partition has {len(self.specs)} stages but places {len(self.stage_rank)}")
-        self.local_stages = [s for s, r in enumerate(self.stage_rank) if r == self.rank]
+        self.local_stages = [s for s, r in enumerate(self.stage_rank) if r == self.position]
         edges = sorted({(spec.stage_index, c) for spec in self.specs for cs in spec.consumers.values() for c in cs})
         if batches_per_step > 1 and not SCHEDULES[schedule].flushes:
             raise PipelineError(f"the {schedule!r} schedule streams one mini-batch per step; batches_per_step=1 only")
@@ -166,6 +173,7 @@ class PipelineEngine(Executor, RankWeights):
             raise PipelineError(str(error)) from error
         self.traits = self.schedule.traits
         self.streaming = not self.traits.flushes
+        self.layout.check_schedule(self.traits)
         self._limits = proof_limits(schedule, self.stage_rank, self.schedule.num_microbatches, sliced=bool(num_slices))
         self.gradient_accumulation_steps = gradient_accumulation_steps
         self.recompute = recompute
@@ -186,14 +194,20 @@ class PipelineEngine(Executor, RankWeights):
         self.loss_stage = next((s.stage_index for s in self.specs if "loss" in s.model_outputs), None)
         self.loss_value = None if self.loss_stage is None else self.specs[self.loss_stage].model_outputs["loss"]
         self.transfers = plan_transfers(
-            self.graph, self.specs, self.stage_rank, self.world_size, self.loss_value, self._autocast_dtypes
+            self.graph, self.specs, self.stage_rank, self.layout.pipeline_size, self.loss_value, self._autocast_dtypes
         )
-        p2p_group = dist.new_group(list(range(self.world_size)))
+        groups = ReplicaGroups.create(self.layout, self.rank)
         self.messenger = Messenger(
-            self.rank, timeout_s, run_id=f"engine-{next(_run_counter)}", p2p_group=p2p_group, watchdog=watchdog
+            self.rank,
+            timeout_s,
+            run_id=f"engine-{next(_run_counter)}",
+            p2p_group=groups.p2p,
+            watchdog=watchdog,
+            pipeline_ranks=self.layout.pipeline_ranks(self.replica),
+            pipeline_group=groups.pipeline,
         )
         # Collective set-up first: a rank that fails below must not leave the others in new_group.
-        self.weight_sync = WeightSync(self.graph, self.specs, self.stage_rank, self.messenger, self.device)
+        self.weight_sync = WeightSync(self.graph, self.specs, self.stage_rank, self.messenger, self.device, self.layout)
         try:
             self.modules = build_rank_stages(traced, self.specs, self.local_stages, weights_path, self.device)
         except Exception as error:
@@ -246,7 +260,11 @@ class PipelineEngine(Executor, RankWeights):
         self.model_outputs = ModelOutputs(
             self.graph, self.specs, self.stage_rank, self._autocast_dtypes, self.messenger, self.device
         )
-        self.programs = RankPrograms(self.schedule, dataflow(self.specs, self.transfers), self.rank)
+        self.programs = RankPrograms(self.schedule, dataflow(self.specs, self.transfers), self.position)
+        self.replica_gradients = ReplicaGradients.of(self.modules, groups, self.messenger, self.traits)
+        self.replica_batches = ReplicaBatches(
+            self.layout, self.rank, groups.data, self.messenger, self.inputs, self.model_outputs
+        )
         self._reset_state()
 
     def _reset_state(self) -> None:
@@ -260,28 +278,6 @@ class PipelineEngine(Executor, RankWeights):
             self.token_slicing.reset()
 
     # -- public API -------------------------------------------------------------------------
-
-    def attach_optimizer(self, optimizer: torch.optim.Optimizer, max_grad_norm: float | None = None) -> None:
-        """The optimizer over `parameters` that ``async`` and ``2bw`` step inside `train_step`.
-
-        Each update steps only the updating stage's parameters. ``max_grad_norm`` clips each update
-        by the norm of that stage's gradients: the global norm would need every stage at once,
-        which is exactly what a pipeline without flushes never has.
-        """
-        if self.weight_prediction:
-            check_predictable(optimizer)
-        self.optimizer = optimizer
-        self.max_grad_norm = max_grad_norm
-        if self.streaming:
-            self.weight_sync.remember_tied(dict(self.named_parameters()))
-
-    def step_grad_norm(self) -> torch.Tensor:
-        """Streaming schedules: the largest gradient norm of any stage update during the last step,
-        over every rank (before clipping); 0 when no update ran."""
-        local = torch.stack(self._update_norms).max() if self._update_norms else torch.zeros(())
-        norm = local.to(self.device, torch.float32)
-        self.messenger.all_reduce(norm, dist.group.WORLD, "update gradient norms", op=dist.ReduceOp.MAX)
-        return norm
 
     def train_step(
         self, batch: Mapping[str, Any] | Sequence[Mapping[str, Any]], loss_weights: Sequence[float] | None = None
@@ -312,30 +308,33 @@ class PipelineEngine(Executor, RankWeights):
                 f"the {self.schedule.name!r} schedule updates weights inside the pipeline; call "
                 "`attach_optimizer(optimizer)` before the first train_step"
             )
-        pieces = self.inputs.split_batches(batch, self.batches_per_step, self.schedule.name if self.streaming else None)
+        streaming = self.schedule.name if self.streaming else None
+        pieces, weights = self.replica_batches.training(batch, loss_weights, self.batches_per_step, streaming)
         microbatches = [microbatch for piece in pieces for microbatch in piece]
-        weights = check_loss_weights(loss_weights, len(microbatches))
         self._update_norms.clear()
         if isinstance(self.schedule, StreamingSchedule):
             first = self.schedule.given
             program = self.programs.streaming(self.schedule.next_step())
         else:
             first = 0
-            num_slices = self.inputs.begin_slices(microbatches)  # token slices: per the step's length
+            num_slices = self.inputs.begin_slices(microbatches) if microbatches else None  # per the step's length
             program = self.programs.flushing(training=True, microbatches=len(microbatches), num_slices=num_slices)
+            if self.replica_gradients is not None:
+                self.replica_gradients.begin_step(program)
         units = self.inputs.store(self.state, microbatches, first, weights)
         self.module.train(True)
         losses = self._run(program, training=True)
         if not self.streaming:
             self._flush()
+            if self.replica_gradients is not None:
+                self.replica_gradients.finish()
             self.weight_sync.sum_tied_gradients(dict(self.named_parameters()))
         else:  # this step's sends may be received in the next step; the previous step's are done
             self._flush(older_than=self.messenger.generation)
             self.messenger.generation += 1
-        if isinstance(batch, Mapping):
-            return mean_loss(losses, self.state.loss_weight, units, self.device)
-        per_batch = [len(piece) * units // len(microbatches) for piece in pieces]  # units: token slices too
-        return batch_losses(losses, self.state.loss_weight, per_batch, self.device)
+        per_batch = [len(piece) * units // max(len(microbatches), 1) for piece in pieces]  # units: token slices too
+        whole = isinstance(batch, Mapping)
+        return self.replica_batches.step_loss(losses, self.state.loss_weight, units, per_batch, whole, self.device)
 
     def drain(self) -> None:
         """Finish every micro-batch still in flight (``async``, ``2bw``) and apply their updates;
@@ -366,17 +365,19 @@ class PipelineEngine(Executor, RankWeights):
         length of 1: a decoder step reads one position of logits that are sequence × vocabulary large.
         """
         self.drain()
-        microbatches = self.inputs.split(batch, training=False)
+        microbatches = self.replica_batches.evaluation(batch)  # with replicas, this replica's share
         self.inputs.store_for_evaluation(self.state, microbatches)
         self.module.train(False)
         program = self.programs.flushing(training=False, microbatches=len(microbatches))
         losses = [loss for _, loss in self._run(program, training=False)]
         self._flush()
-        outputs = self.model_outputs.gather(output_names, self.state, losses, len(microbatches), position)
+        outputs = {}
+        if microbatches:
+            outputs = self.model_outputs.gather(output_names, self.state, losses, len(microbatches), position)
         if position is None:  # one position is already the batch's own: padding follows it
             outputs = self.inputs.unpad(outputs)
         self._reset_state()
-        return outputs
+        return self.replica_batches.gather_outputs(outputs, output_names, self.device)
 
     def train(self, mode: bool = True) -> PipelineEngine:
         self.module.train(mode)

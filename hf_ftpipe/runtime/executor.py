@@ -23,6 +23,7 @@ from hf_ftpipe.runtime.comm import Messenger
 from hf_ftpipe.runtime.compiled_stages import StageCompiler
 from hf_ftpipe.runtime.deliveries import Deliveries
 from hf_ftpipe.runtime.messages import Transfer
+from hf_ftpipe.runtime.replica_gradients import ReplicaGradients
 from hf_ftpipe.runtime.split_backward import collecting, defer_weight_gradients
 from hf_ftpipe.runtime.stage import StageSpec
 from hf_ftpipe.runtime.state import MicrobatchState
@@ -50,6 +51,8 @@ class Executor:
     graph: CostGraph
     specs: list[StageSpec]
     stage_rank: list[int]
+    """Each stage's position in this rank's pipeline (its rank when there is one replica)."""
+    position: int
     modules: dict[int, fx.GraphModule]
     transfers: dict[str, Transfer]
     messenger: Messenger
@@ -70,6 +73,7 @@ class Executor:
     state: MicrobatchState
     _deliveries: Deliveries
     _update_norms: list[torch.Tensor]
+    replica_gradients: ReplicaGradients | None
 
     def _run(self, program: Sequence[Op], training: bool) -> list[tuple[int, torch.Tensor]]:
         """Perform ``program``; returns ``(micro-batch, loss)`` of every loss computed in it, here
@@ -101,6 +105,9 @@ class Executor:
                         deferred.apply()  # then x and the product's gradient go
                 else:
                     assert self.streaming_weights is not None and self.optimizer is not None
+                    if self.replica_gradients is not None:  # 2bw: once per weight version
+                        pending = self.streaming_weights.pending_grads[op.stage_index]
+                        self.replica_gradients.sum_pending(op.stage_index, pending)
                     self.streaming_weights.update(
                         op.stage_index, self.optimizer, self.max_grad_norm, self._update_norms
                     )
@@ -110,6 +117,8 @@ class Executor:
                 self._fail(op, error)
             if op.computation != "U" and training:
                 self.state.action_done(self._unit(op))
+                if self.replica_gradients is not None:  # a stage's last B or W starts its all-reduce
+                    self.replica_gradients.action_done(op.stage_index, op.computation)
         for comm in loss_receives:
             losses.append((self._unit(comm), self._take(comm, f"the loss of {_unit_name(comm)}")))
         return losses
@@ -189,7 +198,7 @@ class Executor:
             self.token_slicing.release(spec.stage_index, action.microbatch_index)
         self._outbox = {}
         for value, tensor in zip(spec.sent, outputs, strict=True):
-            if spec.consumers[value] and any(self.stage_rank[c] == self.rank for c in spec.consumers[value]):
+            if spec.consumers[value] and any(self.stage_rank[c] == self.position for c in spec.consumers[value]):
                 self.state.outputs[(value, m)] = tensor
             elif not training:
                 self.state.outputs[(value, m)] = tensor  # model outputs, collected by eval_step
@@ -226,7 +235,8 @@ class Executor:
     def _unserved(self, name: str, loss_stage: int, served: list[str]) -> str:
         """Why the loss read output ``name`` in vain: the stage holding it did not send it here."""
         holder = next((spec.stage_index for spec in self.specs if name in spec.model_outputs), None)
-        where = "no stage" if holder is None else f"stage {holder} (rank {self.stage_rank[holder]})"
+        rank = None if holder is None else self.messenger.rank_of(self.stage_rank[holder])
+        where = "no stage" if holder is None else f"stage {holder} (rank {rank})"
         return (
             f"the loss computed from the model's outputs read `{name}`, which {where} produces, but the loss "
             f"stage {loss_stage} was sent only {served}: the pipeline sends it the outputs the loss depends on; "
@@ -304,10 +314,11 @@ class Executor:
         self.state.posted[comm] = self.messenger.post_recv(shape, transfer.dtype, self.device, comm.peer, tag)
 
     def _take(self, comm: Comm, what: str) -> torch.Tensor:
+        peer = self.messenger.rank_of(comm.peer)
         if comm not in self.state.posted:  # every message is lowered; this would be a bug
-            raise PipelineError(f"[rank {self.rank}] {what} from rank {comm.peer} was never expected")
+            raise PipelineError(f"[rank {self.rank}] {what} from rank {peer} was never expected")
         work, buffer = self.state.posted.pop(comm)
-        self.messenger.wait(work, f"receiving {what} from rank {comm.peer}", peers=(comm.peer,))
+        self.messenger.wait(work, f"receiving {what} from rank {peer}", peers=(peer,))
         return buffer
 
     def _incoming(self, value: str, action: Action) -> torch.Tensor:

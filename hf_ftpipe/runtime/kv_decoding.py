@@ -93,7 +93,7 @@ class KVDecoder:
         self._order = [
             a
             for a in schedule.global_order()
-            if a.computation == "F" and engine.stage_rank[a.stage_index] == engine.rank
+            if a.computation == "F" and engine.stage_rank[a.stage_index] == engine.position
         ]
         self.seq_length = 0
         """Tokens cached so far."""
@@ -248,14 +248,14 @@ class KVDecoder:
                 engine.messenger.send(
                     tensor.to(transfer.dtype), peer, self._tag(value, m), f"{value} of micro-batch {m}"
                 )
-            if value == stages.logits or any(engine.stage_rank[c] == engine.rank for c in spec.consumers[value]):
+            if value == stages.logits or any(engine.stage_rank[c] == engine.position for c in spec.consumers[value]):
                 outputs[(value, m)] = tensor
 
     def _logits(self, outputs: dict[tuple[str, int], torch.Tensor], n: int) -> torch.Tensor:
         """The last ``n`` positions' logits of every row, broadcast from the rank that computed them."""
         engine = self.engine
         output = engine.model_outputs.outputs["logits"]
-        if output.rank == engine.rank:
+        if output.rank == engine.position:
             pieces = [outputs[(output.value, m)][:, -n:] for m in range(len(self._bounds))]
             logits = torch.cat(pieces).to(output.dtype)
         else:

@@ -42,17 +42,18 @@ def plan_transfers(
     graph: CostGraph,
     specs: Sequence[StageSpec],
     stage_rank: Sequence[int],
-    world_size: int,
+    num_ranks: int,
     loss_value: str | None,
     autocast_dtypes: Mapping[str, torch.dtype],
 ) -> dict[str, Transfer]:
-    """Every value that crosses ranks, numbered in `StageSpec.sent` order of the stages."""
+    """Every value that crosses ranks, numbered in `StageSpec.sent` order of the stages; ranks are the
+    ``num_ranks`` positions of one pipeline (the loss goes to each of them)."""
     transfers: dict[str, Transfer] = {}
     for spec in specs:
         source = stage_rank[spec.stage_index]
         for value in spec.sent:
             readers = sorted({stage_rank[c] for c in spec.consumers[value]} - {source})
-            targets = sorted(set(range(world_size)) - {source}) if value == loss_value else readers
+            targets = sorted(set(range(num_ranks)) - {source}) if value == loss_value else readers
             if not targets:
                 continue
             shape, dtype = value_shape(graph, value, autocast_dtypes)

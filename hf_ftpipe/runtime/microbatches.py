@@ -13,7 +13,15 @@ from hf_ftpipe.graph.cost_graph import CostGraph
 from hf_ftpipe.graph.dynamic_shapes import ShapeFormulas
 from hf_ftpipe.runtime.shapes import input_shapes
 
-__all__ = ["batch_losses", "check_loss_weights", "check_planned", "mean_loss", "microbatch_rows", "split_batch"]
+__all__ = [
+    "batch_losses",
+    "batch_rows",
+    "check_loss_weights",
+    "check_planned",
+    "mean_loss",
+    "microbatch_rows",
+    "split_batch",
+]
 
 Fit = Callable[[list[dict[str, Any]], bool], list[dict[str, Any]] | None]
 """Micro-batches (and whether they train) → each padded to the shape of the graph that runs it, checked;
@@ -46,7 +54,7 @@ def split_batch(
         `PipelineError`: an input is missing, a size the model fixes differs, or a micro-batch is larger
             than planned (named, with the sizes and what to change).
     """
-    rows = _rows(graph, batch)
+    rows = batch_rows(graph, batch)
     count = min(rows, num_microbatches)
     microbatches: list[dict[str, Any]] = [{} for _ in range(count)]
     for name, info in graph.inputs.items():
@@ -81,7 +89,8 @@ def microbatch_rows(rows: int, num_microbatches: int) -> list[int]:
     return [rows // count + (1 if m < rows % count else 0) for m in range(count)] if count else []
 
 
-def _rows(graph: CostGraph, batch: Mapping[str, Any]) -> int:
+def batch_rows(graph: CostGraph, batch: Mapping[str, Any]) -> int:
+    """The rows (samples) of ``batch``, read from the first input of the graph it holds."""
     for name, info in graph.inputs.items():
         value = batch.get(name)
         if info.shape is not None and isinstance(value, torch.Tensor) and value.dim() > 0:

@@ -1,8 +1,9 @@
 """An evaluation's model outputs (loss, logits, ...), gathered from the ranks that computed them onto every rank.
 
 Every rank returns the same outputs, as one process would: each output's owner broadcasts it per
-micro-batch, and the others receive it in a buffer of that micro-batch's own shape
-(`hf_ftpipe.runtime.shapes`), which every rank knows without a message.
+micro-batch within its pipeline (each replica evaluates the whole batch), and the others receive it
+in a buffer of that micro-batch's own shape (`hf_ftpipe.runtime.shapes`), which every rank knows
+without a message.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ class _Output:
     value: str
     """The graph value the model returns under this name."""
     rank: int
-    """The rank whose stage produces it."""
+    """The rank (pipeline position) whose stage produces it."""
     dtype: torch.dtype
 
 
@@ -36,7 +37,7 @@ class ModelOutputs:
     Args:
         graph (`CostGraph`): the traced graph.
         specs (`Sequence[StageSpec]`): every stage (`StageSpec.model_outputs` names the outputs).
-        stage_rank (`Sequence[int]`): the rank running each stage.
+        stage_rank (`Sequence[int]`): the rank (position in this rank's pipeline) running each stage.
         autocast_dtypes (`Mapping[str, torch.dtype]`): the dtype autocast gives a value, if any.
         messenger (`Messenger`): this rank's messages.
         device (`torch.device`): where this rank's stages run.
@@ -85,7 +86,7 @@ class ModelOutputs:
                 continue
             pieces = []
             for m in range(num_microbatches):
-                local = state.outputs.get((output.value, m)) if output.rank == self.messenger.rank else None
+                local = state.outputs.get((output.value, m)) if output.rank == self.messenger.position else None
                 shape = tuple(state.shapes[m].values[output.value])
                 at = position if position is not None and len(shape) > 1 else None
                 if local is not None:

@@ -5,6 +5,10 @@ A weight read by stages on several ranks (T5's ``shared`` embedding, GPT-2's ``w
 single-process gradient, so the copies stay identical without ever being sent. The lowest rank
 holding a weight is its owner: it alone counts it in the gradient norm and sends it when the
 model is gathered.
+
+With replicas of the pipeline (`hf_ftpipe.runtime.replicas`) each replica sums its own copies; the
+norm is over this rank's pipeline (every replica holds the same gradients by then), and the model is
+gathered from the replica of the rank that receives it.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from torch import nn
 
 from hf_ftpipe.graph.cost_graph import CostGraph
 from hf_ftpipe.runtime.comm import Messenger
+from hf_ftpipe.runtime.replicas import ReplicaLayout
 from hf_ftpipe.runtime.stage import StageSpec
 
 __all__ = ["WeightSync"]
@@ -26,8 +31,9 @@ __all__ = ["WeightSync"]
 class WeightSync:
     """Cross-rank operations on one rank's weights.
 
-    Constructing it creates one process group per set of ranks sharing weights: every rank must
-    construct it, in the same order as the others.
+    Constructing it creates one process group per set of ranks sharing weights in every replica:
+    every rank must construct it, in the same order as the others. ``stage_rank`` names positions in
+    a pipeline of ``layout``; `owner` answers in global ranks, of this rank's replica.
     """
 
     def __init__(
@@ -37,9 +43,12 @@ class WeightSync:
         stage_rank: Sequence[int],
         messenger: Messenger,
         device: torch.device,
+        layout: ReplicaLayout | None = None,
     ) -> None:
         self.graph = graph
         self.rank = messenger.rank
+        self.layout = layout or ReplicaLayout(max(stage_rank) + 1, 1)
+        self.replica = self.layout.replica_of(self.rank)
         self.messenger = messenger
         self.device = device
         self._reference: dict[str, torch.Tensor] | None = None
@@ -47,7 +56,7 @@ class WeightSync:
         holders: dict[str, set[int]] = defaultdict(set)
         for spec in specs:
             for name in graph.params_of(spec.nodes):
-                holders[name].add(stage_rank[spec.stage_index])
+                holders[name].add(self.layout.global_rank(self.replica, stage_rank[spec.stage_index]))
         self.holders = {name: tuple(sorted(ranks)) for name, ranks in sorted(holders.items())}
         self._groups: list[tuple[list[str], dist.ProcessGroup]] = []
         by_ranks: dict[tuple[int, ...], list[str]] = defaultdict(list)
@@ -55,10 +64,12 @@ class WeightSync:
             info = graph.params[name]
             if len(ranks) > 1 and info.requires_grad and not info.is_buffer:
                 by_ranks[ranks].append(name)
-        for ranks, names in sorted(by_ranks.items()):
-            group = dist.new_group(list(ranks))
-            if self.rank in ranks:
-                self._groups.append((names, group))
+        for ranks, names in sorted(by_ranks.items()):  # positions, alike in every replica
+            positions = [self.layout.position_of(r) for r in ranks]
+            for replica in range(self.layout.data_parallel_size):
+                group = dist.new_group([self.layout.global_rank(replica, p) for p in positions])
+                if replica == self.replica and self.rank in ranks:
+                    self._groups.append((names, group))
 
     def owner(self, name: str) -> int:
         return self.holders[name][0]
@@ -104,7 +115,7 @@ class WeightSync:
         for name, param in params.items():
             if param.grad is not None and self.owner(name) == self.rank:
                 squares += param.grad.detach().double().pow(2).sum()
-        self.messenger.all_reduce(squares, dist.group.WORLD, "squared gradient norms")
+        self.messenger.all_reduce(squares, self.messenger.pipeline_group, "squared gradient norms")
         total_norm = squares.sqrt().float()
         if max_norm < float("inf"):
             # clip_grads_with_norm_ scales the `.grad` of what it is given: pass the parameters.
@@ -117,8 +128,11 @@ class WeightSync:
     ) -> dict[str, torch.Tensor] | None:
         """The tensors ``names`` on rank ``dst`` (CPU), each sent by its owner; ``None`` on other ranks.
 
-        One tensor is in flight at a time, so no rank holds more than its own weights plus one.
+        One tensor is in flight at a time, so no rank holds more than its own weights plus one. Only the
+        replica of ``dst`` takes part: the others hold the same weights.
         """
+        if self.layout.replica_of(dst) != self.replica:
+            return None
         gathered: dict[str, torch.Tensor] = {}
         for name in sorted(names):
             owner = self.owner(name)

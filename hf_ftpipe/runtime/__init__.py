@@ -6,6 +6,7 @@ from hf_ftpipe.runtime.engine import PipelineEngine, StagePlacement
 from hf_ftpipe.runtime.kv_decoding import KVDecoder
 from hf_ftpipe.runtime.peak_memory import PeakMemory
 from hf_ftpipe.runtime.per_shape import PerShapeOptions
+from hf_ftpipe.runtime.replicas import ReplicaGroups, ReplicaLayout
 from hf_ftpipe.runtime.stage import StageSpec, build_stage_module, plan_stages
 from hf_ftpipe.runtime.watchdog import Watchdog
 
@@ -16,6 +17,8 @@ __all__ = [
     "PeakMemory",
     "PerShapeOptions",
     "PipelineEngine",
+    "ReplicaGroups",
+    "ReplicaLayout",
     "StagePlacement",
     "StageSpec",
     "Watchdog",

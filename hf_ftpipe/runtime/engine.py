@@ -196,7 +196,7 @@ class PipelineEngine(Executor, RankWeights):
         self.transfers = plan_transfers(
             self.graph, self.specs, self.stage_rank, self.layout.pipeline_size, self.loss_value, self._autocast_dtypes
         )
-        groups = ReplicaGroups.create(self.layout, self.rank)
+        self.groups = groups = ReplicaGroups.create(self.layout, self.rank)  # this rank's pipeline and data groups
         self.messenger = Messenger(
             self.rank,
             timeout_s,
@@ -302,6 +302,11 @@ class PipelineEngine(Executor, RankWeights):
         `attach_optimizer`); micro-batches still in flight at the end finish in the next step,
         and their gradients wait outside ``param.grad``, so a caller's own ``optimizer.step()`` and
         ``zero_grad()`` between steps (`Trainer`'s) change nothing.
+
+        With replicas (``data_parallel_size`` D > 1) ``batch`` is the global mini-batch (every rank passes
+        the same), cut into D × ``num_microbatches`` micro-batches (`hf_ftpipe.runtime.replica_batches`),
+        ``loss_weights`` has one weight per micro-batch of it, the gradients are summed over the replicas,
+        and the loss returned is the global batch's.
         """
         if self.streaming and self.optimizer is None:
             raise PipelineError(
@@ -363,6 +368,8 @@ class PipelineEngine(Executor, RankWeights):
         A streaming pipeline is drained first, so evaluation sees the latest weights. With ``position``,
         only that position of each per-token output (its dimension 1) crosses between ranks, kept as a
         length of 1: a decoder step reads one position of logits that are sequence × vocabulary large.
+        With replicas each evaluates its share of the batch (cut as in training) and the outputs are
+        gathered over them, in order.
         """
         self.drain()
         microbatches = self.replica_batches.evaluation(batch)  # with replicas, this replica's share

@@ -27,6 +27,7 @@ from torch import nn
 
 from hf_ftpipe.runtime.comm import Messenger
 from hf_ftpipe.runtime.replicas import ReplicaGroups
+from hf_ftpipe.schedules.actions import Action
 from hf_ftpipe.schedules.lowering import Op
 from hf_ftpipe.schedules.registry import ScheduleTraits
 
@@ -89,15 +90,23 @@ class ReplicaGradients:
         self._ready: set[int] = set()
         self._started = 0
         self._buckets: list[_Bucket] = []
+        self._actions_run = 0
+        self.started_after: dict[int, int] = {}
+        """The last step's stages → how many of this rank's actions had run when their buckets started
+        (of the program's `actions_in_step`): the overlap, for tests and the curious."""
+        self.actions_in_step = 0
 
     # -- flushing schedules -----------------------------------------------------------------
 
     def begin_step(self, program: Sequence[Op]) -> None:
         """Count the actions after which each stage's gradients are final in ``program``."""
         self._left = dict.fromkeys(self.order, 0)
-        for op in program:
-            if getattr(op, "computation", None) == self.final:
-                self._left[op.stage_index] += 1  # type: ignore[union-attr]
+        self._actions_run, self.started_after = 0, {}
+        actions = [op for op in program if isinstance(op, Action)]
+        self.actions_in_step = len(actions)
+        for action in actions:
+            if action.computation == self.final:
+                self._left[action.stage_index] += 1
         self._ready, self._started, self._buckets = set(), 0, []
         for s in self.order:
             if self._left[s] == 0:  # none of its micro-batches here: nothing will change its gradients
@@ -105,7 +114,8 @@ class ReplicaGradients:
         self._start_ready()
 
     def action_done(self, stage_index: int, computation: str) -> None:
-        """A B or W action of ``stage_index`` ran; its buckets start once it was the last."""
+        """An action of ``stage_index`` ran; after its last B (or W) its buckets start."""
+        self._actions_run += 1
         if computation != self.final or stage_index not in self._left:
             return
         self._left[stage_index] -= 1
@@ -128,7 +138,9 @@ class ReplicaGradients:
 
     def _start_ready(self) -> None:
         while self._started < len(self.order) and self.order[self._started] in self._ready:
-            self._buckets += self._start(self.stage_params[self.order[self._started]])
+            stage = self.order[self._started]
+            self._buckets += self._start(self.stage_params[stage])
+            self.started_after[stage] = self._actions_run
             self._started += 1
 
     def _start(self, params: list[nn.Parameter]) -> list[_Bucket]:

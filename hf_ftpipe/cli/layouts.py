@@ -81,10 +81,15 @@ def run_layouts(args: argparse.Namespace, topology: Any, graph: Any, options: di
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0
-    node = topology.nodes[0]
+    runs: list[list[Any]] = []  # the first machine's GPUs, kind by kind: [[name, count], ...]
+    for gpu in topology.nodes[0].gpus:
+        if runs and runs[-1][0] == gpu.name:
+            runs[-1][1] += 1
+        else:
+            runs.append([gpu.name, 1])
     print(
         f"{args.model} ({graph.model_class}) on {topology.name}: {len(topology.nodes)} machines, "
-        f"{len(node.gpus)} × {node.gpus[0].name} in the first, {topology.inter_node.name} between; "
+        f"{' + '.join(f'{n} × {name}' for name, n in runs)} in the first, {topology.inter_node.name} between; "
         f"{options['num_microbatches']} micro-batches of {options['microbatch_size']} per step, {options['schedule']}"
     )
     lines = [["layout", "samples/s", "pipeline step s", "all-reduce s", "exposed s", "peak mem", "plan", "note"]]

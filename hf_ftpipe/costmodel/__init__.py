@@ -1,5 +1,5 @@
-"""The cost model: GPU profiles, the time of each op, the memory rules, the estimate of a plan, and
-the latency of a token slice (for TeraPipe's slicing).
+"""The cost model: GPU profiles, the machines' topology (links, a profile per rank), the time of each
+op, the memory rules, the estimate of a plan, and the latency of a token slice (for TeraPipe's slicing).
 
 Pure arithmetic on plain data: no devices, no torch.distributed.
 """
@@ -38,19 +38,24 @@ from hf_ftpipe.costmodel.profiles import (
     match_device_name,
 )
 from hf_ftpipe.costmodel.roofline_latency import RooflineSliceTime
+from hf_ftpipe.costmodel.topology import BUILTIN_LINKS, BUILTIN_TOPOLOGIES, Link, Node, Topology, get_link, get_topology
 from hf_ftpipe.schedules.rules import gradients_persist, in_flight, weight_versions
 
 __all__ = [
     "BlockTime",
     "CostKey",
     "CostTable",
+    "BUILTIN_LINKS",
     "BUILTIN_PROFILES",
+    "BUILTIN_TOPOLOGIES",
     "DType",
     "GPUCost",
     "GPUProfile",
     "LatencyKey",
+    "Link",
     "LatencySample",
     "MemoryOptions",
+    "Node",
     "NodeCost",
     "Optimizer",
     "Prediction",
@@ -59,6 +64,7 @@ __all__ = [
     "SliceLatency",
     "StageCost",
     "TokenSlices",
+    "Topology",
     "backward_factor",
     "backward_time_s",
     "canonical_dtype",
@@ -68,7 +74,9 @@ __all__ = [
     "edge_comm_s",
     "estimate",
     "estimate_memory",
+    "get_link",
     "get_profile",
+    "get_topology",
     "gpu_cost_s",
     "gradients_persist",
     "in_flight",

@@ -17,6 +17,11 @@ plan is priced for: `hf_ftpipe.costmodel.options`.
 
 Capacity: ``GPUCost.capacity_bytes`` is the device's raw memory; a plan is feasible when every GPU
 needs at most ``usable_capacity(profile, memory)``, the raw memory less the ``headroom`` fraction.
+
+GPUs of different kinds (``gpus``: a profile per GPU, e.g. a topology's ranks): each stage's ops are
+priced on the GPU the stage runs on, and each GPU's capacity is its own. The ideal is then the
+time at which all GPUs would finish together with the work shared in proportion to their speeds,
+1 / Σ_g (1 / T_g), T_g being the whole model's compute on GPU g.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from hf_ftpipe.costmodel.options import (
 )
 from hf_ftpipe.costmodel.prediction import GPUCost, Prediction, StageCost
 from hf_ftpipe.costmodel.profiles import GPUProfile
+from hf_ftpipe.errors import ProfileError
 from hf_ftpipe.graph.cost_graph import CostGraph
 
 __all__ = [
@@ -68,6 +74,8 @@ def estimate(
     dtype: str | None = None,
     costs: Mapping[str, NodeCost] | None = None,
     memory: MemoryOptions | None = None,
+    gpus: Sequence[GPUProfile] | None = None,
+    gpu_costs: Sequence[Mapping[str, NodeCost]] | None = None,
 ) -> Prediction:
     """Predict per-stage and per-GPU time and memory of a plan (see the module docstring).
 
@@ -80,11 +88,24 @@ def estimate(
             when the caller already has them (partitioners that estimate many plans).
         memory (`MemoryOptions`, *optional*): recomputation and gradient accumulation (they change
             time and memory); ``MemoryOptions()`` by default.
+        gpus (`Sequence[GPUProfile]`, *optional*): GPU g's own profile, when the GPUs differ: its
+            stages' ops are priced on it and its capacity is its memory (``profile`` then gives
+            only the link).
+        gpu_costs (`Sequence[Mapping[str, NodeCost]]`, *optional*): with ``gpus``, each GPU's op
+            costs when the caller already has them.
     """
     check_training(schedule, optimizer, num_microbatches)
     check_positive("microbatch_size", microbatch_size)
     options = memory or MemoryOptions()
-    if costs is None:
+    if gpus is not None:
+        if gpu_costs is None:
+            gpu_costs = [node_costs(graph, gpu, dtype) for gpu in gpus]
+        if len(gpu_costs) != len(gpus) or max(stage_device, default=-1) >= len(gpus):
+            raise ProfileError(
+                f"estimate: {len(gpus)} GPU profiles and {len(gpu_costs)} cost tables for a plan on "
+                f"{max(stage_device, default=-1) + 1} GPUs; give one of each per GPU"
+            )
+    elif costs is None:
         costs = node_costs(graph, profile, dtype)
     stage_nodes = nodes_by_stage(graph, node_stage, stage_device)
     num_stages = len(stage_device)
@@ -99,6 +120,9 @@ def estimate(
         return math.fsum(comm_time_s(b, profile) for b in transfers.values())
 
     for s, nodes in enumerate(stage_nodes):
+        if gpu_costs is not None:
+            costs = gpu_costs[stage_device[s]]
+        assert costs is not None  # set above for one profile, per stage for several
         sent = {t: b for (src, t), b in fwd_bytes.items() if src == s}
         received = {src: b for (src, t), b in fwd_bytes.items() if t == s}
         forward_s = math.fsum(costs[n].forward_s for n in nodes)
@@ -118,32 +142,41 @@ def estimate(
         )
 
     num_devices = max(stage_device, default=-1) + 1
-    gpus = []
+    gpu_figures = []
     for g in range(num_devices):
         mine = [stages[s] for s in range(num_stages) if stage_device[s] == g]
         compute_s = math.fsum(st.forward_s + st.backward_s for st in mine)
         fwd_out_s = math.fsum(st.comm_fwd_out_s for st in mine)
         bwd_in_s = math.fsum(st.comm_bwd_in_s for st in mine)
-        gpus.append(
+        gpu_figures.append(
             GPUCost(
                 compute_s=compute_s,
                 comm_fwd_out_s=fwd_out_s,
                 comm_bwd_in_s=bwd_in_s,
                 cost_s=gpu_cost_s(compute_s, fwd_out_s, bwd_in_s),
-                capacity_bytes=profile.memory_bytes,
+                capacity_bytes=(profile if gpus is None else gpus[g]).memory_bytes,
                 **model.of_gpu(g),
             )
         )
-    total_compute_s = math.fsum(costs[n].total_s + forward_again * costs[n].forward_s for n in graph.graph)
+
+    def total_compute_s(costs: Mapping[str, NodeCost]) -> float:
+        return math.fsum(costs[n].total_s + forward_again * costs[n].forward_s for n in graph.graph)
+
+    if gpu_costs is None:
+        assert costs is not None
+        ideal_s = total_compute_s(costs) / max(profile.count, num_devices, 1)
+    else:  # the work shared in proportion to each GPU's speed
+        rates = [1.0 / t for t in map(total_compute_s, gpu_costs) if t > 0]
+        ideal_s = 1.0 / math.fsum(rates) if rates else 0.0
     return Prediction(
         schedule=schedule,
         num_microbatches=num_microbatches,
         microbatch_size=microbatch_size,
         optimizer=optimizer,
         stages=stages,
-        gpus=gpus,
-        step_time_s=max((g.cost_s for g in gpus), default=0.0),
-        ideal_step_time_s=total_compute_s / max(profile.count, num_devices, 1),
+        gpus=gpu_figures,
+        step_time_s=max((g.cost_s for g in gpu_figures), default=0.0),
+        ideal_step_time_s=ideal_s,
         recompute=options.recompute,
         dtype=dtype,
         stage_edges=[[s, t, b] for (s, t), b in sorted(edge_bytes.items())],

@@ -9,7 +9,6 @@ and save the result with ``to_json``.
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import warnings
@@ -19,6 +18,7 @@ from typing import Any, Literal, get_args
 from hf_ftpipe._json_depth import check_json_depth
 from hf_ftpipe._strict_json import write_json
 from hf_ftpipe._units import GiB
+from hf_ftpipe.costmodel.checks import check_float, check_int, check_str
 from hf_ftpipe.errors import ProfileError
 
 __all__ = [
@@ -82,9 +82,9 @@ class GPUProfile:
     reached ~3.0 of 3.35 TB/s on the same H100)."""
 
     def __post_init__(self) -> None:
-        _check_str("name", self.name)
-        _check_int("count", self.count)
-        _check_int("memory_bytes", self.memory_bytes)
+        check_str("name", self.name)
+        check_int("count", self.count)
+        check_int("memory_bytes", self.memory_bytes)
         if not isinstance(self.peak_flops, dict):
             raise ProfileError(
                 f"`peak_flops` must be a dict of dtype name to FLOP/s, got "
@@ -101,15 +101,15 @@ class GPUProfile:
                 "other dtypes fall back to it"
             )
         for key, value in self.peak_flops.items():
-            _check_float(f"peak_flops[{key!r}]", value)
+            check_float(f"peak_flops[{key!r}]", value)
         # Own a copy: the dataclass is frozen, a caller's dict must not change it afterwards.
         object.__setattr__(self, "peak_flops", {k: float(v) for k, v in self.peak_flops.items()})
-        _check_float("memory_bandwidth_bytes_per_s", self.memory_bandwidth_bytes_per_s)
-        _check_float("link_bandwidth_bytes_per_s", self.link_bandwidth_bytes_per_s)
-        _check_float("link_latency_s", self.link_latency_s, allow_zero=True)
+        check_float("memory_bandwidth_bytes_per_s", self.memory_bandwidth_bytes_per_s)
+        check_float("link_bandwidth_bytes_per_s", self.link_bandwidth_bytes_per_s)
+        check_float("link_latency_s", self.link_latency_s, allow_zero=True)
         for name in ("compute_efficiency", "memory_efficiency"):
             value = getattr(self, name)
-            _check_float(name, value)
+            check_float(name, value)
             if value > 1:
                 raise ProfileError(
                     f"`{name}` is a fraction of the peak and must be in (0, 1], got {value!r}; "
@@ -198,26 +198,6 @@ class GPUProfile:
             return cls.from_dict(data)
         except ProfileError as e:
             raise ProfileError(f"in GPU profile file {os.fspath(path)!r}: {e}") from e
-
-
-def _check_str(name: str, value: object) -> None:
-    if not isinstance(value, str) or not value:
-        raise ProfileError(f"`{name}` must be a non-empty string, got {value!r}")
-
-
-def _check_int(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ProfileError(f"`{name}` must be an integer, got {type(value).__name__} {value!r}")
-    if value <= 0:
-        raise ProfileError(f"`{name}` must be positive, got {value!r}; give a count or size > 0")
-
-
-def _check_float(name: str, value: object, allow_zero: bool = False) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ProfileError(f"`{name}` must be a number, got {type(value).__name__} {value!r}")
-    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
-        bound = ">= 0" if allow_zero else "> 0"
-        raise ProfileError(f"`{name}` must be a finite number {bound}, got {value!r}")
 
 
 def _gpu(

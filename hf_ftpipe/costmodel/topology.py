@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from hf_ftpipe._strict_json import read_json, write_json
-from hf_ftpipe.costmodel.profiles import BUILTIN_PROFILES, GPUProfile, _check_float, _check_str, get_profile
+from hf_ftpipe.costmodel.checks import check_float, check_str
+from hf_ftpipe.costmodel.profiles import BUILTIN_PROFILES, GPUProfile, get_profile
 from hf_ftpipe.errors import ProfileError
 
 __all__ = ["BUILTIN_LINKS", "BUILTIN_TOPOLOGIES", "Link", "Node", "Topology", "get_link", "get_topology"]
@@ -38,10 +39,10 @@ class Link:
     latency_s: float
 
     def __post_init__(self) -> None:
-        _check_str("name", self.name)
+        check_str("name", self.name)
         try:  # the profile's own checks, named for this link
-            _check_float("bandwidth_bytes_per_s", self.bandwidth_bytes_per_s)
-            _check_float("latency_s", self.latency_s, allow_zero=True)
+            check_float("bandwidth_bytes_per_s", self.bandwidth_bytes_per_s)
+            check_float("latency_s", self.latency_s, allow_zero=True)
         except ProfileError as error:
             raise ProfileError(f"link {self.name!r}: {error}") from None
 

@@ -250,7 +250,7 @@ def _run_one(name: str, graph: CostGraph, request: PlanRequest, unlimited_figure
         plan.predicted = request.estimate(graph, plan.node_stage, plan.stage_device)
     error = None
     try:
-        validate_partition(plan, graph, memory_capacity_bytes=request.usable_bytes)
+        validate_partition(plan, graph, memory_capacity_bytes=request.usable_bytes_per_gpu)
     except PartitionError as invalid:
         error = f"{name} returned a plan that is not usable: {invalid}"
     return result_of(name, plan, time_s, error)

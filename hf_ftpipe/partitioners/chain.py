@@ -9,6 +9,7 @@ Above ``contiguous`` and below ``fit`` and the partitioners: it imports no parti
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -23,6 +24,7 @@ from hf_ftpipe.costmodel.memory_rules import (
     weight_gradient_bytes,
     weight_versions_of,
 )
+from hf_ftpipe.costmodel.op_time import NodeCost
 from hf_ftpipe.costmodel.profiles import GPUProfile
 from hf_ftpipe.graph.cost_graph import CostGraph
 from hf_ftpipe.partitioners.contiguous import ContiguousPlanner, greedy_cuts
@@ -72,9 +74,14 @@ class Chain:
         item = {n: i for i, n in enumerate(cut_order.cuttable)}
         pos = {n: item[cut_order.anchor[n]] for n in cut_order.order}
         forward_again = 1.0 if options.recompute else 0.0
-        compute = np.zeros(len(item))
-        for n in cut_order.order:
-            compute[pos[n]] += costs[n].total_s + forward_again * costs[n].forward_s
+
+        def compute_of(costs: dict[str, NodeCost]) -> np.ndarray:
+            compute = np.zeros(len(item))
+            for n in cut_order.order:
+                compute[pos[n]] += costs[n].total_s + forward_again * costs[n].forward_s
+            return compute
+
+        compute = compute_of(costs)
 
         # Blocks of about equal compute; every op alone when there are few.
         if starts is not None:
@@ -89,7 +96,6 @@ class Chain:
         block = {n: int(block_of_item[pos[n]]) for n in cut_order.order}
         self.num_blocks = num_blocks
 
-        compute_prefix = np.concatenate([[0.0], np.cumsum(np.bincount(block_of_item, compute, num_blocks))])
         saved = np.zeros(num_blocks)
         weight_kept = np.zeros(num_blocks)
         operand = np.zeros(num_blocks)
@@ -143,12 +149,22 @@ class Chain:
                     state_t.add(previous + 1, x, x + 1, num_blocks, state)
                 previous = x
 
-        profile = request.profile
-        compute_s = compute_prefix[None, :] - compute_prefix[:, None]
-        out_s, grad_s = (_comm_s(r.table(), profile) for r in (out_bytes, grad_bytes))
-        cost_s = compute_s + np.maximum(0.0, out_s - compute_s) + np.maximum(0.0, grad_s - compute_s)
+        out_s, grad_s = (_comm_s(r.table(), request.profile) for r in (out_bytes, grad_bytes))
+
+        def cost_table(compute: np.ndarray) -> np.ndarray:
+            prefix = np.concatenate([[0.0], np.cumsum(np.bincount(block_of_item, compute, num_blocks))])
+            compute_s = prefix[None, :] - prefix[:, None]
+            return compute_s + np.maximum(0.0, out_s - compute_s) + np.maximum(0.0, grad_s - compute_s)
+
+        # GPUs of several kinds: a table per kind (GPUs of one kind share their costs' dict)
+        by_kind: dict[int, np.ndarray] = {}
+        for gpu_costs in planner.gpu_costs or ():
+            if id(gpu_costs) not in by_kind:
+                by_kind[id(gpu_costs)] = cost_table(compute_of(gpu_costs))
+        self.gpu_cost_s = [by_kind[id(c)] for c in planner.gpu_costs] if planner.gpu_costs else None
+        """With GPUs of several kinds, `_Tables.cost_s` on each GPU; else None."""
         self.tables = _Tables(
-            cost_s=cost_s,
+            cost_s=cost_table(compute),
             weights=weights_t.table(),
             frozen=frozen_t.table(),
             grads=grads_t.table(),
@@ -226,11 +242,17 @@ class Chain:
                 return None
         return None
 
-    def solve(self, num_stages: int, capacity: float, *, by_memory: bool = False) -> list[int] | None:
+    def solve(self, num_stages: int, capacity: float | Sequence[float], *, by_memory: bool = False) -> list[int] | None:
         """Block boundaries ``[0, ..., B]`` of the best split, or None when nothing fits.
 
+        ``capacity``: one for every stage, or one per stage (GPUs of several kinds); with GPUs of
+        several kinds each stage is timed on its own GPU (stage s on GPU s).
         ``by_memory``: minimise the largest stage memory instead, ignoring ``capacity``.
         """
+        capacities = [capacity] * num_stages if isinstance(capacity, int | float) else list(capacity)
+        stage_cost_s = [self.tables.cost_s] * num_stages
+        if self.gpu_cost_s is not None and num_stages <= len(self.gpu_cost_s):
+            stage_cost_s = self.gpu_cost_s[:num_stages]
         num_blocks = self.num_blocks
         best = np.full((num_stages + 1, num_blocks + 1), np.inf)
         best[0, 0] = 0.0
@@ -242,8 +264,8 @@ class Chain:
                 if by_memory:
                     value = np.maximum(best[k - 1, :b], mem)
                 else:
-                    value = np.maximum(best[k - 1, :b], self.tables.cost_s[:b, b])
-                    value[mem > capacity] = np.inf
+                    value = np.maximum(best[k - 1, :b], stage_cost_s[k - 1][:b, b])
+                    value[mem > capacities[k - 1]] = np.inf
                 a = int(np.argmin(value))
                 best[k, b], choice[k, b] = value[a], a
         if not np.isfinite(best[num_stages, num_blocks]):

@@ -16,6 +16,7 @@ what would fit when it does not, is ``fit``'s (``fit.check_memory``), one layer 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -75,6 +76,8 @@ class ContiguousPlanner:
     key: PartitionKey
     costs: dict[str, NodeCost]
     cut_order: CutOrder
+    gpu_costs: list[dict[str, NodeCost]] | None = None
+    """With GPUs of several kinds (``request.gpu_profiles``), each GPU's op costs; else None (``costs``)."""
 
     @classmethod
     def of(cls, name: str, graph: CostGraph, request: PlanRequest) -> ContiguousPlanner:
@@ -99,7 +102,7 @@ class ContiguousPlanner:
             )
         costs = request.node_costs(graph)
         return cls(name=name, graph=graph, request=request, num_stages=num_stages, key=key, costs=costs,
-                   cut_order=cut_order)  # fmt: skip
+                   cut_order=cut_order, gpu_costs=request.gpu_costs(graph))  # fmt: skip
 
     @property
     def stage_capacity(self) -> int:
@@ -108,31 +111,49 @@ class ContiguousPlanner:
         usable = self.request.usable_bytes
         return usable // 2 if self.request.placement == "v" else usable
 
+    @property
+    def stage_capacities(self) -> list[int]:
+        """`stage_capacity` per stage, on the stage's own GPU (GPUs of several kinds differ)."""
+        usable = self.request.usable_bytes_per_gpu
+        share = 2 if self.request.placement == "v" else 1
+        return [usable[g] // share for g in self.request.stage_devices(self.num_stages)]
+
+    def stage_costs(self, stage: int) -> dict[str, NodeCost]:
+        """The op costs of stage ``stage`` of this planner's stages: those of the GPU it runs on."""
+        if self.gpu_costs is None:
+            return self.costs
+        return self.gpu_costs[self.request.stage_devices(self.num_stages)[stage]]
+
     def partition(self, bounds: Sequence[int]) -> Partition:
         """The plan for cuttable pieces ``[bounds[s], bounds[s+1])``, stage s on GPU s (in a V, on
         GPU min(s, 2P − 1 − s)), priced by ``estimate`` (whether it fits memory: ``fit.check_memory``)."""
         node_stage = self.cut_order.node_stage(bounds)
         stage_device = self.request.stage_devices(len(bounds) - 1)
-        predicted = self.request.estimate(self.graph, node_stage, stage_device, self.costs)
+        predicted = self.request.estimate(self.graph, node_stage, stage_device, self.costs, self.gpu_costs)
         return Partition(
             node_stage=node_stage, stage_device=stage_device, partitioner=self.name, key=self.key, predicted=predicted
         )
 
 
-def greedy_cuts(weights: list[float], num_stages: int) -> list[int]:
+def greedy_cuts(weights: list[float], num_stages: int, shares: Sequence[float] | None = None) -> list[int]:
     """Cut positions (``num_stages − 1`` indices, strictly increasing, in ``1..len − 1``).
 
-    Cut k is at the prefix whose sum is nearest k · total / num_stages, among the two prefixes
-    around the crossing, then moved just enough to leave every stage at least one item.
+    Cut k is at the prefix whose sum is nearest k · total / num_stages (with ``shares``, stage s's
+    fraction of the total, e.g. its GPU's share of the speed: the sum of the first k shares times
+    the total), among the two prefixes around the crossing, then moved just enough to leave every
+    stage at least one item.
     """
     n, total = len(weights), float(sum(weights))
+    if shares is not None and len(shares) != num_stages:
+        raise PartitionError(f"greedy_cuts: {len(shares)} shares for {num_stages} stages; give one per stage")
+    ends = None if shares is None else [math.fsum(shares[:k]) / math.fsum(shares) for k in range(num_stages)]
     prefix = [0.0]
     for w in weights:
         prefix.append(prefix[-1] + w)
     cuts: list[int] = []
     i = 0  # prefix[i] < target <= prefix[i + 1] after the scan
     for k in range(1, num_stages):
-        target = k * total / num_stages
+        target = k * total / num_stages if ends is None else ends[k] * total
         while i < n and prefix[i + 1] < target:
             i += 1
         cut = i if i >= n or target - prefix[i] <= prefix[i + 1] - target else i + 1

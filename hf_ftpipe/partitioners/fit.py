@@ -319,17 +319,21 @@ def check_memory(planner: ContiguousPlanner, plan: Partition) -> Partition:
     """``plan`` (``planner``'s) when each GPU holds its share within the usable memory, else
     ``PlanDoesNotFitError`` naming each GPU over it."""
     request = planner.request
-    capacity = request.usable_bytes
+    capacity = request.usable_bytes_per_gpu  # each GPU's own (GPUs of several kinds differ)
     assert plan.predicted is not None  # ContiguousPlanner.partition always predicts
-    over = [(g, gpu.memory_bytes) for g, gpu in enumerate(plan.predicted.gpus) if gpu.memory_bytes > capacity]
+    over = [(g, gpu.memory_bytes) for g, gpu in enumerate(plan.predicted.gpus) if gpu.memory_bytes > capacity[g]]
     if not over:
         return plan
-    needs = ", ".join(f"GPU {g} {format_bytes(need)}" for g, need in over)
-    reason = (
-        f"{planner.name}: its plan does not fit in GPU memory: {needs}, more than the {format_bytes(capacity)} "
-        f"usable per GPU ({format_bytes(request.profile.memory_bytes)} less "
-        f"{request.memory.headroom * 100:g}% headroom)"
-    )
+    if request.heterogeneous:
+        needs = ", ".join(f"GPU {g} {format_bytes(need)} of its {format_bytes(capacity[g])} usable" for g, need in over)
+        reason = f"{planner.name}: its plan does not fit in GPU memory: {needs}"
+    else:
+        needs = ", ".join(f"GPU {g} {format_bytes(need)}" for g, need in over)
+        reason = (
+            f"{planner.name}: its plan does not fit in GPU memory: {needs}, more than the "
+            f"{format_bytes(capacity[0])} usable per GPU ({format_bytes(request.profile.memory_bytes)} less "
+            f"{request.memory.headroom * 100:g}% headroom)"
+        )
     # seq-dp never makes such a plan; the others cut by compute or parameters alone, so the advice
     # checks its fixes by running the partitioner again
     advice = FitAdvice(

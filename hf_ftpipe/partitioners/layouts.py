@@ -6,10 +6,13 @@ the slow links between machines. For each P that divides the world:
 
 1. The global mini-batch of M micro-batches is split across the replicas: each pipeline runs M / D
    of them (D must divide M).
-2. One pipeline is planned by `auto` for P GPUs of the topology's kind, behind the link its
-   stages cross: the node's own when the pipeline stays in a node, the link between nodes when it
-   spans several (every boundary priced at the slower link: pessimistic where a long pipeline
-   crosses nodes only a few times).
+2. One pipeline is planned by `auto` for its P GPUs, behind the link its stages cross: the node's
+   own when the pipeline stays in a node, the link between nodes when it spans several (every
+   boundary priced at the slower link: pessimistic where a long pipeline crosses nodes only a few
+   times). With GPUs of several kinds, pipeline position g is planned for the weakest GPU at that
+   position over the replicas (every replica runs the same plan, and the slowest sets the pace):
+   the least memory, the lowest effective FLOP/s and memory bandwidth (`position_profile`); the
+   contiguous partitioners then balance stages by each position's speed and memory.
 3. Its step is simulated (`hf_ftpipe.simulate`: fill, drain and waits on messages included), and
    each GPU's gradients are all-reduced over its D replicas (`Topology.allreduce_s`, a ring at the
    pace of its slowest link). Under ``gpipe`` and ``1f1b`` a GPU's all-reduce starts when its last
@@ -18,9 +21,6 @@ the slow links between machines. For each P that divides the world:
    ``async`` updates inside the pipeline with no point where replicas agree: it is refused with
    D > 1.
 4. The predicted throughput is M × micro-batch size / that step; the best feasible layout wins.
-
-GPUs of different kinds in one topology are refused for now: the partitioners balance stages for
-one GPU profile.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 
     from hf_ftpipe.plan.request import PlanOptions
 
-__all__ = ["LayoutResult", "best_layout", "compare_layouts", "layout_name"]
+__all__ = ["LayoutResult", "best_layout", "compare_layouts", "layout_name", "position_profile"]
 
 
 def layout_name(pipeline_gpus: int, replicas: int) -> str:
@@ -96,12 +96,6 @@ def compare_layouts(
     mini-batch's, which the replicas share. ``time_budget_s`` bounds each layout's partitioning.
     """
     topology = get_topology(topology)
-    if not topology.homogeneous:
-        kinds = sorted({topology.profile_of(r).name for r in range(topology.world_size)})
-        raise PartitionError(
-            f"topology {topology.name!r} mixes GPUs {kinds}; layouts are planned for one kind of GPU for now: "
-            f"give a topology of one kind (the slowest, to be safe)"
-        )
     world = topology.world_size
     wanted = [(p, world // p) for p in range(1, world + 1) if world % p == 0] if layouts is None else list(layouts)
     for p, d in wanted:
@@ -137,9 +131,15 @@ def _price_layout(
     if total % d:
         result.error = f"{total} micro-batches cannot be shared by {d} replicas: use a multiple of {d}"
         return result
-    profile = _pipeline_profile(topology, pipelines[0])
+    gpus = [position_profile([topology.profile_of(ranks[g]) for ranks in pipelines]) for g in range(p)]
+    profile = _pipeline_profile(topology, pipelines[0], gpus)
+    mixed = any(gpu != gpus[0] for gpu in gpus)
     reports = compare_partitioners(
-        graph, profile, None, time_budget_s=time_budget_s, **(options | {"num_microbatches": total // d})
+        graph,
+        profile,
+        None,
+        time_budget_s=time_budget_s,
+        **(options | {"num_microbatches": total // d, "gpu_profiles": gpus if mixed else None}),
     )
     best = best_result(reports)
     if best is None:
@@ -173,10 +173,40 @@ def _price_layout(
     return result
 
 
-def _pipeline_profile(topology: Topology, ranks: list[int]) -> GPUProfile:
-    """The topology's GPU, ``len(ranks)`` of them, behind the slowest link between ``ranks``."""
+def position_profile(gpus: Sequence[GPUProfile]) -> GPUProfile:
+    """One pipeline position's GPU over the replicas: the GPU itself when they are alike, else the
+    weakest of each figure (least memory, lowest effective FLOP/s per dtype and memory bandwidth),
+    named ``"min(a,b)"``, so that a plan made for it fits and is timed safely on every replica."""
+    first = gpus[0].with_count(1)
+    if all(gpu.with_count(1) == first for gpu in gpus):
+        return first
+    dtypes = sorted({dtype for gpu in gpus for dtype in gpu.peak_flops})
+    return replace(
+        first,
+        name="min(" + ",".join(dict.fromkeys(gpu.name for gpu in gpus)) + ")",
+        memory_bytes=min(gpu.memory_bytes for gpu in gpus),
+        peak_flops={dtype: min(gpu.effective_flops_per_s(dtype) for gpu in gpus) for dtype in dtypes},
+        compute_efficiency=1.0,
+        memory_bandwidth_bytes_per_s=min(gpu.effective_memory_bandwidth_bytes_per_s for gpu in gpus),
+        memory_efficiency=1.0,
+    )
+
+
+def _pipeline_profile(topology: Topology, ranks: list[int], gpus: list[GPUProfile]) -> GPUProfile:
+    """The pipeline's GPUs (``gpus``, one per position), behind the slowest link between ``ranks``: the
+    GPU itself when all are alike, else the first one named for them all (``"rtx3090x2+rtx2080tix2"``)
+    with the least memory, which `PlanRequest.gpu_profiles` then refines GPU by GPU."""
     links = [topology.link_between(a, b) for a, b in zip(ranks, ranks[1:])]
-    gpu = topology.profile_of(ranks[0]).with_count(len(ranks))
+    gpu = gpus[0].with_count(len(ranks))
+    if any(other != gpus[0] for other in gpus):
+        runs: list[list[Any]] = []
+        for other in gpus:
+            if runs and runs[-1][0] == other.name:
+                runs[-1][1] += 1
+            else:
+                runs.append([other.name, 1])
+        name = "+".join(f"{kind}x{n}" for kind, n in runs)
+        gpu = replace(gpu, name=name, memory_bytes=min(other.memory_bytes for other in gpus))
     if not links:
         return gpu
     slowest = min(links, key=lambda link: link.bandwidth_bytes_per_s)

@@ -15,7 +15,9 @@ coarsening first:
    produced in block p and last read in block q leaves every stage with a ≤ p < b ≤ q).
 3. best[k][b] = min over a of max(best[k−1][a], cost(a, b)) over stages that fit memory as
    stage k − 1 (its micro-batches in flight and weight versions depend on k). O(P · B²), exact
-   on the coarsened chain, and exact on the graph when no coarsening was needed.
+   on the coarsened chain, and exact on the graph when no coarsening was needed. With GPUs of
+   several kinds (``gpu_profiles``), cost(a, b) of stage k − 1 is its time on GPU k − 1 and
+   it must fit that GPU's memory, so the split found is the best for those GPUs in that order.
 
 The cost of a stage is FTPipe's cost of a GPU (``estimate.gpu_cost_s``): its forward + backward
 compute, plus what its sending of activations and receiving of gradients does not hide. A value
@@ -76,17 +78,18 @@ def partition_seq_dp(
         raise PartitionError(f"`max_blocks` must be a positive integer, got {max_blocks!r}")
     planner = ContiguousPlanner.of(NAME, graph, PlanRequest(profile=profile, num_stages=num_stages, **options))
     chain = Chain(planner, max(max_blocks, planner.num_stages))
-    capacity = planner.stage_capacity
+    # GPUs of several kinds: each stage within its own GPU's memory (and timed on it: `Chain.solve`)
+    capacity = planner.stage_capacities if planner.gpu_costs is not None else planner.stage_capacity
     cuts = chain.solve(planner.num_stages, capacity)
     if cuts is None:
-        raise _infeasible(chain, planner, capacity)
+        raise _infeasible(chain, planner, planner.stage_capacity)
     if chain.num_blocks < len(planner.cut_order.cuttable):
         chain, cuts = _refine(planner, chain, cuts, capacity, max_blocks)
     return check_memory(planner, planner.partition([chain.starts[b] for b in cuts]))
 
 
 def _refine(
-    planner: ContiguousPlanner, coarse: Chain, cuts: list[int], capacity: int, max_blocks: int
+    planner: ContiguousPlanner, coarse: Chain, cuts: list[int], capacity: int | list[int], max_blocks: int
 ) -> tuple[Chain, list[int]]:
     """Split the coarse blocks around each cut into single ops and solve again, while that helps
     (a few rounds: a better cut moves the next stage's window). A previous answer stays a

@@ -9,6 +9,8 @@ the baseline the others must beat. Steps:
    of that op the total is nearer the target; never leave a stage empty (``greedy_cuts``, in
    ``contiguous``: the baselines and seq-dp's coarsening cut with it too).
 3. Stage s runs on GPU s. Contiguous pieces of a topological order are numbered topologically.
+   GPUs of different kinds (``gpu_profiles``) take shares of the total in proportion to their
+   speed on this model (1 / its whole compute on that GPU): a faster GPU gets more ops.
 
 Parts of multi-output ops (``getitem``) and side-effect ops are not cut on: they join the latest
 stage among their producers (see ``plan.atoms``).
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from hf_ftpipe.costmodel.op_time import NodeCost
 from hf_ftpipe.costmodel.profiles import GPUProfile
 from hf_ftpipe.graph.cost_graph import CostGraph
 from hf_ftpipe.partitioners.contiguous import ContiguousPlanner, greedy_cuts
@@ -49,11 +52,18 @@ def partition_seq_greedy(
     ignore memory (use ``seq-dp`` for a memory-aware contiguous plan).
     """
     planner = ContiguousPlanner.of(NAME, graph, PlanRequest(profile=profile, num_stages=num_stages, **options))
-    # Followers (see plan.atoms) weigh nothing here; they join their producer's stage.
-    forward_again = 1.0 if planner.request.memory.recompute else 0.0
-    cost = planner.costs
-    weights = [cost[n].total_s + forward_again * cost[n].forward_s for n in planner.cut_order.cuttable]
+    weights = _weights(planner, planner.costs)
+    shares = None
+    if planner.gpu_costs is not None and sum(weights) > 0:  # GPUs of several kinds: a share by speed
+        shares = [1.0 / max(sum(_weights(planner, planner.stage_costs(s))), 1e-30) for s in range(planner.num_stages)]
     if sum(weights) == 0:  # nothing to balance: balance op counts instead
         weights = [1.0] * len(weights)
-    bounds = [0, *greedy_cuts(weights, planner.num_stages), len(weights)]
+    bounds = [0, *greedy_cuts(weights, planner.num_stages, shares), len(weights)]
     return check_memory(planner, planner.partition(bounds))
+
+
+def _weights(planner: ContiguousPlanner, cost: dict[str, NodeCost]) -> list[float]:
+    """Each cuttable op's forward + backward time; followers (see plan.atoms) weigh nothing here,
+    they join their producer's stage."""
+    forward_again = 1.0 if planner.request.memory.recompute else 0.0
+    return [cost[n].total_s + forward_again * cost[n].forward_s for n in planner.cut_order.cuttable]

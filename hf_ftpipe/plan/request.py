@@ -52,6 +52,7 @@ class PlanOptions(TypedDict, total=False):
     memory: MemoryOptions | None
     cost_table: CostTable | None
     placement: Placement
+    gpu_profiles: Sequence[GPUProfile] | None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,9 +86,22 @@ class PlanRequest:
     GPU in a V (``num_stages`` = 2 × GPUs). Partitioners that choose placements themselves
     (``mixed``) take only ``"chain"``, their own choice."""
 
+    gpu_profiles: Sequence[GPUProfile] | None = None
+    """GPU g's own profile, one per GPU of ``profile.count``, when the GPUs differ (a topology's ranks,
+    `Topology.profile_of`): each stage is priced on its GPU and each GPU holds at most its own memory;
+    ``profile`` then gives the link between them and the name the plan's key records. Contiguous
+    partitioners balance by each GPU's speed; ``mixed`` plans for one kind of GPU only."""
+
     def __post_init__(self) -> None:
+        if self.gpu_profiles is not None:
+            self._check_gpu_profiles()
         if self.placement not in get_args(Placement):
             raise PartitionError(f"unknown `placement` {self.placement!r}; choose one of {list(get_args(Placement))}")
+        if self.placement == "v" and self.heterogeneous:
+            raise PartitionError(
+                "a V placement is planned for one kind of GPU, but `gpu_profiles` mixes "
+                f"{sorted({g.name for g in self.gpu_profiles or ()})}; use placement='chain' with GPUs of several kinds"
+            )
         if self.memory is None:  # the partitioners' keyword default
             object.__setattr__(self, "memory", MemoryOptions())
         table = self.cost_table
@@ -98,11 +112,50 @@ class PlanRequest:
                 f"profile in {asked} or ask for {table.key.dtype}"
             )
 
+    def _check_gpu_profiles(self) -> None:
+        gpus = self.gpu_profiles
+        if isinstance(gpus, GPUProfile) or not all(isinstance(g, GPUProfile) for g in gpus or ()):
+            raise PartitionError(f"`gpu_profiles` must be a sequence of GPUProfile, one per GPU, got {gpus!r}")
+        if len(gpus) != self.profile.count:
+            raise PartitionError(
+                f"`gpu_profiles` lists {len(gpus)} GPUs, profile {self.profile.name!r} has count "
+                f"{self.profile.count}; give one profile per GPU (e.g. a topology's `profile_of(rank)` per rank)"
+            )
+        object.__setattr__(self, "gpu_profiles", tuple(g.with_count(1) for g in gpus))
+        if self.cost_table is not None and self.heterogeneous:
+            raise PartitionError(
+                "a cost table holds one device's measured costs, but `gpu_profiles` mixes GPUs "
+                f"{sorted({g.name for g in gpus})}; plan mixed GPUs from the roofline (no cost_table) "
+                "or measure and plan for one kind"
+            )
+
+    @property
+    def heterogeneous(self) -> bool:
+        """The GPUs differ (``gpu_profiles`` holds more than one kind)."""
+        gpus = self.gpu_profiles
+        return gpus is not None and any(g != gpus[0] for g in gpus)
+
+    def gpu_profile(self, gpu: int) -> GPUProfile:
+        """GPU ``gpu``'s own profile (``profile`` when the GPUs are all alike)."""
+        return self.profile.with_count(1) if self.gpu_profiles is None else self.gpu_profiles[gpu]
+
     def node_costs(self, graph: CostGraph) -> dict[str, NodeCost]:
-        """Every op's forward and backward time: from ``cost_table`` when given, else the roofline of ``profile``."""
+        """Every op's forward and backward time: from ``cost_table`` when given, else the roofline of
+        ``profile`` (with GPUs of several kinds, of the first GPU: `gpu_costs` has each one's)."""
         if self.cost_table is not None:
             return self.cost_table.node_costs(graph)
-        return node_costs(graph, self.profile, self.dtype)
+        return node_costs(graph, self.gpu_profile(0) if self.heterogeneous else self.profile, self.dtype)
+
+    def gpu_costs(self, graph: CostGraph) -> list[dict[str, NodeCost]] | None:
+        """With GPUs of several kinds, every op's times on each GPU (one table per kind, shared); else None."""
+        if not self.heterogeneous:
+            return None
+        assert self.gpu_profiles is not None  # heterogeneous
+        tables: list[tuple[GPUProfile, dict[str, NodeCost]]] = []
+        for gpu in self.gpu_profiles:
+            if not any(known == gpu for known, _ in tables):
+                tables.append((gpu, node_costs(graph, gpu, self.dtype)))
+        return [next(table for known, table in tables if known == gpu) for gpu in self.gpu_profiles]
 
     def options(self) -> dict[str, Any]:
         """The `PlanOptions` of this request: the keyword arguments of every partitioner."""
@@ -132,8 +185,14 @@ class PlanRequest:
 
     @property
     def usable_bytes(self) -> int:
-        """Memory a plan may use on each GPU: ``profile.memory_bytes`` less the headroom."""
-        return usable_capacity(self.profile, self.memory)
+        """Memory a plan may use on each GPU: ``profile.memory_bytes`` less the headroom (with GPUs of
+        several kinds, the smallest GPU's: `usable_bytes_per_gpu` has each one's)."""
+        return min(self.usable_bytes_per_gpu)
+
+    @property
+    def usable_bytes_per_gpu(self) -> list[int]:
+        """Memory a plan may use on each GPU, its own memory less the headroom."""
+        return [usable_capacity(self.gpu_profile(g), self.memory) for g in range(self.profile.count)]
 
     def key_for(self, graph: CostGraph) -> PartitionKey:
         """The key a plan of ``graph`` records: ``key`` if it agrees with this request, else a new one."""
@@ -152,12 +211,18 @@ class PlanRequest:
         node_stage: Mapping[str, int],
         stage_device: Sequence[int],
         costs: Mapping[str, NodeCost] | None = None,
+        gpu_costs: Sequence[Mapping[str, NodeCost]] | None = None,
     ) -> Prediction:
-        """The cost model's prediction of a plan under this request (``costs``: the op costs, when known)."""
-        if costs is None:
-            costs = self.node_costs(graph)
+        """The cost model's prediction of a plan under this request (``costs``, or with GPUs of several
+        kinds ``gpu_costs``: the op costs, when known)."""
+        if self.heterogeneous:
+            gpus = self.gpu_profiles
+            gpu_costs = self.gpu_costs(graph) if gpu_costs is None else gpu_costs
+        else:
+            gpus, gpu_costs = None, None
+            costs = self.node_costs(graph) if costs is None else costs
         return estimate(
             graph, node_stage, list(stage_device), self.profile, num_microbatches=self.num_microbatches,
             microbatch_size=self.microbatch_size, optimizer=self.optimizer, schedule=self.schedule, dtype=self.dtype,
-            costs=costs, memory=self.memory,
+            costs=costs, memory=self.memory, gpus=gpus, gpu_costs=gpu_costs,
         )  # fmt: skip

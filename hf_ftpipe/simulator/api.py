@@ -9,7 +9,7 @@ pair of stages on different ranks, as the estimate counts them) rather than one 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from hf_ftpipe.costmodel.estimate import gpu_cost_s
@@ -43,6 +43,7 @@ def simulate(
     num_slices: int | None = None,
     steps: int | None = None,
     gradient_accumulation_steps: int = 1,
+    gpu_profiles: Sequence[GPUProfile] | None = None,
 ) -> SimulationResult:
     """Simulate one training step of ``plan`` (the steady step of a streaming schedule).
 
@@ -62,6 +63,9 @@ def simulate(
         steps (`int`, *optional*): steps to simulate; 1 for flushing schedules, 5 for streaming ones
             (the first fills the pipeline; the step time is the mean of the others).
         gradient_accumulation_steps (`int`, defaults to 1): ``async``: backwards per weight update.
+        gpu_profiles (`Sequence[GPUProfile]`, *optional*): with ``graph`` and no ``costs``, GPU g's
+            own profile when the GPUs differ: each stage is timed on its GPU's roofline (a plan's
+            recorded prediction already is, when it was planned with ``gpu_profiles``).
     """
     schedule = schedule or plan.key.schedule
     schedule_traits(schedule)  # an unknown name fails here, naming the valid ones
@@ -80,6 +84,7 @@ def simulate(
             recompute=predicted.recompute if predicted else False,
             optimizer=predicted.optimizer if predicted else "adamw",
             microbatch_size=predicted.microbatch_size if predicted else 1,
+            gpu_profiles=gpu_profiles,
         )
     else:
         pipeline = costs_from_prediction(plan, link)

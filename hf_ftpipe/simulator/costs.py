@@ -164,9 +164,11 @@ def pipeline_costs(
     optimizer: str = "adamw",
     memory: MemoryOptions | None = None,
     microbatch_size: int = 1,
+    gpu_profiles: Sequence[GPUProfile] | None = None,
 ) -> PipelineCosts:
     """The costs of ``plan`` on its ``graph``: times from ``costs`` (per node, e.g. measured; the
-    roofline ``node_costs(graph, profile, dtype)`` when not given) summed per stage, as
+    roofline ``node_costs(graph, profile, dtype)`` when not given, or with ``gpu_profiles``, GPU
+    g's own profile, the roofline of the GPU each stage runs on) summed per stage, as
     `hf_ftpipe.costmodel.estimate.estimate` sums them; bytes and memory from the cost model's rules.
 
     A split backward's ``W`` (`PipelineCosts.weight_s`) is half the backward of every op that reads
@@ -176,23 +178,34 @@ def pipeline_costs(
     options = memory or MemoryOptions(recompute=recompute)
     recompute = options.recompute
     source = "the per-node costs given" if costs is not None else "the roofline"
-    if costs is None:
-        costs = node_costs(graph, profile, dtype)
-    missing = [n for n in graph.graph.nodes if n not in costs]
-    if missing:
-        raise PartitionError(
-            f"`costs` has no entry for {len(missing)} ops of the graph, e.g. {missing[:5]}; pass a cost per node "
-            "(hf_ftpipe.costmodel.op_time.node_costs gives the roofline's)"
-        )
     stage_device = plan.stage_device
+    if costs is None and gpu_profiles is not None:
+        if len(gpu_profiles) <= max(stage_device):
+            raise PartitionError(
+                f"`gpu_profiles` lists {len(gpu_profiles)} GPUs, the plan runs on {max(stage_device) + 1}; "
+                "give one profile per GPU"
+            )
+        by_gpu = [node_costs(graph, gpu, dtype) for gpu in gpu_profiles]
+        stage_costs = [by_gpu[g] for g in stage_device]
+        source = "the roofline of each stage's GPU"
+    else:
+        costs = node_costs(graph, profile, dtype) if costs is None else costs
+        missing = [n for n in graph.graph.nodes if n not in costs]
+        if missing:
+            raise PartitionError(
+                f"`costs` has no entry for {len(missing)} ops of the graph, e.g. {missing[:5]}; pass a cost per "
+                "node (hf_ftpipe.costmodel.op_time.node_costs gives the roofline's)"
+            )
+        stage_costs = [costs] * len(stage_device)
     stage_nodes = nodes_by_stage(graph, plan.node_stage, stage_device)
-    forward = [math.fsum(costs[n].forward_s for n in nodes) for nodes in stage_nodes]
+    forward = [math.fsum(stage_costs[s][n].forward_s for n in nodes) for s, nodes in enumerate(stage_nodes)]
     backward = [
-        math.fsum(costs[n].backward_s for n in nodes) + (forward[s] if recompute else 0.0)
+        math.fsum(stage_costs[s][n].backward_s for n in nodes) + (forward[s] if recompute else 0.0)
         for s, nodes in enumerate(stage_nodes)
     ]
     weight = [
-        math.fsum(costs[n].backward_s / 2 for n in nodes if _reads_trainable_weight(graph, n)) for nodes in stage_nodes
+        math.fsum(stage_costs[s][n].backward_s / 2 for n in nodes if _reads_trainable_weight(graph, n))
+        for s, nodes in enumerate(stage_nodes)
     ]
     pairs, _, grads = stage_traffic(graph, plan.node_stage, stage_device)
     # Same-GPU pairs send nothing; their gradient bytes only say that a backward waits (program order does).

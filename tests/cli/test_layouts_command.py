@@ -76,3 +76,10 @@ def test_a_topology_file_names_its_gpus_and_a_half_given_cluster_is_refused(tiny
     assert "1x2" in out and "2x1" in out and "the planner chooses" in out
     code, _, err = run("compare", tiny_gpt2, "--gpu-profile", "l4", "--nodes", "2", *SETUP)
     assert code != 0 and "--nodes needs --gpus-per-node, both at least 1 (got 2 and None)" in err
+
+
+def test_a_box_with_two_generations_of_cards_prints_its_layouts(tiny_gpt2: str) -> None:
+    code, out, _ = run("compare", tiny_gpt2, "--topology", "rtx3090+rtx2080ti", *SETUP)
+    assert code == 0
+    assert "on rtx3090+rtx2080ti: 1 machines, 2 × rtx3090 + 2 × rtx2080ti in the first" in out
+    assert all(layout in out for layout in ("1x4", "2x2", "4x1")) and "the planner chooses" in out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -50,6 +51,24 @@ def test_a_box_with_two_generations_of_cards_knows_each_ranks_gpu() -> None:
     assert [topology.profile_of(r).name for r in range(4)] == ["rtx3090", "rtx3090", "rtx2080ti", "rtx2080ti"]
     assert topology.profile_of(0).memory_bytes == get_profile("rtx3090").memory_bytes
     assert BUILTIN_TOPOLOGIES["a100-40gb-4x8"].homogeneous
+
+
+def test_a_topology_with_a_profile_per_rank_round_trips_through_json(tmp_path) -> None:
+    # Kinds interleaved rank by rank, one of them not built in: each rank keeps its own GPU.
+    own = replace(get_profile("l4"), name="my-l4", memory_bytes=20 * 2**30)
+    topology = Topology(
+        name="grown",
+        nodes=(
+            Node(gpus=(get_profile("rtx3090"), own, get_profile("rtx3090")), link=BUILTIN_LINKS["pcie4"]),
+            Node(gpus=(get_profile("rtx2080ti"),), link=BUILTIN_LINKS["pcie3"]),
+        ),
+        inter_node=BUILTIN_LINKS["ethernet-25g"],
+    )
+    topology.to_json(tmp_path / "grown.json")
+    back = Topology.from_json(tmp_path / "grown.json")
+    assert back == topology
+    assert [back.profile_of(r).name for r in range(4)] == ["rtx3090", "my-l4", "rtx3090", "rtx2080ti"]
+    assert back.profile_of(1).memory_bytes == 20 * 2**30 and not back.homogeneous
 
 
 def test_one_profile_is_one_box_behind_its_own_link() -> None:

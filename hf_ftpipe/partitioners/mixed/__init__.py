@@ -72,6 +72,12 @@ def partition_mixed(
             f"the mixed partitioner chooses its own placement of stages on GPUs; it cannot be asked for "
             f"placement={request.placement!r}. Use a contiguous partitioner (seq-dp) for a V placement"
         )
+    if request.heterogeneous:  # its objective and memory model hold one GPU profile
+        kinds = sorted({g.name for g in request.gpu_profiles or ()})
+        raise PartitionError(
+            f"the mixed partitioner balances stages for one kind of GPU, but `gpu_profiles` mixes {kinds}; "
+            "use seq-dp or seq-greedy for GPUs of several kinds (auto compares them and reports mixed as not run)"
+        )
     num_gpus = profile.count
     request.stages_or(None)  # a hint, but a well-formed one
     key = request.key_for(graph)

@@ -8,6 +8,7 @@ differ only in how they run the stages: hf_ftpipe's split is made from each op's
 
 from __future__ import annotations
 
+import argparse
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -45,6 +46,23 @@ class Setup:
     """Stage → rank when a rank holds several stages (a V: ``(0, 1, 1, 0)``; looped: ``(0, 1, 0, 1)``);
     empty: one stage per rank, stage s on rank s."""
 
+    @classmethod
+    def of_arguments(cls, args: argparse.Namespace, **fields: Any) -> Setup:
+        """The setup of `add_model_arguments`' flags, with the fields they do not set (``num_ranks``,
+        ``device``, ``threads_per_rank``, ``warmup`` where a script needs at least one) given."""
+        parsed = {
+            "num_microbatches": args.microbatches,
+            "microbatch_size": args.microbatch_size,
+            "steps": args.steps,
+            "warmup": args.warmup,
+            "n_layer": args.layers,
+            "d_model": args.d_model,
+            "n_head": args.heads,
+            "seq_len": args.seq_len,
+            "vocab_size": args.vocab,
+        }
+        return cls(**{**parsed, **fields})
+
     @property
     def num_stages(self) -> int:
         return len(self.stage_rank) or self.num_ranks
@@ -69,6 +87,22 @@ class Placement:
 
     node_stage: dict[str, int]
     stage_device: list[int]
+
+
+def add_model_arguments(
+    parser: argparse.ArgumentParser, *, microbatches: int, microbatches_help: str | None = None
+) -> None:
+    """The flags of the model and the steps that ``runtime.py``, ``simulator.py`` and ``hybrid.py`` share
+    (the fields of `Setup` they fill)."""
+    parser.add_argument("--microbatches", type=int, default=microbatches, help=microbatches_help)
+    parser.add_argument("--microbatch-size", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=5, help="timed steps (median taken)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps first (CPU memory is measured on them)")
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--d-model", type=int, default=256)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--vocab", type=int, default=2048, help="vocabulary; larger loads the last stage more")
 
 
 def build_model(setup: Setup) -> transformers.GPT2LMHeadModel:

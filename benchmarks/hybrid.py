@@ -39,7 +39,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from _checks import failed, print_checks, verdict  # noqa: E402
-from _gpt2_split import Setup, build_model, first_microbatch, make_batch  # noqa: E402
+from _gpt2_split import Setup, add_model_arguments, build_model, first_microbatch, make_batch  # noqa: E402
 from _hybrid_ranks import LayoutRun, run_layout_rank  # noqa: E402
 from _rank_processes import run_ranks  # noqa: E402
 from _runtime_report import round_ratio  # noqa: E402
@@ -185,15 +185,7 @@ def main() -> int:
     parser.add_argument("--ranks", type=int, default=4, help="processes (world size = P × D)")
     parser.add_argument("--layouts", nargs="+", default=list(LAYOUTS), metavar="PxD", help="default: 2x2 4x1 1x4")
     parser.add_argument("--schedule", choices=["gpipe", "1f1b"], default="1f1b")
-    parser.add_argument("--microbatches", type=int, default=8, help="of the global batch, shared by the replicas")
-    parser.add_argument("--microbatch-size", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=5, help="timed steps (median taken)")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
-    parser.add_argument("--layers", type=int, default=8)
-    parser.add_argument("--d-model", type=int, default=256)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--seq-len", type=int, default=128)
-    parser.add_argument("--vocab", type=int, default=2048)
+    add_model_arguments(parser, microbatches=8, microbatches_help="of the global batch, shared by the replicas")
     parser.add_argument("--repeats", type=int, default=1, help="rounds of every layout, round-robin; medians")
     parser.add_argument("--time-budget-s", type=float, default=20.0, help="the planner's, per layout")
     parser.add_argument("--timeout-s", type=float, default=300.0, help="limit per layout and round")
@@ -214,19 +206,12 @@ def main() -> int:
                 f"P = {p} per replica for 1F1B, e.g. {d * max(p, 1) * 2}"
             )
     cores = len(os.sched_getaffinity(0))
-    setup = Setup(
+    setup = Setup.of_arguments(
+        args,
         num_ranks=args.ranks,
-        num_microbatches=args.microbatches,
-        microbatch_size=args.microbatch_size,
-        steps=args.steps,
         warmup=max(1, args.warmup),
         device="cpu",
         threads_per_rank=max(1, cores // args.ranks),
-        n_layer=args.layers,
-        d_model=args.d_model,
-        n_head=args.heads,
-        seq_len=args.seq_len,
-        vocab_size=args.vocab,
     )
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     started, load_before = time.perf_counter(), os.getloadavg()

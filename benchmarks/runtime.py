@@ -61,6 +61,7 @@ from _checks import failed, print_checks  # noqa: E402
 from _gpt2_split import (  # noqa: E402
     GPT2Stage,
     Setup,
+    add_model_arguments,
     build_model,
     causal_lm_loss,
     first_microbatch,
@@ -200,15 +201,7 @@ def main() -> int:
     )
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--ranks", type=int, help="pipeline stages, one per rank (default: 2 on CPU, every GPU)")
-    parser.add_argument("--microbatches", type=int, default=4)
-    parser.add_argument("--microbatch-size", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=5, help="timed steps (median taken)")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed steps first (CPU memory is measured on them)")
-    parser.add_argument("--layers", type=int, default=8)
-    parser.add_argument("--d-model", type=int, default=256)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--seq-len", type=int, default=128)
-    parser.add_argument("--vocab", type=int, default=2048, help="vocabulary; larger loads the last stage more")
+    add_model_arguments(parser, microbatches=4)
     parser.add_argument(
         "--repeats", type=int, default=1, help="rounds of every runner in fresh processes; medians are reported"
     )
@@ -245,19 +238,12 @@ def main() -> int:
     if args.microbatches < num_ranks:
         parser.error(f"--microbatches ({args.microbatches}) must be at least --ranks ({num_ranks}) for 1F1B")
     cores = len(os.sched_getaffinity(0))
-    setup = Setup(
+    setup = Setup.of_arguments(
+        args,
         num_ranks=num_ranks,
-        num_microbatches=args.microbatches,
-        microbatch_size=args.microbatch_size,
-        steps=args.steps,
         warmup=max(1, args.warmup),
         device=args.device,
         threads_per_rank=max(1, cores // num_ranks),
-        n_layer=args.layers,
-        d_model=args.d_model,
-        n_head=args.heads,
-        seq_len=args.seq_len,
-        vocab_size=args.vocab,
     )
     # The CPU memory profiler announces itself on every start; rank processes inherit this.
     os.environ.setdefault("KINETO_LOG_LEVEL", "6")

@@ -42,7 +42,15 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from _checks import Check, failed, print_checks, verdict  # noqa: E402
-from _gpt2_split import Setup, build_model, first_microbatch, make_batch, simulation_plan, split_graph  # noqa: E402
+from _gpt2_split import (  # noqa: E402
+    Setup,
+    add_model_arguments,
+    build_model,
+    first_microbatch,
+    make_batch,
+    simulation_plan,
+    split_graph,
+)
 from _rank_processes import run_ranks  # noqa: E402
 from _simulator_ranks import run_rank  # noqa: E402
 
@@ -200,15 +208,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--schedules", nargs="+", choices=SCHEDULES, default=list(SCHEDULES))
-    parser.add_argument("--microbatches", type=int, default=4)
-    parser.add_argument("--microbatch-size", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=5, help="timed steps per schedule (median taken)")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
-    parser.add_argument("--layers", type=int, default=8)
-    parser.add_argument("--d-model", type=int, default=256)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--seq-len", type=int, default=128)
-    parser.add_argument("--vocab", type=int, default=2048)
+    add_model_arguments(parser, microbatches=4)
     parser.add_argument("--threads", type=int, default=1, help="torch threads per rank, in the profile and the run")
     parser.add_argument(
         "--profile",
@@ -234,20 +234,7 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> int:
     args = parse_args()
-    setup = Setup(
-        num_ranks=2,
-        num_microbatches=args.microbatches,
-        microbatch_size=args.microbatch_size,
-        steps=args.steps,
-        warmup=args.warmup,
-        device="cpu",
-        threads_per_rank=args.threads,
-        n_layer=args.layers,
-        d_model=args.d_model,
-        n_head=args.heads,
-        seq_len=args.seq_len,
-        vocab_size=args.vocab,
-    )
+    setup = Setup.of_arguments(args, num_ranks=2, device="cpu", threads_per_rank=args.threads)
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     started = time.perf_counter()
     best: dict[str, dict[str, Any]] = {}

@@ -46,11 +46,15 @@ class ExecutorContext:
     stage_rank: list[int]
     """Each stage's position in the pipeline."""
     local_stages: list[int]
+    """The stages this rank runs."""
     modules: dict[int, fx.GraphModule]
     """This rank's stages, traced at the planned shape."""
     transfers: dict[str, Transfer]
+    """Each value that crosses ranks: its dtype, producer and readers (`hf_ftpipe.runtime.messages`)."""
     messenger: Messenger
+    """This rank's sends and receives, each wait bounded, in its replica's pipeline."""
     traits: ScheduleTraits
+    """The schedule's traits: whether the backward is split, whether updates come every group."""
     scheduled_microbatches: int
     """The micro-batches one step's schedule numbers: the period of the message tags."""
     num_microbatches: int

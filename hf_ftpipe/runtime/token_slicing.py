@@ -69,8 +69,22 @@ class TokenSlicing:
         self._variants: dict[int, StageVariant] = {}
         if sliced.dynamic:
             self._dynamic = self._whole_variant(sliced, specs, modules, device)
-        for length, traced in sliced.by_length.items():
-            self._variants[length] = self._variant(sliced, traced, length, specs, node_stage, modules, device)
+        fix = "choose other token slice lengths (at least 2 tokens each), or report the model class to hf_ftpipe"
+        for length, traced in sliced.by_length.items():  # a fixed-shape capture per slice length
+            variant = build_variant(
+                sliced.full.cost_graph,
+                traced,
+                specs,
+                node_stage,
+                modules,
+                device,
+                where=f"at slice length {length}",
+                fix=fix,
+                extra_inputs=DERIVED_INPUTS,
+            )
+            for stage, module in variant.modules.items():
+                use_prefix_attention(module, self.cursors[stage])
+            self._variants[length] = variant
         self.begin_step(sliced.seq_len)
 
     @property
@@ -200,31 +214,6 @@ class TokenSlicing:
             built[stage] = module.to(device)
         names = {name: name for name in whole.cost_graph.graph.nodes}
         return StageVariant(traced=whole, specs=list(specs), to_variant=names, modules=built)
-
-    def _variant(
-        self,
-        sliced: SlicedModel,
-        traced: Any,
-        length: int,
-        specs: Sequence[StageSpec],
-        node_stage: Mapping[str, int],
-        modules: Mapping[int, fx.GraphModule],
-        device: torch.device,
-    ) -> StageVariant:
-        variant = build_variant(
-            sliced.full.cost_graph,
-            traced,
-            specs,
-            node_stage,
-            modules,
-            device,
-            where=f"at slice length {length}",
-            fix="choose other token slice lengths (at least 2 tokens each), or report the model class to hf_ftpipe",
-            extra_inputs=DERIVED_INPUTS,
-        )
-        for stage, module in variant.modules.items():
-            use_prefix_attention(module, self.cursors[stage])
-        return variant
 
 
 def use_prefix_attention(module: fx.GraphModule, cursor: SliceCursor) -> None:

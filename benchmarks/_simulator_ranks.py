@@ -48,8 +48,8 @@ class StageClock:
             engine.streaming_weights.update = self._timed_update(engine.streaming_weights.update)
         else:
             optimizer.step = self._timed_update(optimizer.step)
-        engine._forward = self._timed(engine._forward)
-        engine._backward = self._timed(engine._backward)
+        engine.executor._forward = self._timed(engine.executor._forward)
+        engine.executor._backward = self._timed(engine.executor._backward)
         wait = engine.messenger.wait
 
         def timed_wait(*args: Any, **kwargs: Any) -> Any:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import itertools
 import os
 from collections.abc import Collection, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -33,27 +33,26 @@ from hf_ftpipe.graph.token_slices import SlicedModel
 from hf_ftpipe.runtime.autocast import autocast_dtypes
 from hf_ftpipe.runtime.comm import Messenger
 from hf_ftpipe.runtime.compiled_stages import CompileOptions, StageCompiler
-from hf_ftpipe.runtime.deliveries import Deliveries
-from hf_ftpipe.runtime.executor import Executor, LossFunction
+from hf_ftpipe.runtime.executor import Executor
+from hf_ftpipe.runtime.executor_context import ExecutorContext, ExecutorSetting, LossFunction
 from hf_ftpipe.runtime.messages import dataflow, plan_transfers
 from hf_ftpipe.runtime.model_outputs import ModelOutputs
 from hf_ftpipe.runtime.per_shape import PerShapeOptions, PerShapeStages
+from hf_ftpipe.runtime.rank_schedule import rank_schedule
 from hf_ftpipe.runtime.rank_stages import build_rank_stages
 from hf_ftpipe.runtime.rank_weights import RankWeights
 from hf_ftpipe.runtime.replica_batches import ReplicaBatches
 from hf_ftpipe.runtime.replica_gradients import ReplicaGradients
 from hf_ftpipe.runtime.replicas import ReplicaGroups, ReplicaLayout
-from hf_ftpipe.runtime.stage import plan_stages
-from hf_ftpipe.runtime.state import MicrobatchState
+from hf_ftpipe.runtime.slicing import WholeSequences
+from hf_ftpipe.runtime.stage import StagePlacement, plan_stages
 from hf_ftpipe.runtime.step_inputs import StepInputs
 from hf_ftpipe.runtime.streaming import StreamingWeights
 from hf_ftpipe.runtime.token_slicing import TokenSlicing
 from hf_ftpipe.runtime.watchdog import Watchdog
 from hf_ftpipe.runtime.weight_sync import WeightSync
-from hf_ftpipe.schedules.orders import Schedule, StreamingSchedule, make_schedule
+from hf_ftpipe.schedules.orders import StreamingSchedule
 from hf_ftpipe.schedules.programs import RankPrograms
-from hf_ftpipe.schedules.registry import SCHEDULES, schedule_traits
-from hf_ftpipe.schedules.rules import proof_limits
 
 if TYPE_CHECKING:
     from hf_ftpipe.graph.trace import TracedModel
@@ -63,15 +62,8 @@ __all__ = ["PipelineEngine", "StagePlacement"]
 _run_counter = itertools.count()
 
 
-class StagePlacement(Protocol):
-    """What the engine needs of a partition: node → stage and stage → rank."""
-
-    node_stage: dict[str, int]
-    stage_device: list[int]
-
-
-class PipelineEngine(Executor, RankWeights):
-    """Runs one rank's share of a pipeline.
+class PipelineEngine(RankWeights):
+    """Runs one rank's share of a pipeline: builds the rank's stages once, runs each step's program with its `executor`.
 
     Args:
         traced (`TracedModel` or `SlicedModel`): the model captured on a micro-batch (every rank
@@ -156,45 +148,29 @@ class PipelineEngine(Executor, RankWeights):
         if len(self.specs) != len(self.stage_rank):
             raise PartitionError(f"the partition has {len(self.specs)} stages but places {len(self.stage_rank)}")
         self.local_stages = [s for s, r in enumerate(self.stage_rank) if r == self.position]
-        edges = sorted({(spec.stage_index, c) for spec in self.specs for cs in spec.consumers.values() for c in cs})
-        if batches_per_step > 1 and not schedule_traits(schedule).flushes:
-            raise PipelineError(f"the {schedule!r} schedule streams one mini-batch per step; batches_per_step=1 only")
         self.batches_per_step = batches_per_step
-        try:
-            self.schedule: Schedule = make_schedule(
-                schedule,
-                self.stage_rank,
-                num_microbatches * batches_per_step,
-                edges,
-                gradient_accumulation_steps=gradient_accumulation_steps,
-                num_slices=num_slices,
-            )
-        except ValueError as error:
-            raise PipelineError(str(error)) from error
+        self.schedule, limits = rank_schedule(
+            schedule,
+            self.specs,
+            self.stage_rank,
+            num_microbatches,
+            batches_per_step=batches_per_step,
+            gradient_accumulation_steps=gradient_accumulation_steps,
+            num_slices=num_slices,
+            weight_prediction=weight_prediction,
+            layout=self.layout,
+        )
         self.traits = self.schedule.traits
         self.streaming = not self.traits.flushes
-        self.layout.check_schedule(self.traits)
-        self._limits = proof_limits(schedule, self.stage_rank, self.schedule.num_microbatches, sliced=bool(num_slices))
-        self.gradient_accumulation_steps = gradient_accumulation_steps
-        self.recompute = recompute
-        if weight_prediction and not self.traits.weight_prediction:
-            predictable = " or ".join(repr(n) for n, t in SCHEDULES.items() if t.weight_prediction)
-            raise PipelineError(
-                f"weight prediction is for the {predictable} schedule (stale gradients); "
-                f"{schedule!r} has none to predict"
-            )
         self.weight_prediction = weight_prediction
         self.autocast_dtype = autocast_dtype
-        self.loss_scale = 1.0
-        """Multiplies the loss's gradient at the start of the backward (float16 loss scaling,
-        `hf_ftpipe.trainer.loss_scale`); the gradients come out scaled by it, the loss returned is not."""
         self._autocast_dtypes = (
             autocast_dtypes(traced.graph_module, self.device, autocast_dtype) if autocast_dtype is not None else {}
         )
-        self.loss_stage = next((s.stage_index for s in self.specs if "loss" in s.model_outputs), None)
-        self.loss_value = None if self.loss_stage is None else self.specs[self.loss_stage].model_outputs["loss"]
+        loss_stage = next((s.stage_index for s in self.specs if "loss" in s.model_outputs), None)
+        loss_value = None if loss_stage is None else self.specs[loss_stage].model_outputs["loss"]
         self.transfers = plan_transfers(
-            self.graph, self.specs, self.stage_rank, self.layout.pipeline_size, self.loss_value, self._autocast_dtypes
+            self.graph, self.specs, self.stage_rank, self.layout.pipeline_size, loss_value, self._autocast_dtypes
         )
         self.groups = groups = ReplicaGroups.create(self.layout, self.rank)  # this rank's pipeline and data groups
         self.messenger = Messenger(
@@ -220,12 +196,9 @@ class PipelineEngine(Executor, RankWeights):
             if sliced is None
             else TokenSlicing(sliced, self.specs, placement.node_stage, self.modules, self.device)
         )
+        slicing = self.token_slicing or WholeSequences()
         varies = any(info.varying for info in self.graph.inputs.values())
         self.compiler = None if compile is None else StageCompiler(compile, dynamic=varies)
-        self.loss_function: LossFunction | None = None
-        """Training's loss from the model's outputs on the loss stage, in place of the traced one."""
-        self.optimizer: torch.optim.Optimizer | None = None
-        self.max_grad_norm: float | None = None
         self._update_norms: list[torch.Tensor] = []
         self.version_log: list[tuple[int, ...]] = []
         """Streaming schedules: ``(stage, micro-batch, weights version)`` of every forward run here
@@ -253,7 +226,7 @@ class PipelineEngine(Executor, RankWeights):
             sizes=[size for s in self.local_stages for size in self.specs[s].size_inputs],
             num_microbatches=num_microbatches,
             device=self.device,
-            token_slicing=self.token_slicing,
+            slicing=slicing,
             per_shape=self.per_shape,
         )
         self.formulas, self.shape_book = self.inputs.formulas, self.inputs.shape_book
@@ -265,17 +238,45 @@ class PipelineEngine(Executor, RankWeights):
         self.replica_batches = ReplicaBatches(
             self.layout, self.rank, groups.data, self.messenger, self.inputs, self.model_outputs
         )
-        self._reset_state()
+        context = ExecutorContext(
+            rank=self.rank,
+            position=self.position,
+            device=self.device,
+            graph=self.graph,
+            specs=self.specs,
+            stage_rank=self.stage_rank,
+            local_stages=self.local_stages,
+            modules=self.modules,
+            transfers=self.transfers,
+            messenger=self.messenger,
+            traits=self.traits,
+            scheduled_microbatches=self.schedule.num_microbatches,
+            num_microbatches=num_microbatches,
+            gradient_accumulation_steps=gradient_accumulation_steps,
+            recompute=recompute,
+            autocast_dtype=autocast_dtype,
+            loss_value=loss_value,
+            slicing=slicing,
+            limits=limits,
+            compiler=self.compiler,
+            streaming_weights=self.streaming_weights,
+            replica_gradients=self.replica_gradients,
+        )
+        self.executor = Executor(context, self._update_norms)
+        """Runs each step's program on this rank's stages (it holds the per-micro-batch state)."""
+
+    loss_scale: ExecutorSetting[float] = ExecutorSetting()
+    """Multiplies the loss's gradient at the start of the backward (float16 loss scaling,
+    `hf_ftpipe.trainer.loss_scale`); the gradients come out scaled by it, the loss returned is not."""
+    loss_function: ExecutorSetting[LossFunction | None] = ExecutorSetting()
+    """Training's loss from the model's outputs on the loss stage, in place of the traced one."""
+    optimizer: ExecutorSetting[torch.optim.Optimizer | None] = ExecutorSetting()
+    max_grad_norm: ExecutorSetting[float | None] = ExecutorSetting()
 
     def _reset_state(self) -> None:
         """Per-micro-batch state; streaming schedules carry it from one step to the next."""
-        self.state = MicrobatchState(actions_per_microbatch=(2 + self.traits.split_backward) * len(self.local_stages))
         self.programs.reset()
-        if self.streaming_weights is not None:
-            self.streaming_weights.reset()
-        self._deliveries = Deliveries(self.messenger, self._limits)
-        if self.token_slicing is not None:
-            self.token_slicing.reset()
+        self.executor.reset()
 
     # -- public API -------------------------------------------------------------------------
 
@@ -326,20 +327,22 @@ class PipelineEngine(Executor, RankWeights):
             program = self.programs.flushing(training=True, microbatches=len(microbatches), num_slices=num_slices)
             if self.replica_gradients is not None:
                 self.replica_gradients.begin_step(program)
-        units = self.inputs.store(self.state, microbatches, first, weights)
+        units = self.inputs.store(self.executor.state, microbatches, first, weights)
         self.module.train(True)
-        losses = self._run(program, training=True)
+        losses = self.executor.run(program, training=True)
         if not self.streaming:
-            self._flush()
+            self.executor.flush()
             if self.replica_gradients is not None:
                 self.replica_gradients.finish()
             self.weight_sync.sum_tied_gradients(dict(self.named_parameters()))
         else:  # this step's sends may be received in the next step; the previous step's are done
-            self._flush(older_than=self.messenger.generation)
+            self.executor.flush(older_than=self.messenger.generation)
             self.messenger.generation += 1
         per_batch = [len(piece) * units // max(len(microbatches), 1) for piece in pieces]  # units: token slices too
         whole = isinstance(batch, Mapping)
-        return self.replica_batches.step_loss(losses, self.state.loss_weight, units, per_batch, whole, self.device)
+        return self.replica_batches.step_loss(
+            losses, self.executor.state.loss_weight, units, per_batch, whole, self.device
+        )
 
     def drain(self) -> None:
         """Finish every micro-batch still in flight (``async``, ``2bw``) and apply their updates;
@@ -349,8 +352,8 @@ class PipelineEngine(Executor, RankWeights):
             return
         order = self.schedule.drain()
         self.module.train(True)
-        self._run(self.programs.streaming(order), training=True)
-        self._flush()
+        self.executor.run(self.programs.streaming(order), training=True)
+        self.executor.flush()
         assert self.streaming_weights is not None
         self.streaming_weights.settle()
         self.weight_sync.reconcile_tied(dict(self.named_parameters()))
@@ -373,14 +376,14 @@ class PipelineEngine(Executor, RankWeights):
         """
         self.drain()
         microbatches = self.replica_batches.evaluation(batch)  # with replicas, this replica's share
-        self.inputs.store_for_evaluation(self.state, microbatches)
+        self.inputs.store_for_evaluation(self.executor.state, microbatches)
         self.module.train(False)
         program = self.programs.flushing(training=False, microbatches=len(microbatches))
-        losses = [loss for _, loss in self._run(program, training=False)]
-        self._flush()
+        losses = [loss for _, loss in self.executor.run(program, training=False)]
+        self.executor.flush()
         outputs = {}
         if microbatches:
-            outputs = self.model_outputs.gather(output_names, self.state, losses, len(microbatches), position)
+            outputs = self.model_outputs.gather(output_names, self.executor.state, losses, len(microbatches), position)
         if position is None:  # one position is already the batch's own: padding follows it
             outputs = self.inputs.unpad(outputs)
         self._reset_state()
@@ -392,9 +395,3 @@ class PipelineEngine(Executor, RankWeights):
 
     def eval(self) -> PipelineEngine:
         return self.train(False)
-
-    # -- the step ---------------------------------------------------------------------------
-
-    def _flush(self, older_than: int | None = None) -> None:
-        self.messenger.flush(older_than)
-        self._deliveries.forget_finished()

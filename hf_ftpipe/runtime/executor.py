@@ -9,7 +9,7 @@ stage that produces them to every rank with a stage that reads them, adjacent or
 from __future__ import annotations
 
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -18,64 +18,58 @@ from torch.func import functional_call
 from torch.utils.checkpoint import checkpoint
 
 from hf_ftpipe.errors import PipelineError
-from hf_ftpipe.graph.cost_graph import CostGraph
-from hf_ftpipe.runtime.comm import Messenger
-from hf_ftpipe.runtime.compiled_stages import StageCompiler
 from hf_ftpipe.runtime.deliveries import Deliveries
+from hf_ftpipe.runtime.executor_context import ExecutorContext, LossFunction
 from hf_ftpipe.runtime.messages import Transfer
-from hf_ftpipe.runtime.replica_gradients import ReplicaGradients
 from hf_ftpipe.runtime.split_backward import collecting, defer_weight_gradients
 from hf_ftpipe.runtime.stage import StageSpec
 from hf_ftpipe.runtime.state import MicrobatchState
-from hf_ftpipe.runtime.streaming import StreamingWeights
-from hf_ftpipe.runtime.token_slicing import TokenSlicing
 from hf_ftpipe.schedules.actions import Action
 from hf_ftpipe.schedules.lowering import Comm, Op
-from hf_ftpipe.schedules.orders import Schedule
-from hf_ftpipe.schedules.registry import ScheduleTraits
 
 __all__ = ["Executor", "LossFunction"]
-
-LossFunction = Callable[[int, dict[str, torch.Tensor], Mapping[str, Any]], torch.Tensor]
-"""``(unit, the model's outputs on the loss stage by name, the unit's inputs) -> loss``: a loss computed
-from the model's outputs (``PipeTrainer``'s label smoothing, ``compute_loss_func``, ``compute_loss``)."""
 
 _DOING = {"F": "forward", "B": "backward", "W": "weight gradients", "U": "weight update"}
 
 
 class Executor:
-    """Runs lowered programs on this rank's stages; `PipelineEngine` sets up what it reads."""
+    """Runs lowered programs on this rank's stages.
 
-    rank: int
-    device: torch.device
-    graph: CostGraph
-    specs: list[StageSpec]
-    stage_rank: list[int]
-    """Each stage's position in this rank's pipeline (its rank when there is one replica)."""
-    position: int
-    modules: dict[int, fx.GraphModule]
-    transfers: dict[str, Transfer]
-    messenger: Messenger
-    traits: ScheduleTraits
-    schedule: Schedule
-    num_microbatches: int
-    gradient_accumulation_steps: int
-    recompute: bool
-    autocast_dtype: torch.dtype | None
-    loss_scale: float
-    loss_value: str | None
-    loss_function: LossFunction | None
-    optimizer: torch.optim.Optimizer | None
-    max_grad_norm: float | None
-    streaming_weights: StreamingWeights | None
-    token_slicing: TokenSlicing | None
-    compiler: StageCompiler | None
-    state: MicrobatchState
-    _deliveries: Deliveries
-    _update_norms: list[torch.Tensor]
-    replica_gradients: ReplicaGradients | None
+    Args:
+        context (`ExecutorContext`): the rank's pipeline, fixed for the run.
+        update_norms (`list[torch.Tensor]`): where a streaming schedule's updates put their gradient norms.
+    """
 
-    def _run(self, program: Sequence[Op], training: bool) -> list[tuple[int, torch.Tensor]]:
+    def __init__(self, context: ExecutorContext, update_norms: list[torch.Tensor]) -> None:
+        self.context = context
+        self.update_norms = update_norms
+        self.loss_scale = 1.0
+        """Multiplies the loss's gradient at the start of the backward (float16 loss scaling,
+        `hf_ftpipe.trainer.loss_scale`); the gradients come out scaled by it, the loss returned is not."""
+        self.loss_function: LossFunction | None = None
+        """Training's loss from the model's outputs on the loss stage, in place of the traced one."""
+        self.optimizer: torch.optim.Optimizer | None = None
+        """What ``async`` and ``2bw`` step inside the pipeline (`RankWeights.attach_optimizer`)."""
+        self.max_grad_norm: float | None = None
+        self._outbox: dict[str, torch.Tensor] = {}
+        self.reset()
+
+    def reset(self) -> None:
+        """A new pipeline: per-micro-batch state and messages forgotten (streaming schedules carry
+        them from one step to the next until a drain)."""
+        c = self.context
+        self.state = MicrobatchState(actions_per_microbatch=(2 + c.traits.split_backward) * len(c.local_stages))
+        self.deliveries = Deliveries(c.messenger, c.limits)
+        if c.streaming_weights is not None:
+            c.streaming_weights.reset()
+        c.slicing.reset()
+
+    def flush(self, older_than: int | None = None) -> None:
+        """Wait for the sends (of generations before ``older_than``) and forget the delivered ones."""
+        self.context.messenger.flush(older_than)
+        self.deliveries.forget_finished()
+
+    def run(self, program: Sequence[Op], training: bool) -> list[tuple[int, torch.Tensor]]:
         """Perform ``program``; returns ``(micro-batch, loss)`` of every loss computed in it, here
         or on the rank that holds the loss stage (those RECVs the lowering puts last)."""
         losses: list[tuple[int, torch.Tensor]] = []
@@ -86,7 +80,7 @@ class Executor:
             i += 1
             if isinstance(op, Comm):  # a RECV: the SENDs go with the action they follow
                 self._post(op)
-                if op.value == self.loss_value:
+                if op.value == self.context.loss_value:
                     loss_receives.append(op)
                 continue
             sends = []
@@ -104,12 +98,12 @@ class Executor:
                     for deferred in self.state.deferred.pop((op.stage_index, self._unit(op)), []):
                         deferred.apply()  # then x and the product's gradient go
                 else:
-                    assert self.streaming_weights is not None and self.optimizer is not None
-                    if self.replica_gradients is not None:  # 2bw: once per weight version
-                        pending = self.streaming_weights.pending_grads[op.stage_index]
-                        self.replica_gradients.sum_pending(op.stage_index, pending)
-                    self.streaming_weights.update(
-                        op.stage_index, self.optimizer, self.max_grad_norm, self._update_norms
+                    assert self.context.streaming_weights is not None and self.optimizer is not None
+                    if self.context.replica_gradients is not None:  # 2bw: once per weight version
+                        pending = self.context.streaming_weights.pending_grads[op.stage_index]
+                        self.context.replica_gradients.sum_pending(op.stage_index, pending)
+                    self.context.streaming_weights.update(
+                        op.stage_index, self.optimizer, self.max_grad_norm, self.update_norms
                     )
                 for comm in sends:
                     self._send(comm, training)  # type: ignore[arg-type]
@@ -117,56 +111,51 @@ class Executor:
                 self._fail(op, error)
             if op.computation != "U" and training:
                 self.state.action_done(self._unit(op))
-                if self.replica_gradients is not None:  # a stage's last B or W starts its all-reduce
-                    self.replica_gradients.action_done(op.stage_index, op.computation)
+                if self.context.replica_gradients is not None:  # a stage's last B or W starts its all-reduce
+                    self.context.replica_gradients.action_done(op.stage_index, op.computation)
         for comm in loss_receives:
             losses.append((self._unit(comm), self._take(comm, f"the loss of {_unit_name(comm)}")))
         return losses
 
     def _unit(self, op: Action | Comm) -> int:
         """The key of what this rank keeps for ``op``'s micro-batch (and token slice)."""
-        if op.slice_index is None or self.token_slicing is None:
-            return op.microbatch_index
-        return self.token_slicing.unit(op.microbatch_index, op.slice_index)
+        return self.context.slicing.unit(op.microbatch_index, op.slice_index)
 
     def _stage(self, action: Action) -> tuple[StageSpec, fx.GraphModule]:
         """The stage's data flow and module for ``action``: a token slice's run at its own length, or
         the stage traced at the micro-batch's shape (`hf_ftpipe.runtime.per_shape`)."""
-        s = action.stage_index
-        if action.slice_index is not None and self.token_slicing is not None:
-            return self.token_slicing.spec(s, action.slice_index), self.token_slicing.module(s, action.slice_index)
-        stages = self.state.shapes[action.microbatch_index].stages
+        s, c = action.stage_index, self.context
+        stages = c.slicing.variant(action.slice_index) or self.state.shapes[action.microbatch_index].stages
         if stages is not None:
             return stages.specs[s], stages.modules[s]
-        return self.specs[s], self.modules[s]
+        return c.specs[s], c.modules[s]
 
     def _point_slice(self, action: Action) -> None:
-        if action.slice_index is not None and self.token_slicing is not None:
-            self.token_slicing.point(action.stage_index, action.microbatch_index, action.slice_index)
+        self.context.slicing.point(action.stage_index, action.microbatch_index, action.slice_index)
 
     def _fail(self, action: Action, error: Exception) -> None:
-        context = f"[rank {self.rank}, stage {action.stage_index}] {_unit_name(action)}, "
+        context = f"[rank {self.context.rank}, stage {action.stage_index}] {_unit_name(action)}, "
         context += _DOING[action.computation]
         if isinstance(error, PipelineError):  # a transfer failed: say what this rank was doing
-            detail = str(error).removeprefix(f"[rank {self.rank}] ")
+            detail = str(error).removeprefix(f"[rank {self.context.rank}] ")
             message, report = f"{context}: {detail}", f"{context}: {detail}"
         else:
             message = f"{context}: {type(error).__name__}: {error}"
             report = message + "\n" + traceback.format_exc(limit=6)
-        self.messenger.report_failure(report)
+        self.context.messenger.report_failure(report)
         raise PipelineError(message) from error
 
     def _forward(self, action: Action, training: bool) -> torch.Tensor | None:
         spec, module = self._stage(action)
-        if training and self.traits.split_backward:  # the products' weight gradients wait for W
+        if training and self.context.traits.split_backward:  # the products' weight gradients wait for W
             defer_weight_gradients(module)
-        if self.compiler is not None:
-            self.compiler.prepare(module)
+        if self.context.compiler is not None:
+            self.context.compiler.prepare(module)
         m = self._unit(action)
         leaves = []
         for value in spec.received:
             leaf = self._incoming(value, action).detach()
-            if training and self.graph.node(value)["requires_grad"] and leaf.is_floating_point():
+            if training and self.context.graph.node(value)["requires_grad"] and leaf.is_floating_point():
                 leaf.requires_grad_(True)
             leaves.append(leaf)
         sizes = self.state.shapes[m].sizes if spec.size_inputs else {}
@@ -176,17 +165,19 @@ class Executor:
             *leaves,
         ]
         self._point_slice(action)
-        if training and self.streaming_weights is not None:
+        if training and self.context.streaming_weights is not None:
             older = sum(1 for stage, _ in self.state.saved if stage == spec.stage_index)
-            weights = self.streaming_weights.forward_weights(spec.stage_index, m, older, self.optimizer)
+            weights = self.context.streaming_weights.forward_weights(spec.stage_index, m, older, self.optimizer)
 
             def run(*inputs: Any) -> tuple[torch.Tensor, ...]:
                 return functional_call(module, weights, inputs, strict=False)
         else:
             run = module
-        autocast = torch.autocast(self.device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None)
+        autocast = torch.autocast(
+            self.context.device.type, dtype=self.context.autocast_dtype, enabled=self.context.autocast_dtype is not None
+        )
         with torch.set_grad_enabled(training), autocast:
-            if training and self.recompute:  # keep the inputs only; run the forward again in backward
+            if training and self.context.recompute:  # keep the inputs only; run the forward again in backward
                 outputs = checkpoint(run, *args, use_reentrant=False)
             else:
                 outputs = run(*args)
@@ -194,11 +185,12 @@ class Executor:
             outputs = self._loss_from_outputs(spec, leaves, outputs, m)
         if training:
             self.state.saved[(spec.stage_index, m)] = (leaves, outputs)
-        elif self.token_slicing is not None and action.slice_index == self.token_slicing.num_slices - 1:
-            self.token_slicing.release(spec.stage_index, action.microbatch_index)
+        self.context.slicing.forward_done(spec.stage_index, action.microbatch_index, action.slice_index, training)
         self._outbox = {}
         for value, tensor in zip(spec.sent, outputs, strict=True):
-            if spec.consumers[value] and any(self.stage_rank[c] == self.position for c in spec.consumers[value]):
+            if spec.consumers[value] and any(
+                self.context.stage_rank[c] == self.context.position for c in spec.consumers[value]
+            ):
                 self.state.outputs[(value, m)] = tensor
             elif not training:
                 self.state.outputs[(value, m)] = tensor  # model outputs, collected by eval_step
@@ -215,7 +207,7 @@ class Executor:
         """``outputs`` with the traced loss replaced by `loss_function`'s, from the model outputs this
         stage computes or receives; the backward starts from it."""
         named = {}  # in the model's output order: ``outputs[0]`` is the model's first output
-        for name, value in zip(self.graph.output_names, self.graph.outputs, strict=False):
+        for name, value in zip(self.context.graph.output_names, self.context.graph.outputs, strict=False):
             if name in spec.model_outputs:
                 named[name] = outputs[spec.sent.index(value)]
             elif value in spec.received:  # routed here (`plan_stages`'s ``loss_reads``) or read anyway
@@ -225,7 +217,7 @@ class Executor:
             loss = self.loss_function(m, named, self.state.data[m])
         except KeyError as error:
             name = error.args[0] if error.args else None
-            if not isinstance(name, str) or name in named or name not in self.graph.output_names:
+            if not isinstance(name, str) or name in named or name not in self.context.graph.output_names:
                 raise
             raise PipelineError(self._unserved(name, spec.stage_index, sorted(named))) from error
         replaced = list(outputs)
@@ -234,8 +226,8 @@ class Executor:
 
     def _unserved(self, name: str, loss_stage: int, served: list[str]) -> str:
         """Why the loss read output ``name`` in vain: the stage holding it did not send it here."""
-        holder = next((spec.stage_index for spec in self.specs if name in spec.model_outputs), None)
-        rank = None if holder is None else self.messenger.rank_of(self.stage_rank[holder])
+        holder = next((spec.stage_index for spec in self.context.specs if name in spec.model_outputs), None)
+        rank = None if holder is None else self.context.messenger.rank_of(self.context.stage_rank[holder])
         where = "no stage" if holder is None else f"stage {holder} (rank {rank})"
         return (
             f"the loss computed from the model's outputs read `{name}`, which {where} produces, but the loss "
@@ -261,16 +253,15 @@ class Executor:
                     grads.append(grad.to(tensor.dtype))  # autocast may have made a bfloat16 output
         if roots:
             self._point_slice(action)  # a recomputed forward reads the sequence's keys and values
-            if self.traits.split_backward:  # B: input gradients now; the products' weight gradients at W
+            if self.context.traits.split_backward:  # B: input gradients now; the products' weight gradients at W
                 with collecting() as deferred:
                     torch.autograd.backward(roots, grads)
                 self.state.deferred[(spec.stage_index, m)] = deferred
             else:
                 torch.autograd.backward(roots, grads)
-        if self.token_slicing is not None and action.slice_index == 0:  # the sequence is done here
-            self.token_slicing.release(spec.stage_index, action.microbatch_index)
-        if self.streaming_weights is not None:
-            self.streaming_weights.backward_done(spec.stage_index, m)
+        self.context.slicing.backward_done(spec.stage_index, action.microbatch_index, action.slice_index)
+        if self.context.streaming_weights is not None:
+            self.context.streaming_weights.backward_done(spec.stage_index, m)
         for value, leaf in zip(spec.received, leaves, strict=True):
             if leaf.requires_grad:  # summed here; a SEND after this backward takes it to a remote producer
                 grad = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
@@ -279,46 +270,48 @@ class Executor:
 
     def _seed(self, m: int) -> float:
         """The gradient of the step's loss with respect to micro-batch ``m``'s loss."""
-        weight = self.state.loss_weight.get(m, 1.0 / self.num_microbatches) * self.loss_scale
-        if self.traits.updates_every_group:  # the update averages over its own group of micro-batches
-            return weight * self.num_microbatches / self.gradient_accumulation_steps
+        weight = self.state.loss_weight.get(m, 1.0 / self.context.num_microbatches) * self.loss_scale
+        if self.context.traits.updates_every_group:  # the update averages over its own group of micro-batches
+            return weight * self.context.num_microbatches / self.context.gradient_accumulation_steps
         return weight
 
     # -- data movement ----------------------------------------------------------------------
 
     def _send(self, comm: Comm, training: bool) -> None:
-        transfer = self.transfers[comm.value]
+        transfer = self.context.transfers[comm.value]
         m = self._unit(comm)
         if not comm.backward:
-            send_id = self.messenger.send(
+            send_id = self.context.messenger.send(
                 self._outbox[comm.value].to(transfer.dtype),
                 comm.peer,
                 self._tag(transfer, m, backward=False),
                 f"{comm.value} of {_unit_name(comm)}",
             )
             if training and transfer.carries_gradient and comm.peer in transfer.reader_ranks:
-                self._deliveries.activation_sent(comm.value, m, comm.peer, send_id)
+                self.deliveries.activation_sent(comm.value, m, comm.peer, send_id)
             return
-        send_id = self.messenger.send(
+        send_id = self.context.messenger.send(
             self.state.grads.pop((comm.value, m)).to(transfer.dtype),
             comm.peer,
             self._tag(transfer, m, backward=True),
             f"gradient of {comm.value} for {_unit_name(comm)}",
         )
-        self._deliveries.gradient_sent(transfer.producer_stage, m, send_id)
+        self.deliveries.gradient_sent(transfer.producer_stage, m, send_id)
 
     def _post(self, comm: Comm) -> None:
-        transfer = self.transfers[comm.value]
+        transfer = self.context.transfers[comm.value]
         tag = self._tag(transfer, self._unit(comm), comm.backward)
         shape = self.state.shapes[self._unit(comm)].values[comm.value]  # the unit's own (`runtime.shapes`)
-        self.state.posted[comm] = self.messenger.post_recv(shape, transfer.dtype, self.device, comm.peer, tag)
+        self.state.posted[comm] = self.context.messenger.post_recv(
+            shape, transfer.dtype, self.context.device, comm.peer, tag
+        )
 
     def _take(self, comm: Comm, what: str) -> torch.Tensor:
-        peer = self.messenger.rank_of(comm.peer)
+        peer = self.context.messenger.rank_of(comm.peer)
         if comm not in self.state.posted:  # every message is lowered; this would be a bug
-            raise PipelineError(f"[rank {self.rank}] {what} from rank {peer} was never expected")
+            raise PipelineError(f"[rank {self.context.rank}] {what} from rank {peer} was never expected")
         work, buffer = self.state.posted.pop(comm)
-        self.messenger.wait(work, f"receiving {what} from rank {peer}", peers=(peer,))
+        self.context.messenger.wait(work, f"receiving {what} from rank {peer}", peers=(peer,))
         return buffer
 
     def _incoming(self, value: str, action: Action) -> torch.Tensor:
@@ -326,30 +319,28 @@ class Executor:
         if (value, m) in self.state.outputs:
             return self.state.outputs[(value, m)]
         if (value, m) not in self.state.received:
-            transfer = self.transfers[value]
+            transfer = self.context.transfers[value]
             comm = Comm("RECV", value, action.microbatch_index, False, transfer.source_rank, action.slice_index)
             self.state.received[(value, m)] = self._take(comm, f"{value} of {_unit_name(comm)}")
-            self._deliveries.forward_ran(transfer.producer_stage, m)
+            self.deliveries.forward_ran(transfer.producer_stage, m)
         return self.state.received[(value, m)]
 
     def _output_grad(self, value: str, action: Action) -> torch.Tensor | None:
         """The gradient of a sent value: local consumers' share plus one message per remote rank."""
         m = self._unit(action)
         grad = self.state.grads.pop((value, m), None)
-        transfer = self.transfers.get(value)
+        transfer = self.context.transfers.get(value)
         if transfer is not None and transfer.carries_gradient:
             for src in transfer.reader_ranks:
                 comm = Comm("RECV", value, action.microbatch_index, True, src, action.slice_index)
                 remote = self._take(comm, f"gradient of {value} for {_unit_name(comm)}")
                 grad = remote if grad is None else grad + remote
-                self._deliveries.gradient_came_back(value, m, src)
+                self.deliveries.gradient_came_back(value, m, src)
         return grad
 
     def _tag(self, transfer: Transfer, unit: int, backward: bool) -> int:
         # Messages with one tag between two ranks arrive in the order sent, so indices may wrap.
-        units = self.schedule.num_microbatches * (
-            self.token_slicing.num_slices if self.token_slicing is not None else 1
-        )
+        units = self.context.scheduled_microbatches * self.context.slicing.num_slices
         return (transfer.value_id * 2 + int(backward)) * units + unit % units
 
 

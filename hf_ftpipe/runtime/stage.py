@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import networkx as nx
 import torch
@@ -22,7 +23,14 @@ from hf_ftpipe.errors import PartitionError
 from hf_ftpipe.graph.cost_graph import CostGraph
 from hf_ftpipe.plan.validate import check_stages
 
-__all__ = ["StageSpec", "build_stage_module", "loss_reads_of", "plan_stages"]
+__all__ = ["StagePlacement", "StageSpec", "build_stage_module", "loss_reads_of", "plan_stages"]
+
+
+class StagePlacement(Protocol):
+    """What the engine needs of a partition: node → stage and stage → rank."""
+
+    node_stage: dict[str, int]
+    stage_device: list[int]
 
 
 @dataclass

@@ -14,12 +14,12 @@ import torch
 from hf_ftpipe.errors import PipelineError
 from hf_ftpipe.graph.cost_graph import CostGraph
 from hf_ftpipe.graph.dynamic_shapes import ShapeFormulas
-from hf_ftpipe.graph.token_slices import DERIVED_INPUTS, sequence_inputs
+from hf_ftpipe.graph.token_slices import DERIVED_INPUTS
 from hf_ftpipe.runtime.microbatches import split_batch
 from hf_ftpipe.runtime.per_shape import PerShapeStages
 from hf_ftpipe.runtime.shapes import MicrobatchShapes, ShapeBook
+from hf_ftpipe.runtime.slicing import Slicing, WholeSequences
 from hf_ftpipe.runtime.state import MicrobatchState
-from hf_ftpipe.runtime.token_slicing import TokenSlicing
 
 __all__ = ["StepInputs"]
 
@@ -36,7 +36,8 @@ class StepInputs:
         sizes (`Iterable[str]`): the size nodes this rank's stages read.
         num_microbatches (`int`): micro-batches per mini-batch.
         device (`torch.device`): where the stages run.
-        token_slicing (`TokenSlicing`, *optional*): trains each micro-batch as token slices.
+        slicing (`Slicing`, defaults to `WholeSequences`): how micro-batches are cut along the sequence
+            (`hf_ftpipe.runtime.token_slicing.TokenSlicing` trains each as token slices).
         per_shape (`PerShapeStages`, *optional*): runs micro-batches of sizes the model's export fixed
             on graphs traced at their shape.
     """
@@ -49,7 +50,7 @@ class StepInputs:
         sizes: Iterable[str],
         num_microbatches: int,
         device: torch.device,
-        token_slicing: TokenSlicing | None = None,
+        slicing: Slicing | None = None,
         per_shape: PerShapeStages | None = None,
     ) -> None:
         self.graph = graph
@@ -60,7 +61,7 @@ class StepInputs:
         """Each micro-batch shape's value shapes and sizes (`hf_ftpipe.runtime.shapes`), cached."""
         self.num_microbatches = num_microbatches
         self.device = device
-        self.token_slicing = token_slicing
+        self.slicing = slicing or WholeSequences()
         self.per_shape = per_shape
 
     def split(
@@ -110,29 +111,16 @@ class StepInputs:
             self.per_shape.train(True)
         for offset, microbatch in enumerate(microbatches):
             m = first + offset
-            if self.token_slicing is None:
-                state.data[m], state.loss_weight[m] = microbatch, weights[offset]
-                state.shapes[m] = self._shapes_of(microbatch)
-                continue
-            for i, piece in enumerate(self.token_slicing.split(m, microbatch)):
-                unit = self.token_slicing.unit(m, i)
+            for i, piece in enumerate(self.slicing.split(m, microbatch)):
+                unit = self.slicing.unit(m, i)
                 state.data[unit], state.loss_weight[unit] = piece, weights[offset]
-                state.shapes[unit] = self.token_slicing.shapes(i, piece, self.shape_book)
-        return len(microbatches) * (1 if self.token_slicing is None else self.token_slicing.num_slices)
+                state.shapes[unit] = self.slicing.shapes(i, piece, self.shape_book) or self._shapes_of(piece)
+        return len(microbatches) * self.slicing.num_slices
 
     def begin_slices(self, microbatches: Sequence[Mapping[str, Any]]) -> int | None:
-        """Token slicing: cut this step's sequences by their length (`TokenSlicing.begin_step`);
-        returns how many slices each has (``None`` without token slicing)."""
-        if self.token_slicing is None:
-            return None
-        lengths = sorted({int(torch.as_tensor(mb["input_ids"]).shape[1]) for mb in microbatches})
-        if len(lengths) > 1:  # one flush cuts every sequence alike: only gradient accumulation mixes lengths
-            raise PipelineError(
-                f"token slicing cuts every sequence of a step alike, but this step's batches have {lengths} "
-                "tokens (gradient accumulation over batches padded apart); pad the batches of an accumulation "
-                "window to one length (padding='max_length'), or set gradient_accumulation_steps=1"
-            )
-        return self.token_slicing.begin_step(lengths[0])
+        """Token slicing: cut this step's sequences by their length (`TokenSlicing.begin_batches`);
+        returns how many slices each has (``None`` for whole sequences)."""
+        return self.slicing.begin_batches(microbatches)
 
     def store_for_evaluation(self, state: MicrobatchState, microbatches: Sequence[dict[str, Any]]) -> None:
         """Store an evaluation's micro-batches, numbered from 0. A sliced model evaluates whole
@@ -140,7 +128,7 @@ class StepInputs:
         if self.per_shape is not None:
             self.per_shape.train(False)
         for m, microbatch in enumerate(microbatches):
-            state.data[m] = microbatch if self.token_slicing is None else sequence_inputs(microbatch)
+            state.data[m] = self.slicing.evaluation_inputs(microbatch)
             state.shapes[m] = self._shapes_of(state.data[m])
 
     def unpad(self, outputs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:

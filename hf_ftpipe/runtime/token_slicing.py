@@ -69,8 +69,22 @@ class TokenSlicing:
         self._variants: dict[int, StageVariant] = {}
         if sliced.dynamic:
             self._dynamic = self._whole_variant(sliced, specs, modules, device)
-        for length, traced in sliced.by_length.items():
-            self._variants[length] = self._variant(sliced, traced, length, specs, node_stage, modules, device)
+        fix = "choose other token slice lengths (at least 2 tokens each), or report the model class to hf_ftpipe"
+        for length, traced in sliced.by_length.items():  # a fixed-shape capture per slice length
+            variant = build_variant(
+                sliced.full.cost_graph,
+                traced,
+                specs,
+                node_stage,
+                modules,
+                device,
+                where=f"at slice length {length}",
+                fix=fix,
+                extra_inputs=DERIVED_INPUTS,
+            )
+            for stage, module in variant.modules.items():
+                use_prefix_attention(module, self.cursors[stage])
+            self._variants[length] = variant
         self.begin_step(sliced.seq_len)
 
     @property
@@ -100,10 +114,24 @@ class TokenSlicing:
         self.num_slices = len(lengths)
         return self.num_slices
 
-    # -- per slice ----------------------------------------------------------------------------
+    def begin_batches(self, microbatches: Sequence[Mapping[str, Any]]) -> int:
+        """`begin_step` at the length of a training step's sequences, which must share it."""
+        lengths = sorted({int(torch.as_tensor(mb["input_ids"]).shape[1]) for mb in microbatches})
+        if len(lengths) > 1:  # one flush cuts every sequence alike: only gradient accumulation mixes lengths
+            raise PipelineError(
+                f"token slicing cuts every sequence of a step alike, but this step's batches have {lengths} "
+                "tokens (gradient accumulation over batches padded apart); pad the batches of an accumulation "
+                "window to one length (padding='max_length'), or set gradient_accumulation_steps=1"
+            )
+        return self.begin_step(lengths[0])
+
+    # -- per slice (`hf_ftpipe.runtime.slicing.Slicing`; ``slice_index`` None: a whole sequence) ----
 
     def unit(self, m: int, slice_index: int | None) -> int:
-        return m * self.num_slices + (slice_index or 0)
+        return m if slice_index is None else m * self.num_slices + slice_index
+
+    def variant(self, slice_index: int | None) -> StageVariant | None:
+        return None if slice_index is None else self._variant_of(slice_index)
 
     def _variant_of(self, slice_index: int) -> StageVariant:
         return self._dynamic or self._variants[self.slice_lengths[slice_index]]
@@ -136,12 +164,26 @@ class TokenSlicing:
 
     # -- keys and values ----------------------------------------------------------------------
 
-    def point(self, stage: int, m: int, slice_index: int) -> None:
+    def evaluation_inputs(self, microbatch: dict[str, Any]) -> dict[str, Any]:
+        """An evaluation runs whole sequences: no backward, so no bubble to fill."""
+        return sequence_inputs(microbatch)
+
+    def point(self, stage: int, m: int, slice_index: int | None) -> None:
         """Aim ``stage``'s attention at sequence ``m``'s keys and values, at slice ``slice_index``."""
+        if slice_index is None:  # a whole sequence: its stages attend within it
+            return
         key = (stage, m)
         if key not in self._sequences:
             self._sequences[key] = SequenceKV(self._key_padding[m])
         self.cursors[stage].point(self._sequences[key], self.offsets[slice_index])
+
+    def forward_done(self, stage: int, m: int, slice_index: int | None, training: bool) -> None:
+        if not training and slice_index == self.num_slices - 1:
+            self.release(stage, m)
+
+    def backward_done(self, stage: int, m: int, slice_index: int | None) -> None:
+        if slice_index == 0:  # the backward runs the slices last to first: the sequence is done here
+            self.release(stage, m)
 
     def release(self, stage: int, m: int) -> None:
         """Sequence ``m`` is done on ``stage`` (its first slice's backward, or its last forward in evaluation)."""
@@ -172,31 +214,6 @@ class TokenSlicing:
             built[stage] = module.to(device)
         names = {name: name for name in whole.cost_graph.graph.nodes}
         return StageVariant(traced=whole, specs=list(specs), to_variant=names, modules=built)
-
-    def _variant(
-        self,
-        sliced: SlicedModel,
-        traced: Any,
-        length: int,
-        specs: Sequence[StageSpec],
-        node_stage: Mapping[str, int],
-        modules: Mapping[int, fx.GraphModule],
-        device: torch.device,
-    ) -> StageVariant:
-        variant = build_variant(
-            sliced.full.cost_graph,
-            traced,
-            specs,
-            node_stage,
-            modules,
-            device,
-            where=f"at slice length {length}",
-            fix="choose other token slice lengths (at least 2 tokens each), or report the model class to hf_ftpipe",
-            extra_inputs=DERIVED_INPUTS,
-        )
-        for stage, module in variant.modules.items():
-            use_prefix_attention(module, self.cursors[stage])
-        return variant
 
 
 def use_prefix_attention(module: fx.GraphModule, cursor: SliceCursor) -> None:

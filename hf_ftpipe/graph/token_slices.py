@@ -31,6 +31,7 @@ from torch import nn
 
 from hf_ftpipe.errors import TraceError
 from hf_ftpipe.graph.padding import IGNORE_INDEX
+from hf_ftpipe.graph.prefix_attention_rules import prefix_attention_problem
 from hf_ftpipe.graph.trace import TracedModel, capture_model
 
 __all__ = [
@@ -107,26 +108,15 @@ def check_sliceable(model: nn.Module, seq_len: int | None = None, what: str | No
             "earlier slices in training; turn it off on the model and recompute per stage with "
             "`PipeTrainingArguments(activation_checkpointing=True)` instead"
         )
-    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
-    if isinstance(rope, Mapping) and "dynamic" in (rope.get("rope_type"), rope.get("type")):
-        raise TraceError(
-            f"{name} uses dynamic-NTK RoPE scaling, which rescales by the longest position each call sees: a "
-            "slice would be rotated unlike the whole sequence; use a fixed scaling ('linear', 'yarn', 'llama3') "
-            "or no token slicing"
-        )
-    window = getattr(config, "sliding_window", None)
-    if window is not None and (getattr(config, "use_sliding_window", True) is not False):
-        if seq_len is None or seq_len > window:
-            raise TraceError(
-                f"{name} attends within a sliding window of {window} tokens, which sliced attention does not "
-                f"apply; train sequences of at most {window} tokens or set `sliding_window=None`"
-            )
-    implementation = getattr(config, "_attn_implementation", None)
-    if implementation != "sdpa":
-        raise TraceError(
-            f"{name} runs attention with {implementation!r}; token slicing replaces each "
-            'scaled_dot_product_attention call, so load the model with `attn_implementation="sdpa"`'
-        )
+    problem = prefix_attention_problem(config, name, piece="a slice", replacer="token slicing", longest=seq_len)
+    if problem is not None:
+        kind, message = problem
+        fix = ""
+        if kind == "dynamic_rope":
+            fix = "; use a fixed scaling ('linear', 'yarn', 'llama3') or no token slicing"
+        elif kind == "sliding_window":
+            fix = f"; train sequences of at most {config.sliding_window} tokens or set `sliding_window=None`"
+        raise TraceError(message + fix)
     dropouts = {f: getattr(config, f) for f in _DROPOUT_FIELDS if isinstance(getattr(config, f, None), float)}
     if any(p > 0 for p in dropouts.values()):
         active = ", ".join(f"{f}={p}" for f, p in dropouts.items() if p > 0)

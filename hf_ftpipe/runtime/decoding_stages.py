@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import warnings
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -23,6 +23,7 @@ from torch import fx, nn
 
 from hf_ftpipe.errors import PipelineError, TraceError
 from hf_ftpipe.graph.padding import IGNORE_INDEX
+from hf_ftpipe.graph.prefix_attention_rules import prefix_attention_problem
 from hf_ftpipe.graph.token_slices import DERIVED_INPUTS, capture_token_slices, sequence_inputs
 from hf_ftpipe.graph.trace import TracedModel, capture_model
 from hf_ftpipe.runtime.prefix_attention import SliceCursor
@@ -109,24 +110,10 @@ def check_cacheable(model: nn.Module) -> None:
         raise PipelineError(
             f"{name} is not a causal LM (…ForCausalLM, …LMHeadModel) or a T5-family encoder-decoder; {NO_CACHE}"
         )
-    implementation = getattr(config, "_attn_implementation", None)
-    if implementation != "sdpa":
+    problem = prefix_attention_problem(config, name, piece="a cached step", replacer="the pipeline's key/value cache")
+    if problem is not None:
         raise PipelineError(
-            f"{name} runs attention with {implementation!r}; the pipeline's key/value cache replaces each "
-            'scaled_dot_product_attention call, so load the model with `attn_implementation="sdpa"`, or '
-            f"{NO_CACHE}"
-        )
-    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
-    if isinstance(rope, Mapping) and "dynamic" in (rope.get("rope_type"), rope.get("type")):
-        raise PipelineError(
-            f"{name} uses dynamic-NTK RoPE scaling, which rescales by the longest position each call sees: "
-            f"a cached step would be rotated unlike the whole sequence; {NO_CACHE}"
-        )
-    window = getattr(config, "sliding_window", None)
-    if window is not None and getattr(config, "use_sliding_window", True) is not False:
-        raise PipelineError(
-            f"{name} attends within a sliding window of {window} tokens, which the pipeline's key/value cache "
-            f"does not apply; {NO_CACHE}"
+            f"{problem[1]}, or {NO_CACHE}" if problem[0] == "attention" else f"{problem[1]}; {NO_CACHE}"
         )
 
 

@@ -51,7 +51,7 @@ from hf_ftpipe.costmodel.options import (
 )
 from hf_ftpipe.errors import PartitionError
 from hf_ftpipe.graph.cost_graph import CostGraph
-from hf_ftpipe.schedules.rules import in_flight
+from hf_ftpipe.schedules.rules import held_at_peaks, in_flight
 
 __all__ = ["StageMemory", "estimate_memory", "nodes_by_stage"]
 
@@ -83,6 +83,10 @@ class StageMemory:
         """Per stage: what its backward adds while it runs (a GPU counts its largest)."""
         self.weight_kept: list[int] = []
         """Per stage: what a split backward keeps of one micro-batch from its B to its W."""
+        self.per_microbatch: list[int] = []
+        """Per stage: what it keeps of one micro-batch from its forward to its backward."""
+        self.states = None if token_slices is not None else held_at_peaks(schedule, stage_device, num_microbatches)
+        """Per GPU, what it holds after each action of a fixed order (`held_at_peaks`), or ``None``."""
         for s, nodes in enumerate(stage_nodes):
             rules = stage_rules(
                 schedule,
@@ -101,6 +105,7 @@ class StageMemory:
                 self.held_bytes.append(held)
                 self.backward.append(backward)
                 self.weight_kept.append(0)  # sliced schedules do not split their backwards
+                self.per_microbatch.append(0)
                 continue
             saved = sum(saved_bytes(graph, n) for n in nodes)
             kept = kept_output_bytes(graph, nodes, node_stage)
@@ -110,6 +115,7 @@ class StageMemory:
             else:
                 kept += saved
             self.weight_kept.append(weight_gradient_bytes(graph, nodes))
+            self.per_microbatch.append(kept)
             self.held_bytes.append(kept * rules.in_flight + rules.awaiting_weights * self.weight_kept[-1])
             self.backward.append(
                 backward_bytes(
@@ -150,6 +156,17 @@ class StageMemory:
                     persist_of[name] = persist_of.get(name, False) or self.persist[s]
                 held += self.held_bytes[s]
                 backward = max(backward, self.backward[s])  # one backward at a time
+        if self.states is not None:  # the order's own peak: its stages' busiest moments need not coincide
+            held = max(
+                (
+                    sum(
+                        a * kept + w * weight
+                        for (a, w), kept, weight in zip(state, self.per_microbatch, self.weight_kept, strict=True)
+                    )
+                    for state in self.states[g]
+                ),
+                default=0,
+            )
         parts = self._params(versions_of, persist_of)
         parts["activation_bytes"] = held + backward
         parts["memory_bytes"] = sum(parts.values())

@@ -32,6 +32,7 @@ from collections.abc import Mapping, Sequence
 
 from hf_ftpipe.costmodel.memory_rules import (
     backward_bytes,
+    defers_weight_gradient,
     kept_output_bytes,
     kv_buffer_bytes,
     largest_operand_bytes,
@@ -85,6 +86,12 @@ class StageMemory:
         """Per stage: what a split backward keeps of one micro-batch from its B to its W."""
         self.per_microbatch: list[int] = []
         """Per stage: what it keeps of one micro-batch from its forward to its backward."""
+        self.deferred_gradients = [
+            _deferred_gradient_bytes(graph, nodes) if options.gradient_accumulation_steps == 1 else 0
+            for nodes in stage_nodes
+        ]
+        """Per stage: gradients only its ``W`` creates, charged with the weights but absent before
+        its first ``W`` of a step (``Trainer`` frees gradients between steps; with accumulation they persist)."""
         self.states = None if token_slices is not None else held_at_peaks(schedule, stage_device, num_microbatches)
         """Per GPU, what it holds after each action of a fixed order (`held_at_peaks`), or ``None``."""
         for s, nodes in enumerate(stage_nodes):
@@ -160,8 +167,10 @@ class StageMemory:
             held = max(
                 (
                     sum(
-                        a * kept + w * weight
-                        for (a, w), kept, weight in zip(state, self.per_microbatch, self.weight_kept, strict=True)
+                        a * kept + w * weight - before_w * grads
+                        for (a, w, before_w), kept, weight, grads in zip(
+                            state, self.per_microbatch, self.weight_kept, self.deferred_gradients, strict=True
+                        )
                     )
                     for state in self.states[g]
                 ),
@@ -171,6 +180,23 @@ class StageMemory:
         parts["activation_bytes"] = held + backward
         parts["memory_bytes"] = sum(parts.values())
         return parts
+
+
+def _deferred_gradient_bytes(graph: CostGraph, nodes: Sequence[str]) -> int:
+    """Bytes of the trainable weights that only deferred products of ``nodes`` read
+    (`defers_weight_gradient`): their gradients come from ``W`` alone."""
+    deferred = {name for n in nodes if defers_weight_gradient(graph, n) for name in graph.node(n)["params"]}
+    read_elsewhere = {
+        name
+        for n in graph.graph.nodes
+        if n not in nodes or not defers_weight_gradient(graph, n)
+        for name in graph.node(n)["params"]
+    }
+    return sum(
+        graph.params[name].bytes
+        for name in deferred - read_elsewhere
+        if name in graph.params and graph.params[name].requires_grad
+    )
 
 
 def estimate_memory(

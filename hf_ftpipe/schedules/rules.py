@@ -134,10 +134,12 @@ def awaiting_weight_gradients(
 
 def held_at_peaks(
     schedule: str, stage_device: Sequence[int], num_microbatches: int
-) -> list[list[tuple[tuple[int, int], ...]]] | None:
+) -> list[list[tuple[tuple[int, int, int], ...]]] | None:
     """What each GPU holds after each of its actions in the schedule's order: per GPU, the
-    distinct states it passes through, each a pair (micro-batches holding activations, micro-batches
-    holding only what ``W`` reads) for every stage of the plan (0, 0 for another GPU's stages).
+    distinct states it passes through, each a triple (micro-batches holding activations, micro-batches
+    holding only what ``W`` reads, 1 while the stage has run no ``W`` yet in the step, so that its
+    products' weight gradients do not exist yet) for every stage of the plan (0, 0, 0 for another
+    GPU's stages).
     ``None`` for a schedule priced by the per-stage rules alone (`in_flight`,
     `awaiting_weight_gradients`).
 
@@ -158,7 +160,7 @@ def held_at_peaks(
 
 def _counted(
     schedule: str, stage_device: Sequence[int], num_microbatches: int
-) -> tuple[list[int], list[int], list[list[tuple[tuple[int, int], ...]]]]:
+) -> tuple[list[int], list[int], list[list[tuple[tuple[int, int, int], ...]]]]:
     """Per stage, the most micro-batches between F and B, and between F and W, in the schedule's
     order, and per GPU the states of `held_at_peaks` (a schedule file is read again when it changes)."""
     version = os.stat(schedule).st_mtime_ns if os.path.isfile(schedule) else 0
@@ -168,7 +170,7 @@ def _counted(
 @functools.lru_cache(maxsize=64)
 def _held_by_order(
     schedule: str, stage_device: tuple[int, ...], num_microbatches: int, version: int
-) -> tuple[list[int], list[int], list[list[tuple[tuple[int, int], ...]]]]:
+) -> tuple[list[int], list[int], list[list[tuple[tuple[int, int, int], ...]]]]:
     from hf_ftpipe.schedules.orders import make_schedule  # the orders build on these rules
 
     try:
@@ -179,7 +181,7 @@ def _held_by_order(
     split = schedule_traits(schedule).split_backward
     count = {c: [0] * num_stages for c in "FBW"}
     held, kept = [0] * num_stages, [0] * num_stages
-    states: list[dict[tuple[tuple[int, int], ...], None]] = [{} for _ in range(max(stage_device, default=-1) + 1)]
+    states: list[dict[tuple[tuple[int, int, int], ...], None]] = [{} for _ in range(max(stage_device, default=-1) + 1)]
     for action in order:
         s = action.stage_index
         if action.computation in count:
@@ -188,9 +190,13 @@ def _held_by_order(
         kept[s] = max(kept[s], count["F"][s] - count["W"][s])
         gpu = stage_device[s]
         state = tuple(
-            (count["F"][t] - count["B"][t], count["B"][t] - count["W"][t] if split else 0)
+            (
+                count["F"][t] - count["B"][t],
+                count["B"][t] - count["W"][t] if split else 0,
+                int(split and count["W"][t] == 0),
+            )
             if stage_device[t] == gpu
-            else (0, 0)
+            else (0, 0, 0)
             for t in range(num_stages)
         )
         states[gpu][state] = None

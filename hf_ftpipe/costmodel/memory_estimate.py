@@ -92,7 +92,13 @@ class StageMemory:
         ]
         """Per stage: gradients only its ``W`` creates, charged with the weights but absent before
         its first ``W`` of a step (``Trainer`` frees gradients between steps; with accumulation they persist)."""
-        self.states = None if token_slices is not None else held_at_peaks(schedule, stage_device, num_microbatches)
+        # Not yet under recomputation: there W's inputs outweigh the activations kept, and the
+        # walk prices more than the per-stage rules the partitioners plan with (open, issue 28).
+        self.states = (
+            None
+            if token_slices is not None or options.recompute
+            else held_at_peaks(schedule, stage_device, num_microbatches)
+        )
         """Per GPU, what it holds after each action of a fixed order (`held_at_peaks`), or ``None``."""
         for s, nodes in enumerate(stage_nodes):
             rules = stage_rules(

@@ -32,6 +32,7 @@ from collections.abc import Mapping, Sequence
 
 from hf_ftpipe.costmodel.memory_rules import (
     backward_bytes,
+    defers_weight_gradient,
     kept_output_bytes,
     kv_buffer_bytes,
     largest_operand_bytes,
@@ -51,7 +52,7 @@ from hf_ftpipe.costmodel.options import (
 )
 from hf_ftpipe.errors import PartitionError
 from hf_ftpipe.graph.cost_graph import CostGraph
-from hf_ftpipe.schedules.rules import in_flight
+from hf_ftpipe.schedules.rules import held_at_peaks, in_flight
 
 __all__ = ["StageMemory", "estimate_memory", "nodes_by_stage"]
 
@@ -83,6 +84,22 @@ class StageMemory:
         """Per stage: what its backward adds while it runs (a GPU counts its largest)."""
         self.weight_kept: list[int] = []
         """Per stage: what a split backward keeps of one micro-batch from its B to its W."""
+        self.per_microbatch: list[int] = []
+        """Per stage: what it keeps of one micro-batch from its forward to its backward."""
+        self.deferred_gradients = [
+            _deferred_gradient_bytes(graph, nodes) if options.gradient_accumulation_steps == 1 else 0
+            for nodes in stage_nodes
+        ]
+        """Per stage: gradients only its ``W`` creates, charged with the weights but absent before
+        its first ``W`` of a step (``Trainer`` frees gradients between steps; with accumulation they persist)."""
+        # Not yet under recomputation: there W's inputs outweigh the activations kept, and the
+        # walk prices more than the per-stage rules the partitioners plan with (open, issue 28).
+        self.states = (
+            None
+            if token_slices is not None or options.recompute
+            else held_at_peaks(schedule, stage_device, num_microbatches)
+        )
+        """Per GPU, what it holds after each action of a fixed order (`held_at_peaks`), or ``None``."""
         for s, nodes in enumerate(stage_nodes):
             rules = stage_rules(
                 schedule,
@@ -101,6 +118,7 @@ class StageMemory:
                 self.held_bytes.append(held)
                 self.backward.append(backward)
                 self.weight_kept.append(0)  # sliced schedules do not split their backwards
+                self.per_microbatch.append(0)
                 continue
             saved = sum(saved_bytes(graph, n) for n in nodes)
             kept = kept_output_bytes(graph, nodes, node_stage)
@@ -110,6 +128,7 @@ class StageMemory:
             else:
                 kept += saved
             self.weight_kept.append(weight_gradient_bytes(graph, nodes))
+            self.per_microbatch.append(kept)
             self.held_bytes.append(kept * rules.in_flight + rules.awaiting_weights * self.weight_kept[-1])
             self.backward.append(
                 backward_bytes(
@@ -150,10 +169,40 @@ class StageMemory:
                     persist_of[name] = persist_of.get(name, False) or self.persist[s]
                 held += self.held_bytes[s]
                 backward = max(backward, self.backward[s])  # one backward at a time
+        if self.states is not None:  # the order's own peak: its stages' busiest moments need not coincide
+            held = max(
+                (
+                    sum(
+                        a * kept + w * weight - before_w * grads
+                        for (a, w, before_w), kept, weight, grads in zip(
+                            state, self.per_microbatch, self.weight_kept, self.deferred_gradients, strict=True
+                        )
+                    )
+                    for state in self.states[g]
+                ),
+                default=0,
+            )
         parts = self._params(versions_of, persist_of)
         parts["activation_bytes"] = held + backward
         parts["memory_bytes"] = sum(parts.values())
         return parts
+
+
+def _deferred_gradient_bytes(graph: CostGraph, nodes: Sequence[str]) -> int:
+    """Bytes of the trainable weights that only deferred products of ``nodes`` read
+    (`defers_weight_gradient`): their gradients come from ``W`` alone."""
+    deferred = {name for n in nodes if defers_weight_gradient(graph, n) for name in graph.node(n)["params"]}
+    read_elsewhere = {
+        name
+        for n in graph.graph.nodes
+        if n not in nodes or not defers_weight_gradient(graph, n)
+        for name in graph.node(n)["params"]
+    }
+    return sum(
+        graph.params[name].bytes
+        for name in deferred - read_elsewhere
+        if name in graph.params and graph.params[name].requires_grad
+    )
 
 
 def estimate_memory(

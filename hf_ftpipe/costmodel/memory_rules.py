@@ -41,7 +41,9 @@ from hf_ftpipe.schedules.rules import awaiting_weight_gradients, gradients_persi
 __all__ = [
     "StageRules",
     "attention_nodes",
+    "DEFERRED_PRODUCTS",
     "backward_bytes",
+    "defers_weight_gradient",
     "kept_output_bytes",
     "kv_buffer_bytes",
     "largest_operand_bytes",
@@ -149,20 +151,35 @@ def largest_operand_bytes(graph: CostGraph, nodes: Iterable[str]) -> int:
     return max((operand_bytes(graph, n) for n in nodes), default=0)
 
 
-def weight_gradient_bytes(graph: CostGraph, nodes: Iterable[str]) -> int:
-    """What a split backward keeps of one micro-batch between its ``B`` and its ``W``: for every op
-    that reads a trainable weight (a linear layer), its inputs other than the weights (W's
-    dW = gradᵀ·input needs them) and the gradient of its output, the size of the output.
+DEFERRED_PRODUCTS = ("aten.linear", "aten.addmm")
+"""The ops whose weight gradient a split backward defers to ``W`` (`hf_ftpipe.runtime.split_backward`
+swaps exactly these where their weight is a parameter); every other op's gradients come in ``B``."""
 
-    ``B`` frees the rest of the micro-batch's activations. A linear layer of 4 tokens × 8 features
-    in and 16 out, float32: 4·8·4 + 4·16·4 = 384 bytes.
+
+def defers_weight_gradient(graph: CostGraph, node: str) -> bool:
+    """Whether ``node`` is a product whose weight gradient waits for ``W``: a `DEFERRED_PRODUCTS` op
+    with a trainable matrix among its parameters (a layer norm's or an embedding's weight trains in ``B``)."""
+    if not str(graph.node(node)["op"]).startswith(DEFERRED_PRODUCTS):
+        return False
+    params = (graph.params[name] for name in graph.node(node)["params"] if name in graph.params)
+    return any(info.requires_grad and len(info.shape) >= 2 for info in params)
+
+
+def weight_gradient_bytes(graph: CostGraph, nodes: Iterable[str]) -> int:
+    """What a split backward keeps of one micro-batch between its ``B`` and its ``W``: for every
+    product that defers its weight gradient (`defers_weight_gradient`), the gradient of its output
+    (the size of the output) and its input x (dW = gᵀ·x), an input read by several products once.
+
+    ``B`` frees the rest of the micro-batch's activations, and computes the gradients of every other
+    weight (layer norms, embeddings, biases). A linear layer of 4 tokens × 8 features in and 16
+    out, float32: 4·8·4 + 4·16·4 = 384 bytes.
     """
-    total = 0
+    total, inputs = 0, set()
     for node in nodes:
-        attrs = graph.node(node)
-        if any(graph.params[name].requires_grad for name in attrs["params"] if name in graph.params):
-            total += attrs["output_bytes"] + sum(graph.node(u)["output_bytes"] for u in graph.graph.predecessors(node))
-    return total
+        if defers_weight_gradient(graph, node):
+            total += graph.node(node)["output_bytes"]
+            inputs.update(graph.graph.predecessors(node))
+    return total + sum(graph.node(u)["output_bytes"] for u in inputs)
 
 
 @dataclass(frozen=True)

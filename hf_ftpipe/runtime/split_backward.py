@@ -51,6 +51,7 @@ class DeferredWeightGradient:
     transposed: bool
     """``linear``: the weight is (out, in) and dW = (xᵀg)ᵀ; ``addmm``: (in, out) and dW = xᵀg."""
 
+    @torch.no_grad()
     def apply(self) -> None:
         """Add dW into the weight's ``grad`` (as autograd accumulates it).
 
@@ -58,6 +59,10 @@ class DeferredWeightGradient:
         contract for ``.grad``: linear's dW is a transposed view (which ``.to(memory_format=
         torch.contiguous_format)`` returns as it is), and fused optimizers (``AdamW(fused=True)``,
         `Trainer`'s default) read a gradient's memory in the weight's order.
+
+        Without autograd: x is an activation that requires grad, so under grad mode (a ``W`` runs
+        outside any backward) the product recorded a graph saving g, and the gradient held it, every
+        micro-batch's g kept to the end of the step (measured: 4 MB a micro-batch on a 4-block GPT-2 stage).
         """
         dw = self.inputs.t().mm(self.grad)  # autograd's mm backward: for linear, transposed after
         dw = dw.t() if self.transposed else dw

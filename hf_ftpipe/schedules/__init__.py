@@ -10,6 +10,7 @@ from hf_ftpipe.schedules.registry import SCHEDULE_NAMES, SCHEDULES, ScheduleName
 from hf_ftpipe.schedules.rules import (
     awaiting_weight_gradients,
     gradients_persist,
+    held_at_peaks,
     in_flight,
     in_flight_limits,
     weight_versions,
@@ -30,6 +31,7 @@ __all__ = [
     "check_order",
     "format_actions",
     "gradients_persist",
+    "held_at_peaks",
     "in_flight",
     "in_flight_limits",
     "make_schedule",

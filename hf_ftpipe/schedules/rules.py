@@ -18,6 +18,7 @@ from hf_ftpipe.schedules.registry import schedule_traits
 __all__ = [
     "awaiting_weight_gradients",
     "gradients_persist",
+    "held_at_peaks",
     "in_flight",
     "in_flight_limits",
     "proof_limits",
@@ -125,15 +126,43 @@ def awaiting_weight_gradients(
     if not traits.split_backward:
         return 0
     if traits.held_by_order:
-        held, kept = _counted(schedule, stage_device, num_microbatches)
+        held, kept, _ = _counted(schedule, stage_device, num_microbatches)
         return kept[stage_index] - held[stage_index]
     kept_at_most = min(num_microbatches, len(stage_device) + 1)
     return kept_at_most - in_flight(schedule, stage_index, stage_device, num_microbatches)
 
 
-def _counted(schedule: str, stage_device: Sequence[int], num_microbatches: int) -> tuple[list[int], list[int]]:
+def held_at_peaks(
+    schedule: str, stage_device: Sequence[int], num_microbatches: int
+) -> list[list[tuple[tuple[int, int, int], ...]]] | None:
+    """What each GPU holds after each of its actions in the schedule's order: per GPU, the
+    distinct states it passes through, each a triple (micro-batches holding activations, micro-batches
+    holding only what ``W`` reads, 1 while the stage has run no ``W`` yet in the step, so that its
+    products' weight gradients do not exist yet) for every stage of the plan (0, 0, 0 for another
+    GPU's stages).
+    ``None`` for a schedule priced by the per-stage rules alone (`in_flight`,
+    `awaiting_weight_gradients`).
+
+    The per-stage rules bound each stage by its own busiest moment; a GPU with several stages
+    (a V, a looped placement) holds the sum of those only if they coincide, and in a fixed order
+    they do not: ``interleaved-1f1b`` on [0, 1, 0, 1], M = 4, holds at most 4 and 2 micro-batches
+    on stages 0 and 2 but 5 at once, not 6 (stage 0 reaches 4 once stage 2 is down to 1); ``zbv``'s
+    first stage holds at most 3, its depth rule says 4. A GPU holds what the actions it runs leave,
+    whatever the others' timing, so the states of its own order are exact. Counted for the
+    schedules whose order is fixed by the plan alone: those with a split backward and those held
+    by their order (`ScheduleTraits.held_by_order`).
+    """
+    traits = schedule_traits(schedule)
+    if not (traits.split_backward or traits.held_by_order):
+        return None
+    return _counted(schedule, stage_device, num_microbatches)[2]
+
+
+def _counted(
+    schedule: str, stage_device: Sequence[int], num_microbatches: int
+) -> tuple[list[int], list[int], list[list[tuple[tuple[int, int, int], ...]]]]:
     """Per stage, the most micro-batches between F and B, and between F and W, in the schedule's
-    order (a schedule file is read again when it changes)."""
+    order, and per GPU the states of `held_at_peaks` (a schedule file is read again when it changes)."""
     version = os.stat(schedule).st_mtime_ns if os.path.isfile(schedule) else 0
     return _held_by_order(schedule, tuple(stage_device), num_microbatches, version)
 
@@ -141,7 +170,7 @@ def _counted(schedule: str, stage_device: Sequence[int], num_microbatches: int) 
 @functools.lru_cache(maxsize=64)
 def _held_by_order(
     schedule: str, stage_device: tuple[int, ...], num_microbatches: int, version: int
-) -> tuple[list[int], list[int]]:
+) -> tuple[list[int], list[int], list[list[tuple[tuple[int, int, int], ...]]]]:
     from hf_ftpipe.schedules.orders import make_schedule  # the orders build on these rules
 
     try:
@@ -149,15 +178,29 @@ def _held_by_order(
     except ValueError as error:
         raise PartitionError(str(error)) from error
     num_stages = len(stage_device)
+    split = schedule_traits(schedule).split_backward
     count = {c: [0] * num_stages for c in "FBW"}
     held, kept = [0] * num_stages, [0] * num_stages
+    states: list[dict[tuple[tuple[int, int, int], ...], None]] = [{} for _ in range(max(stage_device, default=-1) + 1)]
     for action in order:
         s = action.stage_index
         if action.computation in count:
             count[action.computation][s] += 1
         held[s] = max(held[s], count["F"][s] - count["B"][s])
         kept[s] = max(kept[s], count["F"][s] - count["W"][s])
-    return held, kept
+        gpu = stage_device[s]
+        state = tuple(
+            (
+                count["F"][t] - count["B"][t],
+                count["B"][t] - count["W"][t] if split else 0,
+                int(split and count["W"][t] == 0),
+            )
+            if stage_device[t] == gpu
+            else (0, 0, 0)
+            for t in range(num_stages)
+        )
+        states[gpu][state] = None
+    return held, kept, [list(gpu_states) for gpu_states in states]
 
 
 def weight_versions(

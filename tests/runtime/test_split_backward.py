@@ -5,6 +5,8 @@ and ``interleaved-1f1b``, across gloo processes equal single-process training, o
 
 from __future__ import annotations
 
+import gc
+import weakref
 from pathlib import Path
 
 import pytest
@@ -91,6 +93,23 @@ def test_w_gives_a_weight_without_a_gradient_the_weights_strides(stages) -> None
     for name, param in split_module.named_parameters():
         if any(d.weight is param for d in pending):
             assert param.grad.stride() == param.stride(), f"{name}: {param.grad.stride()}, weight's {param.stride()}"
+
+
+def test_w_frees_what_it_read_and_leaves_gradients_without_a_graph(stages) -> None:
+    """W runs outside any backward, where x (an activation) requires grad: its product must record no
+    graph, or each gradient holds that micro-batch's g (and a graph) until the step's end."""
+    _, split_module, args, loss_index = stages
+    split_module.zero_grad(set_to_none=True)
+    with collecting() as pending:
+        split_module(*args)[loss_index].backward()
+    kept = [weakref.ref(t) for d in pending for t in (d.inputs, d.grad)]
+    assert any(d.inputs.requires_grad for d in pending)  # what records a graph under grad mode
+    for deferred in pending:
+        deferred.apply()
+    del deferred, pending
+    gc.collect()
+    assert all(ref() is None for ref in kept), f"{sum(ref() is not None for ref in kept)} of {len(kept)} kept"
+    assert not any(p.grad.requires_grad for p in split_module.parameters() if p.grad is not None)
 
 
 # -- pipelines: B and W as separate actions (zb-h1, zbv), and interleaved-1f1b -----------------------

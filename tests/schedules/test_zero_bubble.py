@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hf_ftpipe.schedules import Action, check_order, in_flight, make_schedule, schedule_traits
+from hf_ftpipe.schedules import Action, check_order, held_at_peaks, in_flight, make_schedule, schedule_traits
 from hf_ftpipe.schedules.zero_bubble import is_looped, is_v_shape, v_placement
 
 
@@ -115,3 +115,17 @@ def test_interleaved_and_zbv_orders_are_valid_within_the_in_flight_rule(
         most_b, _ = held_at_most(order, len(stage_rank))
         for s, most in enumerate(most_b):
             assert most <= in_flight(name, s, stage_rank, num_microbatches), (name, s)
+
+
+def test_a_gpus_peak_is_counted_from_its_own_order_not_from_each_stages_busiest_moment() -> None:
+    # interleaved-1f1b on [0, 1, 0, 1], 4 micro-batches: stage 0 holds up to 4, stage 2 up to 2, but
+    # rank 0 (0F0 0F1 2F0 2F1 0F2 2B0 0F3 2B1 ...) never holds more than 5 at once; whole backwards.
+    states = held_at_peaks("interleaved-1f1b", [0, 1, 0, 1], 4)
+    assert [in_flight("interleaved-1f1b", s, [0, 1, 0, 1], 4) for s in (0, 2)] == [4, 2]
+    assert max(state[0][0] + state[2][0] for state in states[0]) == 5
+    assert all(state[1] == state[3] == (0, 0, 0) for state in states[0])  # rank 1's stages
+    # zb-h1, 2 ranks: rank 1 (1F0 1B0 1F1 1B1 1F2 1B2 1W0 ...) peaks at one micro-batch's activations
+    # and two awaiting W, before its first W; rank 0 at 2 and 1 (1F1B's and ZB-H1's memory).
+    zb = held_at_peaks("zb-h1", [0, 1], 4)
+    assert (1, 2, 1) in [state[1] for state in zb[1]] and (2, 1, 1) in [state[0] for state in zb[0]]
+    assert held_at_peaks("1f1b", [0, 1], 4) is None  # priced by the depth rule

@@ -37,7 +37,7 @@ RUNS = [
         "label_smoothing_factor": 0.1,
         "gradient_accumulation_steps": 2,
     },
-    # 4 x 1 from the 2 x 2 checkpoint: another partition (4 stages), the same global batch ...
+    # 4 x 1 from the 2 x 2 checkpoint: another partition (4 stages), the same global batch.
     {
         "name": "resumed",
         "schedule": "gpipe",
@@ -45,8 +45,6 @@ RUNS = [
         "resume": "gpipe/checkpoint-2",
         "save_steps": 1,
     },
-    # ... and back: 2 x 2 from the 4 x 1 checkpoint.
-    {"name": "back", "schedule": "gpipe", "data_parallel_size": 2, "resume": "resumed/checkpoint-3"},
 ]
 
 

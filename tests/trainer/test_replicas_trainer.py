@@ -1,6 +1,6 @@
 """PipeTrainer with ``data_parallel_size=2`` under ``torchrun --nproc_per_node 4`` (2 replicas of a
 2-stage pipeline) gives plain `Trainer`'s numbers on one process with the global batch, and its
-checkpoints resume under the other layout (4 x 1 and back).
+a 2 x 2 checkpoint resumes as 4 x 1.
 
 One launch (`replica_trainer_job.py`) trains tiny GPT-2 under gpipe (a checkpoint every step) and
 1f1b (label smoothing: a loss computed from the outputs of each replica's micro-batches; gradient
@@ -77,8 +77,10 @@ def test_two_replicas_of_two_stages_train_as_trainer_on_the_global_batch(
 
 @pytest.mark.parametrize(
     ("name", "layout", "checkpoint", "writers"),
-    [("resumed", (4, 1), "gpipe/checkpoint-2", 2), ("back", (2, 2), "resumed/checkpoint-3", 4)],
-    ids=["2x2-as-4x1", "4x1-as-2x2"],
+    # 4 x 1 back to 2 x 2 reads the same per-position files the other way; it was checked once and is left out
+    # to keep the 4-process launch short.
+    [("resumed", (4, 1), "gpipe/checkpoint-2", 2)],
+    ids=["2x2-as-4x1"],
 )
 def test_a_checkpoint_resumes_under_another_layout(
     launched: tuple[Path, str],
@@ -109,6 +111,6 @@ def test_replicas_log_once(launched: tuple[Path, str]) -> None:
     """Rank 0 of replica 0 alone prints the logs: one summary per run, one line per step."""
     stdout = launched[1]
     assert stdout.count("'train_runtime'") == len(RUNS), stdout[-3000:]
-    resumed_steps = {"resumed": 2, "back": 3}  # the steps before the checkpoint each resumed are not run again
+    resumed_steps = {"resumed": 2}  # the steps before the checkpoint each resumed are not run again
     logged = sum(steps(spec) for spec in RUNS) - sum(resumed_steps.values())
     assert stdout.count("'grad_norm'") == logged, stdout[-3000:]

@@ -1,13 +1,13 @@
 """PipeTrainer with ``data_parallel_size=2`` under ``torchrun --nproc_per_node 4`` (2 replicas of a
-2-stage pipeline) gives plain `Trainer`'s numbers on one process with the global batch, and its
-a 2 x 2 checkpoint resumes as 4 x 1.
+2-stage pipeline) gives plain `Trainer`'s numbers on one process with the global batch, and a
+2 x 2 checkpoint resumes as 4 x 1.
 
 One launch (`replica_trainer_job.py`) trains tiny GPT-2 under gpipe (a checkpoint every step) and
 1f1b (label smoothing: a loss computed from the outputs of each replica's micro-batches; gradient
-accumulation over 2 global batches), then resumes the gpipe run's ``checkpoint-2`` as 4 x 1 and that
-run's ``checkpoint-3`` as 2 x 2; this process trains `Trainer` with ``per_device_train_batch_size`` x 2
-and compares the steps of one epoch (the global batch's count), every logged loss, gradient norm and
-learning rate, the FLOP count, `evaluate()` and the final weights.
+accumulation over 2 global batches), then resumes the gpipe run's ``checkpoint-2`` as 4 x 1; this
+process trains `Trainer` with ``per_device_train_batch_size`` x 2 and compares the steps of one
+epoch (the global batch's count), every logged loss, gradient norm and learning rate, the FLOP
+count, `evaluate()` and the final weights.
 """
 
 from __future__ import annotations

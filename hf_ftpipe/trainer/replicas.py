@@ -48,13 +48,11 @@ def check_data_parallel_size(data_parallel_size: int, schedule: ScheduleTraits, 
             raise ValueError(
                 f"`data_parallel_size={data_parallel_size}` with pipeline_schedule={schedule.name!r}: {error}"
             ) from None
-    if world_size is not None and world_size % data_parallel_size:
-        divisors = [d for d in range(1, world_size + 1) if world_size % d == 0]
-        raise ValueError(
-            f"`data_parallel_size={data_parallel_size}` does not divide the {world_size} processes launched "
-            f"(world size = pipeline stages x data_parallel_size); use one of {divisors}, or launch a multiple "
-            f"of {data_parallel_size} processes"
-        )
+    if world_size is not None:
+        try:
+            pipeline_size(data_parallel_size, world_size)
+        except PipelineError as error:
+            raise ValueError(str(error)) from None
 
 
 def global_batch_size(per_device_batch_size: int, args: Any) -> int:
@@ -77,10 +75,11 @@ def pipeline_size(data_parallel_size: int, world_size: int, rank: int | None = N
     """
     if world_size % data_parallel_size:
         where = "" if rank is None else f"[rank {rank}] "
+        divisors = [d for d in range(1, world_size + 1) if world_size % d == 0]
         raise PipelineError(
             f"{where}data_parallel_size={data_parallel_size} does not divide the {world_size} processes launched "
-            f"(world size = pipeline stages x data_parallel_size); launch a multiple of {data_parallel_size} "
-            "processes, or set data_parallel_size to a divisor of the world size"
+            f"(world size = pipeline stages x data_parallel_size); use one of {divisors}, or launch a multiple "
+            f"of {data_parallel_size} processes"
         )
     return world_size // data_parallel_size
 

@@ -1,8 +1,8 @@
 """Every check of the first GPU run in one command: correctness, memory, split graph vs eager, cost model.
 
-hf_ftpipe has run only on CPUs so far. On a machine with one NVIDIA GPU::
+On a machine with one NVIDIA GPU (the first run's figures, on an H200, are in benchmarks/README.md)::
 
-    python benchmarks/gpu_checks.py --device cuda            # a table per check, under 10 min on an H100
+    python benchmarks/gpu_checks.py --device cuda            # a table per check, about 4 min on an H200
     python benchmarks/gpu_checks.py --device cuda --json     # {"device": ..., "checks": [...]}
     python benchmarks/gpu_checks.py --device cpu --quick     # tiny models; the test suite runs this
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from hf_ftpipe.costmodel.estimate import stage_traffic
 from hf_ftpipe.costmodel.memory_estimate import StageMemory, nodes_by_stage
+from hf_ftpipe.costmodel.memory_rules import defers_weight_gradient
 from hf_ftpipe.costmodel.op_time import NodeCost, node_costs
 from hf_ftpipe.costmodel.options import MemoryOptions
 from hf_ftpipe.costmodel.profiles import GPUProfile
@@ -171,9 +172,10 @@ def pipeline_costs(
     g's own profile, the roofline of the GPU each stage runs on) summed per stage, as
     `hf_ftpipe.costmodel.estimate.estimate` sums them; bytes and memory from the cost model's rules.
 
-    A split backward's ``W`` (`PipelineCosts.weight_s`) is half the backward of every op that reads
-    a trainable weight (a linear layer's backward is two equal matmuls, the input's gradient and
-    the weight's), measured costs alike; everything else, recomputation included, is ``B``'s.
+    A split backward's ``W`` (`PipelineCosts.weight_s`) is half the backward of every product whose
+    weight gradient the runtime defers (`defers_weight_gradient`: a linear layer's backward is two
+    equal matmuls, the input's gradient and the weight's), measured costs alike; everything else,
+    recomputation and the gradients of layer norms and embeddings included, is ``B``'s.
     """
     options = memory or MemoryOptions(recompute=recompute)
     recompute = options.recompute
@@ -204,7 +206,7 @@ def pipeline_costs(
         for s, nodes in enumerate(stage_nodes)
     ]
     weight = [
-        math.fsum(stage_costs[s][n].backward_s / 2 for n in nodes if _reads_trainable_weight(graph, n))
+        math.fsum(stage_costs[s][n].backward_s / 2 for n in nodes if defers_weight_gradient(graph, n))
         for s, nodes in enumerate(stage_nodes)
     ]
     pairs, _, grads = stage_traffic(graph, plan.node_stage, stage_device)
@@ -297,10 +299,6 @@ def costs_from_prediction(plan: Partition, profile: GPUProfile) -> PipelineCosts
         microbatch_size=predicted.microbatch_size,
         notes=notes,
     )
-
-
-def _reads_trainable_weight(graph: CostGraph, node: str) -> bool:
-    return any(graph.params[name].requires_grad for name in graph.node(node)["params"] if name in graph.params)
 
 
 def _chain_from_stage_bytes(stages: Sequence) -> list[StageEdge]:

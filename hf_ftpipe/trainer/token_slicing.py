@@ -73,7 +73,7 @@ def capture_for_pipeline(
     whole = capture_token_slices(model, microbatch, [seq_len], planned=planned)
     slicer = SlicingByLength(
         _share_latency(args, model, whole.full.cost_graph, watchdog),
-        launched_pipeline_size(args),
+        launched_pipeline_size(args.data_parallel_size),
         _microbatch_size(args),
     )
     if whole.by_length:  # fixed shapes (the model cannot vary its length): the one length's slices
@@ -102,7 +102,7 @@ def _share_latency(args: PipeTrainingArguments, model: nn.Module, graph: CostGra
     payload: list[bytes | str | None] = [None]
     if dist.get_rank() == 0:
         try:
-            num_stages = launched_pipeline_size(args)
+            num_stages = launched_pipeline_size(args.data_parallel_size)
             latency = cost_model_slice_time(
                 graph,
                 get_profile(args.gpu_profile, count=num_stages),
@@ -127,7 +127,7 @@ def _log_choice(slicing: Slicing, args: PipeTrainingArguments) -> None:
             "predicted; re-planned for each shorter length)",
             list(slicing.slices),
             _microbatch_size(args),
-            launched_pipeline_size(args),
+            launched_pipeline_size(args.data_parallel_size),
             slicing.step_time_s * 1e3,
         )
 

@@ -80,6 +80,7 @@ def parse_data_parallel_size(value: object) -> DataParallelSize:
     Raises:
         `ValueError`: anything else, naming the value and what to give.
     """
+    given = value
     if isinstance(value, str):
         text = value.strip()
         if text.lower() == "auto":
@@ -88,7 +89,7 @@ def parse_data_parallel_size(value: object) -> DataParallelSize:
             value = int(text)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(
-            f"`data_parallel_size={value!r}` must be a positive integer or 'auto': the number of pipeline "
+            f"`data_parallel_size={given!r}` must be a positive integer or 'auto': the number of pipeline "
             "replicas, each of world_size / data_parallel_size stages (1: one pipeline over every process), or "
             "'auto' to let the planner choose it (the global batch is then per_device_train_batch_size)"
         )

@@ -35,17 +35,17 @@ DeviceName = tuple[str, int] | None
 INTER_NODE_LINK = "ethernet-10g"
 
 
-def device_of_this_rank() -> DeviceName:
-    """This rank's CUDA device (the current one), or None on CPU."""
-    if not torch.cuda.is_available():
+def device_of_this_rank(device: torch.device) -> DeviceName:
+    """The name and memory of ``device`` (the rank's ``args.device``), or None for a CPU."""
+    if device.type != "cuda":
         return None
-    index = torch.cuda.current_device()
+    index = device.index if device.index is not None else torch.cuda.current_device()
     return torch.cuda.get_device_name(index), int(torch.cuda.get_device_properties(index).total_memory)
 
 
-def launched_topology(spec: str, watchdog: Watchdog, device: DeviceName | str = "this rank") -> Topology:
+def launched_topology(spec: str, watchdog: Watchdog, device: DeviceName) -> Topology:
     """The launched job's machines and GPUs, rank by rank, for ``gpu_profile=spec``; every rank must call it
-    (``"auto"`` gathers each rank's ``device``: `device_of_this_rank` unless given).
+    (``"auto"`` gathers each rank's ``device``, `device_of_this_rank`).
 
     Raises:
         `ProfileError`: ``spec`` names neither a profile nor a topology, or a topology of another size.
@@ -53,10 +53,9 @@ def launched_topology(spec: str, watchdog: Watchdog, device: DeviceName | str = 
     world, rank = dist.get_world_size(), dist.get_rank()
     per_node = launched_gpus_per_node(world)
     if spec.strip().lower() == "auto":
-        mine = device_of_this_rank() if device == "this rank" else device
         devices: list[DeviceName] = [None] * world
         with watchdog.waiting("gathering every rank's GPU", collective=True):
-            dist.all_gather_object(devices, mine)
+            dist.all_gather_object(devices, device)
         gpus = [BUILTIN_PROFILES["cpu"] if d is None else profile_for_device(*d) for d in devices]
         return _machines("launched", gpus, per_node)
     topology = _named_topology(spec)

@@ -37,7 +37,7 @@ from hf_ftpipe.plan.request import PlanRequest
 from hf_ftpipe.runtime.watchdog import Watchdog
 from hf_ftpipe.schedules.registry import SCHEDULE_NAMES
 from hf_ftpipe.trainer.arguments import PipeTrainingArguments
-from hf_ftpipe.trainer.launched_gpus import launched_topology
+from hf_ftpipe.trainer.launched_gpus import device_of_this_rank, launched_topology
 from hf_ftpipe.trainer.layout_choice import choose_replicas
 from hf_ftpipe.trainer.replicas import Replicas, pipeline_size
 from hf_ftpipe.trainer.run_log import PlanUsed, get_logger, plan_line
@@ -68,7 +68,8 @@ def share_partition(
 
     The other ranks wait for it at most ``pipeline_timeout_s`` (``watchdog``), planning included.
     Rank 0 then logs the plan, with the ``token_slices`` the pipeline cuts sequences into."""
-    topology = launched_topology(args.gpu_profile, watchdog)  # every rank: "auto" gathers each one's GPU
+    # Every rank: "auto" gathers each one's GPU.
+    topology = launched_topology(args.gpu_profile, watchdog, device_of_this_rank(args.device))
     payload: list[str | None] = [None]
     used: PlanUsed | None = None
     if dist.get_rank() == 0:

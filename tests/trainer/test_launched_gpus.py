@@ -24,7 +24,7 @@ def _gather(rank: int, world_size: int) -> dict:
     errors = []
     for spec in ("rtx3090+rtx2080ti", "rtx3090+h100"):  # a built-in topology of 4 GPUs; none of that name
         try:
-            launched_topology(spec, watchdog)
+            launched_topology(spec, watchdog, DEVICES[rank])
         except ProfileError as error:
             errors.append(str(error))
     return {

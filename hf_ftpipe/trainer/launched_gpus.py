@@ -24,10 +24,11 @@ from hf_ftpipe.costmodel import get_profile
 from hf_ftpipe.costmodel.profiles import BUILTIN_PROFILES, GPUProfile, profile_for_device
 from hf_ftpipe.costmodel.topology import BUILTIN_LINKS, BUILTIN_TOPOLOGIES, Link, Node, Topology, get_topology
 from hf_ftpipe.errors import ProfileError
+from hf_ftpipe.partitioners.layouts import pipeline_gpus
 from hf_ftpipe.runtime.watchdog import Watchdog
 from hf_ftpipe.trainer.replicas import launched_gpus_per_node
 
-__all__ = ["DeviceName", "device_of_this_rank", "launched_topology"]
+__all__ = ["DeviceName", "device_of_this_rank", "launched_topology", "named_pipeline_profile"]
 
 DeviceName = tuple[str, int] | None
 """A rank's device as ``(torch.cuda.get_device_name(), total memory bytes)``; None for a CPU rank."""
@@ -68,6 +69,13 @@ def launched_topology(spec: str, watchdog: Watchdog, device: DeviceName) -> Topo
             f"processes were launched; launch {topology.world_size}, or give a topology with a GPU per process"
         )
     return topology
+
+
+def named_pipeline_profile(spec: str, num_gpus: int) -> GPUProfile:
+    """The profile one pipeline of ``num_gpus`` is planned for, read from ``gpu_profile=spec`` alone (no
+    other rank asked): a topology's (`pipeline_gpus`), else the profile (``"auto"``: this rank's GPUs)."""
+    topology = _named_topology(spec)
+    return get_profile(spec, count=num_gpus) if topology is None else pipeline_gpus(topology, num_gpus)[0]
 
 
 def _named_topology(spec: str) -> Topology | None:

@@ -26,7 +26,7 @@ from typing import Any
 import torch.distributed as dist
 from torch import nn
 
-from hf_ftpipe.costmodel import GPUProfile, get_profile
+from hf_ftpipe.costmodel import GPUProfile
 from hf_ftpipe.costmodel.roofline_latency import cost_model_slice_time
 from hf_ftpipe.errors import PipelineError
 from hf_ftpipe.graph.cost_graph import CostGraph
@@ -35,6 +35,7 @@ from hf_ftpipe.graph.trace import TracedModel, capture_model
 from hf_ftpipe.partitioners.slicing import LatencyFn, Slicing, SlicingByLength, slicing_step
 from hf_ftpipe.runtime.watchdog import Watchdog
 from hf_ftpipe.trainer.arguments import PipeTrainingArguments
+from hf_ftpipe.trainer.launched_gpus import named_pipeline_profile
 from hf_ftpipe.trainer.replicas import launched_pipeline_size
 from hf_ftpipe.trainer.run_log import get_logger
 
@@ -105,7 +106,7 @@ def _share_latency(args: PipeTrainingArguments, model: nn.Module, graph: CostGra
             num_stages = launched_pipeline_size(args.data_parallel_size)
             latency = cost_model_slice_time(
                 graph,
-                get_profile(args.gpu_profile, count=num_stages),
+                named_pipeline_profile(args.gpu_profile, num_stages),  # a topology's pipeline too
                 num_stages=num_stages,
                 hidden_size=int(model.config.hidden_size),
             )

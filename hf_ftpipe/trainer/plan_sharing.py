@@ -26,7 +26,7 @@ import torch.distributed as dist
 from hf_ftpipe.costmodel import GPUProfile
 from hf_ftpipe.costmodel.estimate import MemoryOptions, Optimizer
 from hf_ftpipe.costmodel.measured import CostTable
-from hf_ftpipe.errors import PipelineError, PlanDoesNotFitError
+from hf_ftpipe.errors import PartitionError, PipelineError, PlanDoesNotFitError
 from hf_ftpipe.graph.trace import TracedModel
 from hf_ftpipe.hub.sources import Resolved
 from hf_ftpipe.partitioners.auto import PartitionerResult, reason_line
@@ -35,7 +35,7 @@ from hf_ftpipe.partitioners.registry import run_partitioner
 from hf_ftpipe.plan import Partition, check_fits_run, validate_partition
 from hf_ftpipe.plan.request import PlanRequest
 from hf_ftpipe.runtime.watchdog import Watchdog
-from hf_ftpipe.schedules.registry import SCHEDULE_NAMES
+from hf_ftpipe.schedules.registry import SCHEDULE_NAMES, SCHEDULES
 from hf_ftpipe.trainer.arguments import PipeTrainingArguments
 from hf_ftpipe.trainer.launched_gpus import device_of_this_rank, launched_topology
 from hf_ftpipe.trainer.layout_choice import choose_replicas
@@ -189,11 +189,19 @@ def _compute_partition(
     """The plan for one pipeline of ``profile.count`` GPUs (``gpus``: one profile per position when
     they differ), for one replica's micro-batches (``replicas``; default ``args``' own)."""
     replicas = replicas or Replicas.of(args)
+    placement, num_stages = planned_placement(args.pipeline_schedule)
+    if placement == "v" and gpus is not None and any(gpu != gpus[0] for gpu in gpus):
+        chains = [name for name, traits in SCHEDULES.items() if not traits.v_placement]
+        raise PartitionError(
+            f"pipeline_schedule={args.pipeline_schedule!r} runs a V placement, which is planned for one kind of "
+            f"GPU, but this pipeline's GPUs are {[gpu.name for gpu in gpus]}; use a chain schedule ({chains}), "
+            "or a gpu_profile naming one kind"
+        )
     request = PlanRequest(
         profile=profile,
         num_microbatches=replicas.microbatches_per_step(args),
         gpu_profiles=gpus,
-        num_stages=planned_placement(args.pipeline_schedule)[1],  # a schedule file's own
+        num_stages=num_stages,  # a schedule file's own
         cost_table=_cost_table(args, traced),
         **_plan_options(args, traced, microbatch),
     )

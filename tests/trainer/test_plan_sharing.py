@@ -104,8 +104,8 @@ def test_a_schedule_file_placed_as_no_partitioner_plans_asks_for_a_plan_file(tmp
         planning._compute_partition(args, GRAPH, UNIT.with_count(2), MICROBATCH)
 
 
-def test_gpus_of_two_kinds_are_planned_position_by_position_and_mixed_names_what_to_use(tmp_path: Path) -> None:
-    """The plan for a topology's pipeline gives the faster GPU more; the mixed partitioner refuses, naming seq-dp."""
+def test_gpus_of_two_kinds_are_planned_position_by_position_and_refusals_name_what_to_use(tmp_path: Path) -> None:
+    """The faster GPU of a pipeline takes more; the mixed partitioner and a V schedule refuse, naming what to use."""
     from dataclasses import replace
 
     from hf_ftpipe.errors import PartitionError
@@ -121,3 +121,5 @@ def test_gpus_of_two_kinds_are_planned_position_by_position_and_mixed_names_what
     assert fast_share > even_share  # the 4x faster GPU takes more of the chain
     with pytest.raises(PartitionError, match=r"mixes \['slow', 'unit'\]; use seq-dp or seq-greedy"):
         planning._compute_partition(arguments(tmp_path, partitioner="mixed"), GRAPH, profile, MICROBATCH, gpus=gpus)
+    with pytest.raises(PartitionError, match=r"'zbv' runs a V placement.*\['unit', 'slow'\]; use a chain schedule"):
+        planning._compute_partition(arguments(tmp_path, pipeline_schedule="zbv"), GRAPH, profile, MICROBATCH, gpus=gpus)

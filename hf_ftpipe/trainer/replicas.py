@@ -31,11 +31,11 @@ __all__ = [
     "Replicas",
     "check_auto_replicas",
     "check_data_parallel_size",
-    "parse_data_parallel_size",
     "global_batch_size",
     "launched_gpus_per_node",
     "launched_pipeline_size",
     "launched_world_size",
+    "parse_data_parallel_size",
     "pipeline_size",
 ]
 
@@ -54,8 +54,6 @@ class Replicas:
 
     data_parallel_size: int
     num_microbatches: int
-    chosen: bool = False
-    """D was the planner's choice (``data_parallel_size="auto"``)."""
 
     @classmethod
     def of(cls, args: Any, data_parallel_size: int | None = None) -> Replicas:
@@ -67,7 +65,7 @@ class Replicas:
                 f"internal: data_parallel_size={data_parallel_size!r} chosen for "
                 f"num_microbatches={args.num_microbatches}"
             )
-        return cls(data_parallel_size, args.num_microbatches // data_parallel_size, chosen=True)
+        return cls(data_parallel_size, args.num_microbatches // data_parallel_size)
 
     def microbatches_per_step(self, args: Any) -> int:
         """One replica's micro-batches per optimizer update (what its plan is made for)."""

@@ -63,7 +63,7 @@ def test_a_data_parallel_size_neither_a_number_nor_auto_is_refused(value: object
 def test_under_auto_the_global_batch_is_per_device_and_the_replicas_share_its_microbatches() -> None:
     args = _args(data_parallel_size="auto", per_device_train_batch_size=8, num_microbatches=4)
     assert global_batch_size(args.per_device_train_batch_size, args) == 8  # whatever D the planner picks
-    assert Replicas.of(args, 2) == Replicas(2, 2, chosen=True)  # 2 replicas of 2 micro-batches of 2 rows
+    assert Replicas.of(args, 2) == Replicas(2, 2)  # 2 replicas of 2 micro-batches of 2 rows
     assert Replicas.of(args, 4).num_microbatches == 1
     given = _args(data_parallel_size=2, per_device_train_batch_size=8, num_microbatches=4)
     assert global_batch_size(8, given) == 16  # DDP's meaning: one replica's mini-batch

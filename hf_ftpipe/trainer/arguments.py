@@ -94,7 +94,8 @@ class PipeTrainingArguments(TrainingArguments):
         metadata={
             "help": "With partitioner='auto': seconds of planning after which no further partitioner starts (the "
             "first always runs; the others are skipped, said in the log). Rank 0 plans while the other ranks wait, "
-            "at most pipeline_timeout_s. A plan from partition_file, the cache or the Hub skips planning."
+            "at most pipeline_timeout_s. A plan from partition_file, the cache or the Hub skips planning. With "
+            "data_parallel_size='auto', the layouts compared share it."
         },
     )
     gpu_profile: str = field(

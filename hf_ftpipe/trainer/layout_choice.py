@@ -2,8 +2,10 @@
 
 Every D that divides the launched world is a candidate layout of D replicas of a P = world / D GPU
 pipeline (replica d on ranks d·P .., so a pipeline whose P divides a machine's GPUs stays inside it),
-planned and priced by `hf_ftpipe.partitioners.layouts.compare_layouts` on the launched topology
-(`hf_ftpipe.trainer.launched_gpus`), each GPU's memory its limit. Under ``"auto"`` the global batch is
+planned by `auto` and priced by `hf_ftpipe.partitioners.layouts.compare_layouts` on the launched
+topology (`hf_ftpipe.trainer.launched_gpus`), each GPU's memory its limit, within
+``partition_time_budget_s`` shared among the layouts; the chosen layout's pipeline is then planned
+as any run's is (``partitioner``, the cache, the Hub). Under ``"auto"`` the global batch is
 ``per_device_train_batch_size``, whatever D: the replicas share its ``num_microbatches`` micro-batches,
 so only the D that divide ``num_microbatches`` (each replica at least one micro-batch of the same size)
 are considered, and the choice never changes what the model trains on. The fastest predicted layout
@@ -42,7 +44,8 @@ def choose_replicas(args: Any, graph: CostGraph, topology: Topology, options: di
         graph,
         topology,
         layouts=shared,
-        time_budget_s=args.partition_time_budget_s,
+        # Shared among the layouts, so that the other ranks' wait for the plan stays what it is for one.
+        time_budget_s=args.partition_time_budget_s / len(shared),
         **(options | {"num_microbatches": args.num_microbatches * args.gradient_accumulation_steps}),
     )
     for d in divisors:

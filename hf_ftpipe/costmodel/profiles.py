@@ -30,6 +30,7 @@ __all__ = [
     "get_profile",
     "list_profiles",
     "match_device_name",
+    "profile_for_device",
 ]
 
 DType = Literal["float32", "float16", "bfloat16"]
@@ -339,14 +340,21 @@ def detect_profile(count: int | None = None) -> GPUProfile:
             f"memory ({memory} bytes). Pass a JSON profile to plan for something else.",
             stacklevel=2,
         )
-    base = match_device_name(names[0], memory)
+    base = profile_for_device(names[0], memory)
+    return base.with_count(count or num_devices)
+
+
+def profile_for_device(device_name: str, memory_bytes: int) -> GPUProfile:
+    """One device's profile from its CUDA name (``torch.cuda.get_device_name``) and memory: the
+    matching built-in's speeds with the measured memory, else conservative generic speeds (warned)."""
+    base = match_device_name(device_name, memory_bytes)
     if base is None:
         warnings.warn(
-            f"no built-in GPU profile matches {names[0]!r}; using conservative generic speeds "
+            f"no built-in GPU profile matches {device_name!r}; using conservative generic speeds "
             f"(fp32 {_GENERIC.peak_flops['float32']:.3g} FLOP/s, PCIe 3.0 links). "
             "For a better plan "
             "write a profile with GPUProfile.to_json and pass its path.",
-            stacklevel=2,
+            stacklevel=3,
         )
-        base = replace(_GENERIC, name=f"generic-{_key(names[0]) or 'cuda'}")
-    return replace(base, count=count or num_devices, memory_bytes=memory)
+        base = replace(_GENERIC, name=f"generic-{_key(device_name) or 'cuda'}")
+    return replace(base, count=1, memory_bytes=memory_bytes)

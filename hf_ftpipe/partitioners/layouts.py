@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 
     from hf_ftpipe.plan.request import PlanOptions
 
-__all__ = ["LayoutResult", "best_layout", "compare_layouts", "layout_name", "position_profile"]
+__all__ = ["LayoutResult", "best_layout", "compare_layouts", "layout_name", "pipeline_gpus", "position_profile"]
 
 
 def layout_name(pipeline_gpus: int, replicas: int) -> str:
@@ -131,15 +131,13 @@ def _price_layout(
     if total % d:
         result.error = f"{total} micro-batches cannot be shared by {d} replicas: use a multiple of {d}"
         return result
-    gpus = [position_profile([topology.profile_of(ranks[g]) for ranks in pipelines]) for g in range(p)]
-    profile = _pipeline_profile(topology, pipelines[0], gpus)
-    mixed = any(gpu != gpus[0] for gpu in gpus)
+    profile, gpus = pipeline_gpus(topology, p)
     reports = compare_partitioners(
         graph,
         profile,
         None,
         time_budget_s=time_budget_s,
-        **(options | {"num_microbatches": total // d, "gpu_profiles": gpus if mixed else None}),
+        **(options | {"num_microbatches": total // d, "gpu_profiles": gpus}),
     )
     best = best_result(reports)
     if best is None:
@@ -171,6 +169,19 @@ def _price_layout(
     result.partitioner = plan.partitioner
     result.partition = plan
     return result
+
+
+def pipeline_gpus(topology: Topology, pipeline_gpus: int) -> tuple[GPUProfile, list[GPUProfile] | None]:
+    """What one pipeline of ``pipeline_gpus`` positions is planned for on ``topology`` (replica d on
+    ranks d·P ..): its `GPUProfile` (``count`` P, behind the slowest link of replica 0's pipeline,
+    named for its kinds position by position when they differ: ``"rtx3090x2+rtx2080tix2"``, which the
+    plan's cache and Hub key then carry), and with GPUs of several kinds, one profile per position
+    (`PlanRequest.gpu_profiles`; ``None`` when all are alike)."""
+    p = pipeline_gpus
+    pipelines = [list(range(r * p, r * p + p)) for r in range(topology.world_size // p)]
+    gpus = [position_profile([topology.profile_of(ranks[g]) for ranks in pipelines]) for g in range(p)]
+    mixed = any(gpu != gpus[0] for gpu in gpus)
+    return _pipeline_profile(topology, pipelines[0], gpus), gpus if mixed else None
 
 
 def position_profile(gpus: Sequence[GPUProfile]) -> GPUProfile:

@@ -9,7 +9,12 @@ from transformers import TrainingArguments
 
 from hf_ftpipe.schedules.registry import SCHEDULES, ScheduleTraits
 from hf_ftpipe.trainer.launch import use_cpu_for_launch
-from hf_ftpipe.trainer.replicas import check_data_parallel_size, launched_world_size
+from hf_ftpipe.trainer.replicas import (
+    check_auto_replicas,
+    check_data_parallel_size,
+    launched_world_size,
+    parse_data_parallel_size,
+)
 from hf_ftpipe.trainer.schedule_choice import SCHEDULE_HELP, check_schedule_argument
 
 __all__ = ["PipeTrainingArguments"]
@@ -29,7 +34,8 @@ class PipeTrainingArguments(TrainingArguments):
     with ``gpipe`` and ``1f1b`` the G mini-batches of one optimizer update run as one flush of
     G x ``num_microbatches`` micro-batches (`microbatches_per_step`). With ``data_parallel_size=D``
     replicas of the pipeline, ``per_device_train_batch_size`` is one replica's mini-batch, as under
-    DDP, and the global batch D times that (`hf_ftpipe.trainer.replicas`).
+    DDP, and the global batch D times that (`hf_ftpipe.trainer.replicas`); with ``"auto"`` the planner
+    picks D and ``per_device_train_batch_size`` is the global batch, which the replicas share.
 
     Several processes launched on a machine without a GPU (``torchrun``, ``accelerate launch
     --multi_gpu``) run on CPU as with ``use_cpu=True``, which these arguments then set: otherwise
@@ -50,14 +56,21 @@ class PipeTrainingArguments(TrainingArguments):
         default=1,
         metadata={"help": "'async' only: micro-batches whose gradients each stage accumulates per weight update."},
     )
-    data_parallel_size: int = field(
+    data_parallel_size: int | str | None = field(
         default=1,
         metadata={
             "help": "Replicas of the pipeline (data parallelism): the launched processes form data_parallel_size "
             "pipelines of world_size / data_parallel_size stages each, and every stage's gradients are summed "
-            "across its replicas. per_device_train_batch_size is one replica's mini-batch, as under DDP."
+            "across its replicas. per_device_train_batch_size is one replica's mini-batch, as under DDP. 'auto': "
+            "the planner picks it from the launched machines and GPUs (the fastest predicted layout that fits "
+            "memory); the global batch is then per_device_train_batch_size whatever it picks (each replica takes "
+            "its share of the num_microbatches micro-batches), so the run trains on the same batches, with the "
+            "same losses, as one pipeline would."
         },
     )
+    """D, or ``"auto"`` (`hf_ftpipe.trainer.replicas.parse_data_parallel_size`). ``None`` is in the annotation
+    only so that `HfArgumentParser` reads ``--data_parallel_size`` as text ("2" or "auto"; it keeps the
+    second member of a union with None); None itself is refused."""
     num_microbatches: int = field(
         default=4,
         metadata={"help": "Micro-batches per mini-batch; per_device_train_batch_size must be a multiple of it."},
@@ -81,14 +94,17 @@ class PipeTrainingArguments(TrainingArguments):
         metadata={
             "help": "With partitioner='auto': seconds of planning after which no further partitioner starts (the "
             "first always runs; the others are skipped, said in the log). Rank 0 plans while the other ranks wait, "
-            "at most pipeline_timeout_s. A plan from partition_file, the cache or the Hub skips planning."
+            "at most pipeline_timeout_s. A plan from partition_file, the cache or the Hub skips planning. With "
+            "data_parallel_size='auto', the layouts compared share it."
         },
     )
     gpu_profile: str = field(
         default="auto",
         metadata={
-            "help": "GPU profile for the cost model: 'auto' (detect), a built-in name (e.g. 'a100-80gb') "
-            "or a JSON file."
+            "help": "GPU profile for the cost model: 'auto' (each rank detects its own GPU; GPUs of different "
+            "kinds get a profile per pipeline position), a built-in name (e.g. 'a100-80gb'), a profile's JSON "
+            "file, or a topology as `hf-ftpipe compare --topology` takes it: a built-in name (e.g. "
+            "'rtx3090+rtx2080ti') or a JSON file (Topology.to_json) with a GPU per launched process."
         },
     )
     cost_table: str | None = field(
@@ -225,7 +241,10 @@ class PipeTrainingArguments(TrainingArguments):
             )
         if self.num_microbatches < 1:
             raise ValueError(f"`num_microbatches` must be at least 1, got {self.num_microbatches}")
+        self.data_parallel_size = parse_data_parallel_size(self.data_parallel_size)
         check_data_parallel_size(self.data_parallel_size, traits, launched_world_size())
+        if self.data_parallel_size == "auto":
+            check_auto_replicas(self)
         for name in ("per_device_train_batch_size", "per_device_eval_batch_size"):
             size = getattr(self, name)
             if size % self.num_microbatches:

@@ -105,7 +105,8 @@ class PipeDataLoading:
         dataset = self.train_dataset
         if dataset is None or not hasattr(dataset, "__len__") or not self._streams_whole_batches():
             return
-        replicas = self.args.data_parallel_size
+        # Under "auto" the loader's batch is one pipeline's whatever D is chosen: no replica multiplies it.
+        replicas = 1 if self.args.data_parallel_size == "auto" else self.args.data_parallel_size
         samples, batch = len(dataset), self._train_batch_size
         if samples >= batch:
             return

@@ -48,7 +48,7 @@ from hf_ftpipe.trainer.per_shape import per_shape_options
 from hf_ftpipe.trainer.plan_sharing import share_partition
 from hf_ftpipe.trainer.planned_shapes import longest_rows, planned_microbatch
 from hf_ftpipe.trainer.preflight import agree_before_training
-from hf_ftpipe.trainer.replicas import global_batch_size, launched_pipeline_size
+from hf_ftpipe.trainer.replicas import Replicas, global_batch_size, launched_pipeline_size
 from hf_ftpipe.trainer.reporting import PipeReporting
 from hf_ftpipe.trainer.run_log import get_logger
 from hf_ftpipe.trainer.token_slicing import capture_for_pipeline
@@ -120,6 +120,8 @@ class PipeTrainer(PipeTrainingSteps, PipeEvaluation, PipeCheckpointing, PipeData
         self._train_batch_size = global_batch_size(self.args.train_batch_size, self.args)
         self.engine: PipelineEngine | None = None
         self.partition: Partition | None = None
+        self.replicas: Replicas | None = None
+        """The replicas running the pipeline, once built (``data_parallel_size="auto"``: the planner's choice)."""
         self._resume_from: str | None = None
         self._built_from: str | None = None
         """The checkpoint the pipeline read its weights from (a model built with empty weights)."""
@@ -158,7 +160,8 @@ class PipeTrainer(PipeTrainingSteps, PipeEvaluation, PipeCheckpointing, PipeData
                 "`torchrun --nproc_per_node N script.py`, with N >= 2"
             )
         check_one_writer(self.args)
-        launched_pipeline_size(self.args)  # the world divides into data_parallel_size pipelines
+        if self.args.data_parallel_size != "auto":  # the world divides into data_parallel_size pipelines
+            launched_pipeline_size(self.args.data_parallel_size)
         rows = microbatch_rows(self.args.per_device_train_batch_size, self.args.num_microbatches)[0]  # the largest
         # Any batch serves to trace (only its shapes matter); the plan is for the largest micro-batch.
         microbatch = {n: value[:rows] if isinstance(value, torch.Tensor) else value for n, value in inputs.items()}
@@ -171,13 +174,13 @@ class PipeTrainer(PipeTrainingSteps, PipeEvaluation, PipeCheckpointing, PipeData
         whole = traced.full if isinstance(traced, SlicedModel) else traced
         slices = traced.slice_lengths if isinstance(traced, SlicedModel) else None
         shared = share_partition(self.args, whole, self._planned_batch(whole), self.watchdog, token_slices=slices)
-        self.partition, self.partition_source = shared.partition, shared.source
+        self.partition, self.partition_source, self.replicas = shared.partition, shared.source, shared.replicas
         self._built_from = self._weights_path()
         self.engine = PipelineEngine(
             traced,
             self.partition,
-            num_microbatches=self.args.num_microbatches,
-            data_parallel_size=self.args.data_parallel_size,
+            num_microbatches=self.replicas.num_microbatches,  # one replica's (`hf_ftpipe.trainer.replicas`)
+            data_parallel_size=self.replicas.data_parallel_size,
             schedule=self.args.pipeline_schedule,
             gradient_accumulation_steps=self.args.async_update_interval,
             batches_per_step=self.args.gradient_accumulation_steps,

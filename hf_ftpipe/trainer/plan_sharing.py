@@ -5,6 +5,11 @@ and else runs the partitioner (``hub.resolve``); the plan travels to every rank 
 each checks it against its own trace. Only rank 0 plans, so the ranks cannot disagree; when it
 fails the others receive the error instead of waiting for a plan that never comes. Once every rank
 holds the plan, rank 0 logs which one the run uses (`hf_ftpipe.trainer.run_log.plan_line`).
+
+The plan is made for the launched GPUs (`hf_ftpipe.trainer.launched_gpus`): one pipeline's P of them,
+with a profile per position when they are of several kinds (its key then names them all). Under
+``data_parallel_size="auto"`` rank 0 first chooses D (`hf_ftpipe.trainer.layout_choice`), and D
+travels with the plan.
 """
 
 from __future__ import annotations
@@ -18,20 +23,23 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hf_ftpipe.costmodel import GPUProfile, get_profile
+from hf_ftpipe.costmodel import GPUProfile
 from hf_ftpipe.costmodel.estimate import MemoryOptions, Optimizer
 from hf_ftpipe.costmodel.measured import CostTable
-from hf_ftpipe.errors import PipelineError, PlanDoesNotFitError
+from hf_ftpipe.errors import PartitionError, PipelineError, PlanDoesNotFitError
 from hf_ftpipe.graph.trace import TracedModel
 from hf_ftpipe.hub.sources import Resolved
 from hf_ftpipe.partitioners.auto import PartitionerResult, reason_line
+from hf_ftpipe.partitioners.layouts import pipeline_gpus
 from hf_ftpipe.partitioners.registry import run_partitioner
 from hf_ftpipe.plan import Partition, check_fits_run, validate_partition
 from hf_ftpipe.plan.request import PlanRequest
 from hf_ftpipe.runtime.watchdog import Watchdog
-from hf_ftpipe.schedules.registry import SCHEDULE_NAMES
+from hf_ftpipe.schedules.registry import SCHEDULE_NAMES, SCHEDULES
 from hf_ftpipe.trainer.arguments import PipeTrainingArguments
-from hf_ftpipe.trainer.replicas import launched_pipeline_size
+from hf_ftpipe.trainer.launched_gpus import device_of_this_rank, launched_topology
+from hf_ftpipe.trainer.layout_choice import choose_replicas
+from hf_ftpipe.trainer.replicas import Replicas, pipeline_size
 from hf_ftpipe.trainer.run_log import PlanUsed, get_logger, plan_line
 from hf_ftpipe.trainer.schedule_choice import planned_placement
 
@@ -45,6 +53,8 @@ class SharedPlan:
     partition: Partition
     source: str | None
     """Rank 0: where the plan came from ('file', 'cache', 'hub' or 'computed'); None elsewhere."""
+    replicas: Replicas
+    """The replicas that run the plan (under ``data_parallel_size="auto"``, rank 0's choice)."""
 
 
 def share_partition(
@@ -58,13 +68,21 @@ def share_partition(
 
     The other ranks wait for it at most ``pipeline_timeout_s`` (``watchdog``), planning included.
     Rank 0 then logs the plan, with the ``token_slices`` the pipeline cuts sequences into."""
-    profile = get_profile(args.gpu_profile, count=launched_pipeline_size(args))  # every replica runs the plan
+    # Every rank: "auto" gathers each one's GPU.
+    topology = launched_topology(args.gpu_profile, watchdog, device_of_this_rank(args.device))
     payload: list[str | None] = [None]
     used: PlanUsed | None = None
     if dist.get_rank() == 0:
         try:
             start = time.perf_counter()
-            resolved = _make_partition(args, traced, profile, microbatch)
+            if args.data_parallel_size == "auto":
+                options = _plan_options(args, traced, microbatch) | {"cost_table": _cost_table(args, traced)}
+                replicas = choose_replicas(args, traced.cost_graph, topology, options)
+            else:
+                replicas = Replicas.of(args)
+            num_gpus = pipeline_size(replicas.data_parallel_size, topology.world_size)
+            profile, gpus = pipeline_gpus(topology, num_gpus)  # every replica runs the plan
+            resolved = _make_partition(args, traced, profile, microbatch, replicas, gpus)
             used = PlanUsed(
                 resolved,
                 time.perf_counter() - start,
@@ -77,7 +95,8 @@ def share_partition(
                     if info.shape is not None and info.varying
                 },
             )
-            payload[0] = json.dumps(resolved.partition.to_dict())
+            plan = resolved.partition.to_dict()
+            payload[0] = json.dumps({"partition": plan, "data_parallel_size": replicas.data_parallel_size})
         except Exception as error:  # the other ranks must not wait for a plan that never comes
             payload[0] = json.dumps({"error": f"{type(error).__name__}: {error}"})
             _broadcast_plan(payload, watchdog)
@@ -86,11 +105,12 @@ def share_partition(
     data = json.loads(payload[0] or "{}")
     if "error" in data:
         raise PipelineError(f"[rank {dist.get_rank()}] rank 0 could not make the partition: {data['error']}")
-    partition = Partition.from_dict(data, source="the partition from rank 0")
+    partition = Partition.from_dict(data["partition"], source="the partition from rank 0")
     partition.check_matches(traced.cost_graph, source="the partition from rank 0")
     if used is not None:
         logger.info(plan_line(used))
-    return SharedPlan(partition, used.resolved.source if used is not None else None)
+    replicas = Replicas.of(args, data["data_parallel_size"])
+    return SharedPlan(partition, used.resolved.source if used is not None else None, replicas)
 
 
 def _broadcast_plan(payload: list[str | None], watchdog: Watchdog) -> None:
@@ -112,21 +132,37 @@ def memory_options(args: PipeTrainingArguments) -> MemoryOptions:
     )
 
 
+def _plan_options(args: PipeTrainingArguments, traced: TracedModel, microbatch: dict[str, Any]) -> dict[str, Any]:
+    """The `PlanOptions` of the run's plan but ``num_microbatches`` (one replica's), ``gpu_profiles`` and
+    ``cost_table`` (timed only when a plan is made)."""
+    return {
+        "microbatch_size": next(v.shape[0] for v in microbatch.values() if isinstance(v, torch.Tensor)),
+        "schedule": args.pipeline_schedule,
+        "placement": planned_placement(args.pipeline_schedule)[0],
+        "optimizer": planned_optimizer(args),
+        "memory": memory_options(args),
+    }
+
+
 def _make_partition(
-    args: PipeTrainingArguments, traced: TracedModel, profile: GPUProfile, microbatch: dict[str, Any]
+    args: PipeTrainingArguments,
+    traced: TracedModel,
+    profile: GPUProfile,
+    microbatch: dict[str, Any],
+    replicas: Replicas,
+    gpus: Sequence[GPUProfile] | None,
 ) -> Resolved:
     """``partition_file``, else the local cache, else ``partition_repo``, else the partitioner."""
     from hf_ftpipe.hub.resolve import resolve_partition
     from hf_ftpipe.plan.keys import resolve_key
 
     graph = traced.cost_graph
-    key = resolve_key(
-        graph, profile, None, schedule=args.pipeline_schedule, num_microbatches=args.microbatches_per_step, dtype=None
-    )
+    microbatches = replicas.microbatches_per_step(args)
+    key = resolve_key(graph, profile, None, schedule=args.pipeline_schedule, num_microbatches=microbatches, dtype=None)
     return resolve_partition(
         graph,
         key,
-        lambda: _compute_partition(args, traced, profile, microbatch),
+        lambda: _compute_partition(args, traced, profile, microbatch, replicas, gpus),
         partition_file=args.partition_file,
         repo_id=args.partition_repo,
         revision=args.partition_revision,
@@ -143,19 +179,31 @@ def _make_partition(
 
 
 def _compute_partition(
-    args: PipeTrainingArguments, traced: TracedModel, profile: GPUProfile, microbatch: dict[str, Any]
+    args: PipeTrainingArguments,
+    traced: TracedModel,
+    profile: GPUProfile,
+    microbatch: dict[str, Any],
+    replicas: Replicas | None = None,
+    gpus: Sequence[GPUProfile] | None = None,
 ) -> Partition:
+    """The plan for one pipeline of ``profile.count`` GPUs (``gpus``: one profile per position when
+    they differ), for one replica's micro-batches (``replicas``; default ``args``' own)."""
+    replicas = replicas or Replicas.of(args)
     placement, num_stages = planned_placement(args.pipeline_schedule)
+    if placement == "v" and gpus is not None and any(gpu != gpus[0] for gpu in gpus):
+        chains = [name for name, traits in SCHEDULES.items() if not traits.v_placement]
+        raise PartitionError(
+            f"pipeline_schedule={args.pipeline_schedule!r} runs a V placement, which is planned for one kind of "
+            f"GPU, but this pipeline's GPUs are {[gpu.name for gpu in gpus]}; use a chain schedule ({chains}), "
+            "or a gpu_profile naming one kind"
+        )
     request = PlanRequest(
         profile=profile,
-        num_microbatches=args.microbatches_per_step,
-        microbatch_size=next(v.shape[0] for v in microbatch.values() if isinstance(v, torch.Tensor)),
-        schedule=args.pipeline_schedule,
-        placement=placement,
-        num_stages=num_stages,
-        optimizer=planned_optimizer(args),
-        memory=memory_options(args),
+        num_microbatches=replicas.microbatches_per_step(args),
+        gpu_profiles=gpus,
+        num_stages=num_stages,  # a schedule file's own
         cost_table=_cost_table(args, traced),
+        **_plan_options(args, traced, microbatch),
     )
     report: list[PartitionerResult] = []
     extra: dict[str, Any] = {}

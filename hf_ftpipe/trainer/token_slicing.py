@@ -26,7 +26,7 @@ from typing import Any
 import torch.distributed as dist
 from torch import nn
 
-from hf_ftpipe.costmodel import GPUProfile, get_profile
+from hf_ftpipe.costmodel import GPUProfile
 from hf_ftpipe.costmodel.roofline_latency import cost_model_slice_time
 from hf_ftpipe.errors import PipelineError
 from hf_ftpipe.graph.cost_graph import CostGraph
@@ -35,6 +35,7 @@ from hf_ftpipe.graph.trace import TracedModel, capture_model
 from hf_ftpipe.partitioners.slicing import LatencyFn, Slicing, SlicingByLength, slicing_step
 from hf_ftpipe.runtime.watchdog import Watchdog
 from hf_ftpipe.trainer.arguments import PipeTrainingArguments
+from hf_ftpipe.trainer.launched_gpus import named_pipeline_profile
 from hf_ftpipe.trainer.replicas import launched_pipeline_size
 from hf_ftpipe.trainer.run_log import get_logger
 
@@ -73,7 +74,7 @@ def capture_for_pipeline(
     whole = capture_token_slices(model, microbatch, [seq_len], planned=planned)
     slicer = SlicingByLength(
         _share_latency(args, model, whole.full.cost_graph, watchdog),
-        launched_pipeline_size(args),
+        launched_pipeline_size(args.data_parallel_size),
         _microbatch_size(args),
     )
     if whole.by_length:  # fixed shapes (the model cannot vary its length): the one length's slices
@@ -102,10 +103,10 @@ def _share_latency(args: PipeTrainingArguments, model: nn.Module, graph: CostGra
     payload: list[bytes | str | None] = [None]
     if dist.get_rank() == 0:
         try:
-            num_stages = launched_pipeline_size(args)
+            num_stages = launched_pipeline_size(args.data_parallel_size)
             latency = cost_model_slice_time(
                 graph,
-                get_profile(args.gpu_profile, count=num_stages),
+                named_pipeline_profile(args.gpu_profile, num_stages),  # a topology's pipeline too
                 num_stages=num_stages,
                 hidden_size=int(model.config.hidden_size),
             )
@@ -127,7 +128,7 @@ def _log_choice(slicing: Slicing, args: PipeTrainingArguments) -> None:
             "predicted; re-planned for each shorter length)",
             list(slicing.slices),
             _microbatch_size(args),
-            launched_pipeline_size(args),
+            launched_pipeline_size(args.data_parallel_size),
             slicing.step_time_s * 1e3,
         )
 

@@ -9,11 +9,14 @@ x 2 = 8 for either: `Trainer`'s eval loss depends on the batching), which the re
 The 1f1b run smooths its labels (its loss is computed from the outputs on the last stage, for each
 replica's own micro-batches) and accumulates 2 global batches per update (one flush of both, each
 shared among the replicas): 2 steps. A run is ``{"name", "schedule", "data_parallel_size", "resume",
-"save_steps", "label_smoothing_factor", "gradient_accumulation_steps"}``.
+"save_steps", "label_smoothing_factor", "gradient_accumulation_steps", "num_microbatches", "gpu_profile",
+"partitioner"}``. Under ``data_parallel_size="auto"`` PipeTrainer's ``per_device_train_batch_size`` is
+the global batch itself.
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +48,20 @@ RUNS = [
         "resume": "gpipe/checkpoint-2",
         "save_steps": 1,
     },
+    # The planner picks P x D; per_device_train_batch_size is then the global batch, whose 4 micro-batches
+    # the replicas share (1, 2 or 4 replicas all divide them).
+    {"name": "auto", "schedule": "gpipe", "data_parallel_size": "auto", "num_microbatches": 4},
+    # Two generations of cards named as a topology: one 4-GPU pipeline planned GPU by GPU.
+    {
+        "name": "mixed",
+        "schedule": "gpipe",
+        "data_parallel_size": 1,
+        "gpu_profile": "rtx3090+rtx2080ti",
+        "partitioner": "seq-dp",
+    },
 ]
+CHOICE_LOGGER = "transformers.hf_ftpipe.trainer.layout_choice"
+"""Where ``data_parallel_size="auto"`` logs its choice (rank 0, at info level)."""
 
 
 def steps(spec: dict[str, Any]) -> int:
@@ -94,19 +110,26 @@ def pipe_run(spec: dict[str, Any], root: str) -> dict[str, Any]:
     replicas = spec["data_parallel_size"]
     output_dir = str(Path(root) / spec["name"])
     save_steps = spec.get("save_steps")
+    choices = _Recorded()
+    logging.getLogger(CHOICE_LOGGER).addHandler(choices)
+    logging.getLogger(CHOICE_LOGGER).setLevel(logging.INFO)
     args = PipeTrainingArguments(
         data_parallel_size=replicas,
         pipeline_schedule=spec["schedule"],
-        num_microbatches=2,
-        partitioner="params",
+        num_microbatches=spec.get("num_microbatches", 2),
+        gpu_profile=spec.get("gpu_profile", "auto"),
+        partitioner=spec.get("partitioner", "params"),
         partition_cache=False,
         save_strategy="steps" if save_steps else "no",
         save_steps=save_steps or 500,
-        **common_arguments(output_dir, replicas, spec),
+        **common_arguments(output_dir, 1 if replicas == "auto" else replicas, spec),
     )
     trainer = PipeTrainer(model=tiny_model("gpt2"), args=args, **_data())
     resume = spec.get("resume")
-    trainer.train(resume_from_checkpoint=str(Path(root) / resume) if resume else None)
+    try:
+        trainer.train(resume_from_checkpoint=str(Path(root) / resume) if resume else None)
+    finally:
+        logging.getLogger(CHOICE_LOGGER).removeHandler(choices)
     trainer.save_model(output_dir)
     engine = trainer.engine
     return {
@@ -116,8 +139,22 @@ def pipe_run(spec: dict[str, Any], root: str) -> dict[str, Any]:
         "layout": (engine.layout.pipeline_size, engine.layout.data_parallel_size),
         "stages": trainer.partition.num_stages,
         "planned_gpus": trainer.partition.key.num_gpus,  # the plan's (and its cache and Hub key's) GPUs: P
+        "planned_profile": trainer.partition.key.gpu_profile,
+        "replica_microbatches": engine.num_microbatches,
+        "choices": choices.messages,
         "evaluate": trainer.evaluate(),
     }
+
+
+class _Recorded(logging.Handler):
+    """The messages of the logger it is added to."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
 
 
 def _data() -> dict[str, Any]:

@@ -102,3 +102,24 @@ def test_a_schedule_file_placed_as_no_partitioner_plans_asks_for_a_plan_file(tmp
         PartitionError, match=r"places \[0, 1, 0, 1\]; the partitioners plan a chain .* `partition_file`"
     ):
         planning._compute_partition(args, GRAPH, UNIT.with_count(2), MICROBATCH)
+
+
+def test_gpus_of_two_kinds_are_planned_position_by_position_and_refusals_name_what_to_use(tmp_path: Path) -> None:
+    """The faster GPU of a pipeline takes more; the mixed partitioner and a V schedule refuse, naming what to use."""
+    from dataclasses import replace
+
+    from hf_ftpipe.errors import PartitionError
+
+    slow = replace(UNIT, name="slow", peak_flops={d: f / 4 for d, f in UNIT.peak_flops.items()})
+    gpus = [UNIT, slow]
+    profile = replace(UNIT.with_count(2), name="unitx1+slowx1")  # as `pipeline_gpus` names it
+    even = planning._compute_partition(arguments(tmp_path, partitioner="seq-dp"), GRAPH, UNIT.with_count(2), MICROBATCH)
+    plan = planning._compute_partition(arguments(tmp_path, partitioner="seq-dp"), GRAPH, profile, MICROBATCH, gpus=gpus)
+    assert plan.key.gpu_profile == "unitx1+slowx1"
+    fast_share = sum(1 for stage in plan.node_stage.values() if plan.stage_device[stage] == 0)
+    even_share = sum(1 for stage in even.node_stage.values() if even.stage_device[stage] == 0)
+    assert fast_share > even_share  # the 4x faster GPU takes more of the chain
+    with pytest.raises(PartitionError, match=r"mixes \['slow', 'unit'\]; use seq-dp or seq-greedy"):
+        planning._compute_partition(arguments(tmp_path, partitioner="mixed"), GRAPH, profile, MICROBATCH, gpus=gpus)
+    with pytest.raises(PartitionError, match=r"'zbv' runs a V placement.*\['unit', 'slow'\]; use a chain schedule"):
+        planning._compute_partition(arguments(tmp_path, pipeline_schedule="zbv"), GRAPH, profile, MICROBATCH, gpus=gpus)

@@ -7,7 +7,10 @@ One launch (`replica_trainer_job.py`) trains tiny GPT-2 under gpipe (a checkpoin
 accumulation over 2 global batches), then resumes the gpipe run's ``checkpoint-2`` as 4 x 1; this
 process trains `Trainer` with ``per_device_train_batch_size`` x 2 and compares the steps of one
 epoch (the global batch's count), every logged loss, gradient norm and learning rate, the FLOP
-count, `evaluate()` and the final weights.
+count, `evaluate()` and the final weights. Two more runs share the launch: ``data_parallel_size="auto"``
+(the planner's layout, trained on ``per_device_train_batch_size`` as the global batch) and a topology
+of two GPU generations in ``gpu_profile`` (the plan made position by position); both give `Trainer`'s
+numbers on that same global batch.
 """
 
 from __future__ import annotations
@@ -114,3 +117,32 @@ def test_replicas_log_once(launched: tuple[Path, str]) -> None:
     resumed_steps = {"resumed": 2}  # the steps before the checkpoint each resumed are not run again
     logged = sum(steps(spec) for spec in RUNS) - sum(resumed_steps.values())
     assert stdout.count("'grad_norm'") == logged, stdout[-3000:]
+
+
+def test_auto_picks_a_layout_and_trains_as_trainer_on_per_device_rows(
+    launched: tuple[Path, str], reference: Callable[[str], tuple[dict, Path]]
+) -> None:
+    pipe = _result(launched, "auto")
+    (choice,) = pipe["choices"]  # logged once, by rank 0
+    pipelines, replicas = pipe["layout"]
+    assert f"data_parallel_size='auto' chose {pipelines}x{replicas}:" in choice
+    for layout in ("1x4", "2x2", "4x1"):  # every D dividing the 4 processes and the 4 micro-batches, side by side
+        assert any(line.startswith(f"{layout} ") for line in choice.splitlines()), choice
+    chosen = next(line for line in choice.splitlines() if line.endswith("chosen"))
+    assert chosen.startswith(f"{pipelines}x{replicas} ")
+    assert pipe["planned_gpus"] == pipelines
+    assert pipe["replica_microbatches"] == 4 // replicas  # the replicas share the global batch's micro-batches
+    assert pipe["train_batch_size"] == GLOBAL_BATCH  # per_device_train_batch_size, whatever D
+    expected, expected_dir = reference("auto")
+    assert_steps_close(pipe["history"], expected["history"])
+    assert_metrics_close(pipe["evaluate"], expected["evaluate"], "evaluate()")
+    assert_weights_close(_weights(launched[0] / "auto"), _weights(expected_dir))
+
+
+def test_a_topology_of_two_gpu_kinds_reaches_the_plan_position_by_position(
+    launched: tuple[Path, str], reference: Callable[[str], tuple[dict, Path]]
+) -> None:
+    pipe = _result(launched, "mixed")
+    assert (pipe["layout"], pipe["planned_gpus"]) == ((4, 1), 4)
+    assert pipe["planned_profile"] == "rtx3090x2+rtx2080tix2"  # the plan's cache and Hub key name each position
+    assert_steps_close(pipe["history"], reference("mixed")[0]["history"])

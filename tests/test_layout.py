@@ -24,7 +24,7 @@ import hf_ftpipe
 PACKAGE = Path(hf_ftpipe.__file__).resolve().parent
 REPO = PACKAGE.parent
 
-ROOT_HELPERS = {"_cache", "errors", "_lazy", "_json_depth", "_strict_json", "_units"}
+ROOT_HELPERS = {"_cache", "errors", "_lazy", "_json_depth", "_strict_json", "_table", "_units"}
 """Private root modules (and the errors) that any package may import; they import no package."""
 FACE = {"__init__", "__main__", "_moved"}
 """The root's face (lazy re-exports, the command line, the forwarding of moved paths): above everything."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from hf_ftpipe._table import table
 from hf_ftpipe._units import GiB, MiB
 from hf_ftpipe.cli.simulate import simulated_figures
 from hf_ftpipe.costmodel.profiles import GPUProfile, list_profiles
@@ -348,11 +349,3 @@ def _stages_per_gpu(counts: list[int]) -> str:
     """``[1, 1, 1]`` → ``"1"``; ``[2, 1, 3]`` → ``"1-3"``."""
     low, high = min(counts, default=0), max(counts, default=0)
     return str(low) if low == high else f"{low}-{high}"
-
-
-def table(rows: list[list[str]]) -> str:
-    """Left-aligned columns under a dashed rule (the style of ``hf-ftpipe compare``)."""
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
-    lines.insert(1, "  ".join("-" * width for width in widths))
-    return "\n".join(lines)

@@ -16,7 +16,7 @@ import argparse
 import json
 from typing import Any
 
-__all__ = ["add_layout_arguments", "format_layouts", "run_layouts", "topology_of"]
+__all__ = ["add_layout_arguments", "run_layouts", "topology_of"]
 
 
 def add_layout_arguments(command: argparse.ArgumentParser) -> None:
@@ -72,7 +72,7 @@ def topology_of(args: argparse.Namespace) -> Any:
 
 def run_layouts(args: argparse.Namespace, topology: Any, graph: Any, options: dict[str, Any]) -> int:
     """Print every layout's predicted figures and the planner's choice (``--json``: a list of them)."""
-    from hf_ftpipe.partitioners.layouts import best_layout, compare_layouts
+    from hf_ftpipe.partitioners.layouts import best_layout, compare_layouts, format_layouts
 
     results = compare_layouts(graph, topology, time_budget_s=args.time_budget_s, **options)
     best = best_layout(results)
@@ -94,29 +94,3 @@ def run_layouts(args: argparse.Namespace, topology: Any, graph: Any, options: di
     print(format_layouts(results, best))
     print(f"the planner chooses {best.layout}" if best else "no layout fits: see each one's reason")
     return 0
-
-
-def format_layouts(results: list[Any], best: Any) -> str:
-    """The layouts side by side (`LayoutResult`s, ``best`` the chosen one), as ``compare`` prints them
-    and `PipeTrainer` logs its choice under ``data_parallel_size="auto"``."""
-    from hf_ftpipe.cli.format import table
-
-    lines = [["layout", "samples/s", "pipeline step s", "all-reduce s", "exposed s", "peak mem", "plan", "note"]]
-    for r in results:
-        if not r.feasible:
-            lines.append([r.layout, "-", "-", "-", "-", "-", "-", r.error or ""])
-            continue
-        note = ("chosen; " if r is best else "") + ("pipeline spans machines" if r.crosses_nodes else "")
-        lines.append(
-            [
-                r.layout,
-                f"{r.samples_per_s:.3g}",
-                f"{r.pipeline_step_s:.3g}",
-                f"{max(r.allreduce_s):.3g}",
-                f"{r.exposed_allreduce_s:.3g}",
-                f"{r.max_memory_fraction:.0%}",
-                r.partitioner or "",
-                note.strip("; "),
-            ]
-        )
-    return table(lines) + "\nlayout: P × D, a pipeline of P GPUs and D replicas of it"

@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from hf_ftpipe._table import table
 from hf_ftpipe.costmodel.profiles import GPUProfile
 from hf_ftpipe.costmodel.topology import Topology, get_topology
 from hf_ftpipe.errors import PartitionError
@@ -42,7 +43,15 @@ if TYPE_CHECKING:
 
     from hf_ftpipe.plan.request import PlanOptions
 
-__all__ = ["LayoutResult", "best_layout", "compare_layouts", "layout_name", "pipeline_gpus", "position_profile"]
+__all__ = [
+    "LayoutResult",
+    "best_layout",
+    "compare_layouts",
+    "format_layouts",
+    "layout_name",
+    "pipeline_gpus",
+    "position_profile",
+]
 
 
 def layout_name(pipeline_gpus: int, replicas: int) -> str:
@@ -229,3 +238,27 @@ def _gradient_bytes(graph: CostGraph, plan: Partition, gpu: int) -> int:
     tied between two of its stages once)."""
     nodes = [n for n, s in plan.node_stage.items() if plan.stage_device[s] == gpu]
     return graph.param_bytes(nodes, trainable_only=True)
+
+
+def format_layouts(results: list[LayoutResult], best: LayoutResult | None) -> str:
+    """The layouts side by side (`LayoutResult`s, ``best`` the chosen one), as ``compare`` prints them
+    and `PipeTrainer` logs its choice under ``data_parallel_size="auto"``."""
+    lines = [["layout", "samples/s", "pipeline step s", "all-reduce s", "exposed s", "peak mem", "plan", "note"]]
+    for r in results:
+        if not r.feasible:
+            lines.append([r.layout, "-", "-", "-", "-", "-", "-", r.error or ""])
+            continue
+        note = ("chosen; " if r is best else "") + ("pipeline spans machines" if r.crosses_nodes else "")
+        lines.append(
+            [
+                r.layout,
+                f"{r.samples_per_s:.3g}",
+                f"{r.pipeline_step_s:.3g}",
+                f"{max(r.allreduce_s):.3g}",
+                f"{r.exposed_allreduce_s:.3g}",
+                f"{r.max_memory_fraction:.0%}",
+                r.partitioner or "",
+                note.strip("; "),
+            ]
+        )
+    return table(lines) + "\nlayout: P × D, a pipeline of P GPUs and D replicas of it"

@@ -20,7 +20,7 @@ from typing import Any
 from hf_ftpipe.costmodel.topology import Topology
 from hf_ftpipe.errors import PlanDoesNotFitError
 from hf_ftpipe.graph.cost_graph import CostGraph
-from hf_ftpipe.partitioners.layouts import LayoutResult, best_layout, compare_layouts, layout_name
+from hf_ftpipe.partitioners.layouts import LayoutResult, best_layout, compare_layouts, format_layouts, layout_name
 from hf_ftpipe.trainer.replicas import Replicas
 from hf_ftpipe.trainer.run_log import get_logger
 
@@ -62,8 +62,6 @@ def choose_replicas(args: Any, graph: CostGraph, topology: Topology, options: di
             )
     results.sort(key=lambda result: result.pipeline_gpus)
     best = best_layout(results)
-    from hf_ftpipe.cli.layouts import format_layouts  # compare's table: one home for how layouts print
-
     table = format_layouts(results, best)
     if best is None:
         raise PlanDoesNotFitError(

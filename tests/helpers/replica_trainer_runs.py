@@ -9,7 +9,8 @@ x 2 = 8 for either: `Trainer`'s eval loss depends on the batching), which the re
 The 1f1b run smooths its labels (its loss is computed from the outputs on the last stage, for each
 replica's own micro-batches) and accumulates 2 global batches per update (one flush of both, each
 shared among the replicas): 2 steps. A run is ``{"name", "schedule", "data_parallel_size", "resume",
-"save_steps", "label_smoothing_factor", "gradient_accumulation_steps"}``.
+"save_steps", "label_smoothing_factor", "gradient_accumulation_steps", "generate"}``: the trained
+pipeline then also generates with `PipeTrainer.generate` on every rank (`generation_cases`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from generation_cases import generate_on_every_rank
 from models import tiny_model
 from parity_runs import make_data
 
@@ -29,7 +31,7 @@ STEPS = SAMPLES // GLOBAL_BATCH
 RUNS = [
     # 2 x 2: each replica's mini-batch is half the global batch; checkpoint-2 is resumed below. (A resumed
     # run saves at the checkpoint's `save_steps`, which its trainer state carries.)
-    {"name": "gpipe", "schedule": "gpipe", "data_parallel_size": 2, "save_steps": 1},
+    {"name": "gpipe", "schedule": "gpipe", "data_parallel_size": 2, "save_steps": 1, "generate": True},
     {
         "name": "1f1b",
         "schedule": "1f1b",
@@ -100,6 +102,7 @@ def pipe_run(spec: dict[str, Any], root: str) -> dict[str, Any]:
         num_microbatches=2,
         partitioner="params",
         partition_cache=False,
+        plan_max_length=16 if spec.get("generate") else None,  # generation: prompts of 6 tokens, 5 new ones
         save_strategy="steps" if save_steps else "no",
         save_steps=save_steps or 500,
         **common_arguments(output_dir, replicas, spec),
@@ -108,6 +111,8 @@ def pipe_run(spec: dict[str, Any], root: str) -> dict[str, Any]:
     resume = spec.get("resume")
     trainer.train(resume_from_checkpoint=str(Path(root) / resume) if resume else None)
     trainer.save_model(output_dir)
+    if spec.get("generate"):  # each replica decodes every row through its own pipeline's cache
+        generate_on_every_rank(trainer, "gpt2", str(Path(output_dir) / "generated"))
     engine = trainer.engine
     return {
         "history": trainer.state.log_history,

@@ -7,7 +7,8 @@ One launch (`replica_trainer_job.py`) trains tiny GPT-2 under gpipe (a checkpoin
 accumulation over 2 global batches), then resumes the gpipe run's ``checkpoint-2`` as 4 x 1; this
 process trains `Trainer` with ``per_device_train_batch_size`` x 2 and compares the steps of one
 epoch (the global batch's count), every logged loss, gradient norm and learning rate, the FLOP
-count, `evaluate()` and the final weights.
+count, `evaluate()` and the final weights. The trained gpipe pipeline also generates (`generation_cases`) on
+every rank of both replicas, as ``model.generate`` does.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from distributed import REPO, torchrun
+from generation_cases import assert_generated_like_one_process
 from replica_trainer_runs import GLOBAL_BATCH, RUNS, STEPS, steps, trainer_run
 from trainer_comparison import assert_metrics_close, assert_steps_close, assert_weights_close, logged_steps
 
@@ -55,8 +57,12 @@ def _result(launched: tuple[Path, str], name: str) -> dict:
     return torch.load(launched[0] / f"{name}.pt", weights_only=False)
 
 
+def _trained_model(folder: Path) -> torch.nn.Module:
+    return AutoModelForCausalLM.from_pretrained(folder)
+
+
 def _weights(folder: Path) -> dict[str, torch.Tensor]:
-    return AutoModelForCausalLM.from_pretrained(folder).state_dict()
+    return _trained_model(folder).state_dict()
 
 
 @pytest.mark.parametrize("name", ["gpipe", "1f1b"])
@@ -105,6 +111,13 @@ def test_a_checkpoint_resumes_under_another_layout(
     expected, expected_dir = reference(name)
     assert_steps_close(resumed["history"], expected["history"])
     assert_weights_close(_weights(launched[0] / name), _weights(expected_dir))
+
+
+def test_replicas_generate_as_one_process(launched: tuple[Path, str]) -> None:
+    """`PipeTrainer.generate` after the gpipe run (greedy, beam search, sampling and uncached) gives
+    ``model.generate``'s tokens of the trained weights on every rank of both replicas."""
+    folder = launched[0] / "gpipe"
+    assert_generated_like_one_process(folder / "generated", "gpt2", _trained_model(folder), world_size=4)
 
 
 def test_replicas_log_once(launched: tuple[Path, str]) -> None:

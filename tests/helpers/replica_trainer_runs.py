@@ -4,8 +4,9 @@
 Tiny GPT-2 (tied embeddings), 16 samples with label padding (micro-batches hold different numbers of
 label tokens), AdamW, clipping at 1.0, one epoch: with ``per_device_train_batch_size=2`` and
 ``data_parallel_size=2`` the global batch is 4, as `Trainer`'s with ``per_device_train_batch_size=4``,
-so both train 4 steps; then both evaluate 6 samples as one short batch (``per_device_eval_batch_size``
-x 2 = 8 for either: `Trainer`'s eval loss depends on the batching), which the replicas share unevenly.
+so both train 4 steps; then both evaluate 14 samples as a batch of 8 (``per_device_eval_batch_size`` x 2
+for either: `Trainer`'s eval loss depends on the batching) and a short one of 6, which the replicas share
+unevenly (Trainer's eval loss weighs each batch by its rows: the full one must count for 8).
 The 1f1b run smooths its labels (its loss is computed from the outputs on the last stage, for each
 replica's own micro-batches) and accumulates 2 global batches per update (one flush of both, each
 shared among the replicas): 2 steps. A run is ``{"name", "schedule", "data_parallel_size", "resume",
@@ -126,4 +127,4 @@ def pipe_run(spec: dict[str, Any], root: str) -> dict[str, Any]:
 
 
 def _data() -> dict[str, Any]:
-    return {"train_dataset": make_data("gpt2", SAMPLES, seed=1), "eval_dataset": make_data("gpt2", 6, seed=2)}
+    return {"train_dataset": make_data("gpt2", SAMPLES, seed=1), "eval_dataset": make_data("gpt2", 14, seed=2)}

@@ -37,6 +37,7 @@ from hf_ftpipe.trainer.generation_randomness import rank0_random_state
 from hf_ftpipe.trainer.generation_settings import check_pipeline_generation, resolved_generation_config
 from hf_ftpipe.trainer.loss_weighting import label_counts
 from hf_ftpipe.trainer.output_loss import computes_loss_from_outputs
+from hf_ftpipe.trainer.replicas import global_batch_size
 
 __all__ = ["PipeEvaluation"]
 
@@ -53,12 +54,18 @@ class PipeEvaluation:
         # has nothing to even out either, and it is a collective that a stopped rank would hang.
         self.gather_function = self._keep_batch_rows
         self.accelerator.pad_across_processes = _unpadded
+        # The loop repeats each batch's loss `args.eval_batch_size` times, one replica's rows: with replicas a
+        # batch holds every replica's, so it must repeat that many, or a full batch would count for fewer rows
+        # than a short last one keeps (Trainer's eval_loss is a mean over rows of their batch's loss).
+        per_device = self.args.per_device_eval_batch_size
+        self.args.per_device_eval_batch_size = global_batch_size(per_device, self.args)
         try:
             # Batches (a random collator's masks too) come from the data's own random state, as in training.
             with self.data_randomness.active():
                 return super().evaluation_loop(dataloader, *args, **kwargs)
         finally:
             del self.accelerator.pad_across_processes  # the Accelerator's own method again
+            self.args.per_device_eval_batch_size = per_device
 
     def prediction_step(
         self, model: nn.Module, inputs: dict[str, Any], prediction_loss_only: bool, ignore_keys: list[str] | None = None

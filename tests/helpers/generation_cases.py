@@ -93,11 +93,11 @@ def generate_on_every_rank(trainer: Any, kind: str, folder: str) -> None:
     torch.save(results, f"{folder}/generated_rank{rank}.pt")
 
 
-def assert_generated_like_one_process(folder: Any, kind: str, model: torch.nn.Module) -> None:
-    """Each rank's tokens equal ``model.generate``'s on one process, case by case; rank 0's random state
-    advanced as that process's did, rank 1's is its own again (seeded ``SEED + 1``, nothing drawn)."""
+def assert_generated_like_one_process(folder: Any, kind: str, model: torch.nn.Module, world_size: int = 2) -> None:
+    """Each of ``world_size`` ranks' tokens equal ``model.generate``'s on one process, case by case; rank 0's
+    random state advanced as that process's did, rank 1's is its own again (seeded ``SEED + 1``, nothing drawn)."""
     expected = generate_cases(kind, model.eval().generate)
-    ranks = [torch.load(f"{folder}/generated_rank{rank}.pt") for rank in (0, 1)]
+    ranks = [torch.load(f"{folder}/generated_rank{rank}.pt") for rank in range(world_size)]
     for name in CASES:
         for rank, got in enumerate(ranks):
             assert torch.equal(got[name], expected[name]), (

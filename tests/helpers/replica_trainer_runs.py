@@ -4,14 +4,16 @@
 Tiny GPT-2 (tied embeddings), 16 samples with label padding (micro-batches hold different numbers of
 label tokens), AdamW, clipping at 1.0, one epoch: with ``per_device_train_batch_size=2`` and
 ``data_parallel_size=2`` the global batch is 4, as `Trainer`'s with ``per_device_train_batch_size=4``,
-so both train 4 steps; then both evaluate 6 samples as one short batch (``per_device_eval_batch_size``
-x 2 = 8 for either: `Trainer`'s eval loss depends on the batching), which the replicas share unevenly.
+so both train 4 steps; then both evaluate 14 samples as a batch of 8 (``per_device_eval_batch_size`` x 2
+for either: `Trainer`'s eval loss depends on the batching) and a short one of 6, which the replicas share
+unevenly (Trainer's eval loss weighs each batch by its rows: the full one must count for 8).
 The 1f1b run smooths its labels (its loss is computed from the outputs on the last stage, for each
 replica's own micro-batches) and accumulates 2 global batches per update (one flush of both, each
 shared among the replicas): 2 steps. A run is ``{"name", "schedule", "data_parallel_size", "resume",
 "save_steps", "label_smoothing_factor", "gradient_accumulation_steps", "num_microbatches", "gpu_profile",
-"partitioner"}``. Under ``data_parallel_size="auto"`` PipeTrainer's ``per_device_train_batch_size`` is
-the global batch itself.
+"partitioner", "generate"}``; with ``generate`` the trained pipeline also generates with
+`PipeTrainer.generate` on every rank (`generation_cases`). Under ``data_parallel_size="auto"``
+PipeTrainer's ``per_device_train_batch_size`` is the global batch itself.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from generation_cases import generate_on_every_rank
 from models import tiny_model
 from parity_runs import make_data
 
@@ -32,7 +35,7 @@ STEPS = SAMPLES // GLOBAL_BATCH
 RUNS = [
     # 2 x 2: each replica's mini-batch is half the global batch; checkpoint-2 is resumed below. (A resumed
     # run saves at the checkpoint's `save_steps`, which its trainer state carries.)
-    {"name": "gpipe", "schedule": "gpipe", "data_parallel_size": 2, "save_steps": 1},
+    {"name": "gpipe", "schedule": "gpipe", "data_parallel_size": 2, "save_steps": 1, "generate": True},
     {
         "name": "1f1b",
         "schedule": "1f1b",
@@ -120,6 +123,7 @@ def pipe_run(spec: dict[str, Any], root: str) -> dict[str, Any]:
         gpu_profile=spec.get("gpu_profile", "auto"),
         partitioner=spec.get("partitioner", "params"),
         partition_cache=False,
+        plan_max_length=16 if spec.get("generate") else None,  # generation: prompts of 6 tokens, 5 new ones
         save_strategy="steps" if save_steps else "no",
         save_steps=save_steps or 500,
         **common_arguments(output_dir, 1 if replicas == "auto" else replicas, spec),
@@ -131,6 +135,8 @@ def pipe_run(spec: dict[str, Any], root: str) -> dict[str, Any]:
     finally:
         logging.getLogger(CHOICE_LOGGER).removeHandler(choices)
     trainer.save_model(output_dir)
+    if spec.get("generate"):  # each replica decodes every row through its own pipeline's cache
+        generate_on_every_rank(trainer, "gpt2", str(Path(output_dir) / "generated"))
     engine = trainer.engine
     return {
         "history": trainer.state.log_history,
@@ -158,4 +164,4 @@ class _Recorded(logging.Handler):
 
 
 def _data() -> dict[str, Any]:
-    return {"train_dataset": make_data("gpt2", SAMPLES, seed=1), "eval_dataset": make_data("gpt2", 6, seed=2)}
+    return {"train_dataset": make_data("gpt2", SAMPLES, seed=1), "eval_dataset": make_data("gpt2", 14, seed=2)}

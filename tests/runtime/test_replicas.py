@@ -1,5 +1,6 @@
 """Replicas of a pipeline (``data_parallel_size``) across 4 real gloo processes: 2 × 2 and 1 × 4 equal
-single-process training on the global batch, loss by loss, gradient by gradient, weight by weight;
+single-process training on the global batch, loss by loss, gradient by gradient, weight by weight
+(token slices too: each replica slices its share);
 ``2bw`` follows its rule with the gradients summed over the replicas; evaluation and the gathered
 model are the whole model's. Every case shares one launch (each on a deep copy of its model's trace);
 each is asserted by its own test."""
@@ -18,6 +19,7 @@ import torch
 
 from hf_ftpipe.errors import PipelineError
 from hf_ftpipe.graph import capture_model
+from hf_ftpipe.graph.token_slices import SlicedModel, capture_token_slices
 from hf_ftpipe.runtime import PipelineEngine
 from hf_ftpipe.runtime.microbatches import microbatch_rows
 from hf_ftpipe.runtime.replicas import ReplicaLayout
@@ -46,7 +48,10 @@ CASES = {  # name: (model, schedule, stage_device, data_parallel_size, rows of e
     # 2bw updates each rank's copy of a tied weight apart until drain (WeightSync.reconcile_tied), so the rule
     # holds where no weight spans ranks: here T5's shared embedding is on stages 0, 1 and 3 of position 0 only
     "t5-2bw": ("t5", "2bw", [0, 0, 1, 0], 2, [8, 8, 8]),
+    "gpt2-sliced": ("gpt2", "1f1b", [0, 1], 2, [8, 3]),  # token slices (SLICED): each replica slices its share
 }
+SLICED = {"gpt2-sliced": [3, 1, 4]}
+"""Cases captured for token slicing (TeraPipe): the slice lengths of the planned 8 tokens."""
 REFUSED = {  # name: (model, schedule, stage_device, data_parallel_size)
     "async": ("gpt2", "async", [0, 1], 2),
     "world": ("gpt2", "gpipe", [0, 1], 3),  # 2 x 3 = 6 processes needed, 4 started
@@ -84,9 +89,10 @@ def replica_run(traced, kind: str, schedule: str, stage_device: list[int], data_
     """SGD steps on the global batches; each step's loss, gradients and global gradient norm, then this
     rank's weights, the model gathered on rank 0, an evaluation's outputs, where this rank sits and when
     its stages' all-reduces started."""
+    graph = traced.full.cost_graph if isinstance(traced, SlicedModel) else traced.cost_graph
     engine = PipelineEngine(
         traced,
-        contiguous_placement(traced.cost_graph, stage_device),
+        contiguous_placement(graph, stage_device),
         num_microbatches=NUM_MICROBATCHES,
         schedule=schedule,
         data_parallel_size=data_parallel_size,
@@ -185,7 +191,11 @@ def all_cases(rank: int, world_size: int, folder: str):
         traces[kind] = capture_model(tiny_model(kind), batch)
     results = {name: refused_run(copy.deepcopy(traces[kind]), *rest) for name, (kind, *rest) in REFUSED.items()}
     for name, (kind, *rest) in CASES.items():
-        results[name] = replica_run(copy.deepcopy(traces[kind]), kind, *rest)
+        if name in SLICED:
+            traced = capture_token_slices(tiny_model(kind), global_batches(kind, [MICROBATCH])[0], SLICED[name])
+        else:
+            traced = copy.deepcopy(traces[kind])
+        results[name] = replica_run(traced, kind, *rest)
     torch.save(results, os.path.join(folder, f"rank{rank}.pt"))
     return dying_replica_run(rank, traces["gpt2"], folder)
 

@@ -5,6 +5,7 @@ and ``interleaved-1f1b``, across gloo processes equal single-process training, o
 
 from __future__ import annotations
 
+import copy
 import gc
 import weakref
 from pathlib import Path
@@ -15,6 +16,7 @@ from torch.utils.checkpoint import checkpoint
 
 from hf_ftpipe.graph import capture_model
 from hf_ftpipe.runtime import PipelineEngine
+from hf_ftpipe.runtime.compiled_stages import CompileOptions, StageCompiler
 from hf_ftpipe.runtime.shapes import ShapeBook
 from hf_ftpipe.runtime.split_backward import collecting, defer_weight_gradients
 from hf_ftpipe.runtime.stage import build_stage_module, plan_stages
@@ -76,6 +78,24 @@ def test_b_then_w_gives_the_whole_backwards_gradients(stages, recompute: bool, d
     for name, grad in whole.items():
         torch.testing.assert_close(split[name], grad, atol=1e-6 if dtype is None else 1e-5, rtol=0, msg=name)
         assert split[name].stride() == grad.stride(), f"{name}: {split[name].stride()}, autograd's {grad.stride()}"
+
+
+def test_a_compiled_stage_still_defers_its_products_weight_gradients_to_w(stages) -> None:
+    """``torch_compile`` with a split backward: each stage is compiled with its products swapped, and each
+    product runs between compiled pieces (dynamo cannot keep B's hand-over to W in a graph: one graph break
+    per product), so B still leaves the products' weight gradients to W, and B + W give the whole backward's."""
+    whole_module, split_module, args, loss_index = stages
+    compiled = copy.deepcopy(split_module)
+    compiler = StageCompiler(CompileOptions(backend="eager"), dynamic=False)
+    compiler.prepare(compiled)
+    whole, _, _, _ = gradients(whole_module, args, loss_index, False, None)
+    split, missing_after_b, weights, num_pending = gradients(compiled, args, loss_index, False, None)
+    products = 8 + 1
+    assert num_pending == products
+    assert missing_after_b == weights - {"transformer.wte.weight"}
+    assert compiler.graphs == products + 1, compiler.summary()
+    for name, grad in whole.items():
+        torch.testing.assert_close(split[name], grad, atol=1e-6, rtol=0, msg=name)
 
 
 def test_w_gives_a_weight_without_a_gradient_the_weights_strides(stages) -> None:

@@ -10,7 +10,8 @@ epoch (the global batch's count), every logged loss, gradient norm and learning 
 count, `evaluate()` and the final weights. Two more runs share the launch: ``data_parallel_size="auto"``
 (the planner's layout, trained on ``per_device_train_batch_size`` as the global batch) and a topology
 of two GPU generations in ``gpu_profile`` (the plan made position by position); both give `Trainer`'s
-numbers on that same global batch.
+numbers on that same global batch. The trained gpipe pipeline also generates
+(`generation_cases`) on every rank of both replicas, as ``model.generate`` does.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from distributed import REPO, torchrun
+from generation_cases import assert_generated_like_one_process
 from replica_trainer_runs import GLOBAL_BATCH, RUNS, STEPS, steps, trainer_run
 from trainer_comparison import assert_metrics_close, assert_steps_close, assert_weights_close, logged_steps
 
@@ -58,8 +60,12 @@ def _result(launched: tuple[Path, str], name: str) -> dict:
     return torch.load(launched[0] / f"{name}.pt", weights_only=False)
 
 
+def _trained_model(folder: Path) -> torch.nn.Module:
+    return AutoModelForCausalLM.from_pretrained(folder)
+
+
 def _weights(folder: Path) -> dict[str, torch.Tensor]:
-    return AutoModelForCausalLM.from_pretrained(folder).state_dict()
+    return _trained_model(folder).state_dict()
 
 
 @pytest.mark.parametrize("name", ["gpipe", "1f1b"])
@@ -108,6 +114,13 @@ def test_a_checkpoint_resumes_under_another_layout(
     expected, expected_dir = reference(name)
     assert_steps_close(resumed["history"], expected["history"])
     assert_weights_close(_weights(launched[0] / name), _weights(expected_dir))
+
+
+def test_replicas_generate_as_one_process(launched: tuple[Path, str]) -> None:
+    """`PipeTrainer.generate` after the gpipe run (greedy, beam search, sampling and uncached) gives
+    ``model.generate``'s tokens of the trained weights on every rank of both replicas."""
+    folder = launched[0] / "gpipe"
+    assert_generated_like_one_process(folder / "generated", "gpt2", _trained_model(folder), world_size=4)
 
 
 def test_replicas_log_once(launched: tuple[Path, str]) -> None:

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from _gpu_check_models import Captured, ModelSize, Sizes, microbatches
+from _gpu_check_models import Captured, CaptureFailure, ModelSize, Sizes, microbatches
 from torch import nn
 
 SCHEDULES = ("gpipe", "1f1b", "async", "2bw")
@@ -36,11 +36,16 @@ TOLERANCE = {"float32": (1e-4, 0.0, 1e-4), "bfloat16": (0.0, 1e-2, 1e-2)}
 
 
 def check_correctness(
-    captures: list[Captured], sizes: Sizes, device: torch.device, log: Callable[[str], None]
+    captures: list[Captured | CaptureFailure], sizes: Sizes, device: torch.device, log: Callable[[str], None]
 ) -> dict[str, Any]:
     runs = []
     for captured in captures:
         size = captured.size
+        if isinstance(captured, CaptureFailure):  # every run of the model fails, with the capture's error
+            error = f"capture failed: {captured.error}"
+            runs.append({"model": size.name, "schedule": "all", "dtype": "all", "ok": False, "error": error})
+            log(f"correctness {size.name}: FAILED ({error})")
+            continue
         reference = copy.deepcopy(captured.model).to(device)  # one per model, reset per run
         for schedule, dtype_name in sizes.correctness_runs or [(s, d) for s in SCHEDULES for d in DTYPES]:
             try:
@@ -167,8 +172,11 @@ def streaming_reference(
     Stage s's version k is its weights after k updates: an update per micro-batch (``async``: its
     gradient, × num_microbatches × its 1 / num_microbatches weight) or per mini-batch (``2bw``: the
     mean of its micro-batches' gradients). A weight read by several stages (T5's shared embedding)
-    is one tensor on one rank; it is versioned with the first stage holding it. Versions no later
-    micro-batch reads are dropped, so a full-size model keeps a few copies, not one per update.
+    is one tensor on one rank, versioned with its owner, the first stage holding it: every reader
+    runs micro-batch m on the owner's version for m, and each update applies every reader's gradient
+    (docs/schedules.md, "Tied weights"; `tests/helpers/streaming_replay.py` adds the copies of
+    several ranks). Versions no later micro-batch reads are dropped, so a full-size model keeps a
+    few copies, not one per update.
     """
     owner: dict[str, int] = {}
     for s in sorted(stage_params):

@@ -13,7 +13,8 @@ import contextlib
 import copy
 import os
 import tempfile
-from collections.abc import Iterator
+import traceback
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -183,6 +184,37 @@ def capture(size: ModelSize, sizes: Sizes) -> Captured:
     traced = capture_model(model, microbatches(data[0], sizes.num_microbatches)[0])
     placement = one_rank_placement(traced.cost_graph, size.num_stages)
     return Captured(size, model, initial, traced, placement, data)
+
+
+@dataclass(frozen=True)
+class CaptureFailure:
+    """A model of the sizes whose capture raised: every check that needs it reports it failed."""
+
+    size: ModelSize
+    error: str
+
+    def raise_error(self) -> None:
+        raise RuntimeError(f"capturing {self.size.name} failed: {self.error}")
+
+
+def capture_all(sizes: Sizes, log: Callable[[str], None]) -> list[Captured | CaptureFailure]:
+    """Every model of ``sizes``, captured, or the error its capture raised (the others still capture)."""
+    captures: list[Captured | CaptureFailure] = []
+    for size in sizes.models:
+        try:
+            captures.append(capture(size, sizes))
+        except Exception as error:  # one model's export failing must not hide the other's figures
+            captures.append(CaptureFailure(size, f"{type(error).__name__}: {error}"))
+            log(traceback.format_exc())
+    return captures
+
+
+def captured(item: Captured | CaptureFailure) -> Captured:
+    """``item`` for a check that needs its model; a failed capture raises, naming the model and its error."""
+    if isinstance(item, CaptureFailure):
+        item.raise_error()
+    assert isinstance(item, Captured)
+    return item
 
 
 @dataclass

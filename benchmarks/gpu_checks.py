@@ -24,7 +24,8 @@ Sizes (`_gpu_check_models`): the default is ``gpu-checks.md``'s (GPT-2 24 layers
 t5-large's shapes); ``--quick`` uses tiny models, a subset of the runs (each schedule and dtype
 at least once) and wide tolerances: it checks that the script works, not the figures. It installs
 nothing and needs no ``datasets``. Exit status 1 when a check fails; a check that raises is
-reported as failed with its error and the others still run.
+reported as failed with its error and the others still run, and a model whose capture raises
+fails every check that needs it (``correctness``: a failed run naming the model and the error).
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ def run_checks(args: argparse.Namespace, log: Callable[[str], None]) -> list[dic
     import torch
     from _gpu_check_correctness import check_correctness
     from _gpu_check_costs import capture_config, check_cost_model
-    from _gpu_check_models import FULL, QUICK, capture, single_process_group
+    from _gpu_check_models import FULL, QUICK, capture_all, captured, single_process_group
     from _gpu_check_runtime import check_memory, check_split_vs_eager
 
     device = torch.device("cuda", torch.cuda.current_device()) if args.device == "cuda" else torch.device("cpu")
@@ -69,20 +70,24 @@ def run_checks(args: argparse.Namespace, log: Callable[[str], None]) -> list[dic
         captures: list[Any] = []
 
         def models() -> list[Any]:  # captured once, on first use: the export is the slow part
+            # A model whose capture raised stays in the list as a CaptureFailure, so that every check
+            # needing it reports the error rather than running on the models captured before it.
             if not captures:
-                captures.extend(capture(size, sizes) for size in sizes.models)
+                captures.extend(capture_all(sizes, log))
             return captures
 
         def cost_models() -> Iterator[tuple[str, Any]]:  # captured one at a time, as the check goes
             if sizes.cost_shapes:
                 yield from ((name, capture_config(name, sizes)) for name in sizes.cost_shapes)
             else:
-                yield from ((c.size.name, c.traced) for c in models())
+                yield from ((c.size.name, c.traced) for c in map(captured, models()))
 
         runners = {
             "correctness": lambda: check_correctness(models(), sizes, device, log),
-            "memory": lambda: check_memory(models()[0], sizes, device, args.memory_tolerance, log),
-            "split_vs_eager": lambda: check_split_vs_eager(models()[0], sizes, device, args.min_speed_ratio, log),
+            "memory": lambda: check_memory(captured(models()[0]), sizes, device, args.memory_tolerance, log),
+            "split_vs_eager": lambda: check_split_vs_eager(
+                captured(models()[0]), sizes, device, args.min_speed_ratio, log
+            ),
             "cost_model": lambda: check_cost_model(cost_models(), sizes, device, cost_dtypes, args.cost_max_ratio, log),
         }
         for name in args.checks:

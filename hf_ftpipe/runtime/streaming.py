@@ -6,11 +6,13 @@ buffered (``2bw``) mini-batch b runs on the weights from before the previous upd
 prediction (``async`` with a momentum optimizer) runs it on weights extrapolated to the update
 that will apply its gradient (`hf_ftpipe.runtime.prediction`).
 
-A weight read by several stages of this rank (T5's ``shared`` embedding) is one tensor. Its k-th
-update applies every one of those stages' gradients for update k at once, in the update of the
-first of them (the last to finish each micro-batch's backward). Stepped by each stage in turn, the
-tensor would hold, between the stages' updates, a mix of two versions, and a version taken then
-(2BW keeps the weights an update replaces) would be neither.
+A weight read by several stages of this rank (T5's ``shared`` embedding) is one tensor, versioned
+with its owner, the first of those stages: every other reader runs micro-batch m, forward and
+backward, on the version the owner ran m on (it reads the owner's stashed tensor), and the owner's
+k-th update applies every reader's gradients for update k at once (the owner is the last to
+finish each micro-batch's backward). A reader taking the tensor as it stands at its own forward
+would get whatever updates the owner made in between, a version that depends on the order of
+the rank's actions (docs/schedules.md states the rule).
 """
 
 from __future__ import annotations
@@ -53,8 +55,6 @@ class StreamingWeights:
         self.gradient_accumulation_steps = gradient_accumulation_steps
         self.weight_prediction = weight_prediction
         self.log = log
-        keep_previous = traits.weights == "double-buffered"
-        self.versions = {s: StageVersions(m, keep_previous=keep_previous) for s, m in modules.items()}
         self.backward_log: list[tuple[int, int, int]] = []
         """``(stage, micro-batch, weights version)`` of every backward run here: the version its
         gradient was taken at, which weight stashing makes its forward's."""
@@ -68,6 +68,19 @@ class StreamingWeights:
         """Weights several of this rank's stages read, with those stages; the first one updates them."""
         self._shared_grads: dict[nn.Parameter, dict[int, torch.Tensor]] = {p: {} for p in self._shared}
         """Update number → the gradients for it a shared weight's stages have given so far."""
+        self._names = {s: dict(m.named_parameters()) for s, m in modules.items()}
+        self._owners = {
+            s: {n: self._shared[p][0] for n, p in names.items() if self._shared.get(p, [s])[0] != s}
+            for s, names in self._names.items()
+        }
+        """Stage → its shared weights that another (the owner) versions: name → owner."""
+        self._borrowed: dict[tuple[int, int], dict[str, torch.Tensor]] = {}
+        """(stage, micro-batch) → the owner's tensors of shared weights that forward ran on."""
+        keep_previous = traits.weights == "double-buffered"
+        self.versions = {
+            s: StageVersions(m, keep_previous=keep_previous, borrowed=frozenset(self._owners[s]))
+            for s, m in modules.items()
+        }
         self.reset()
 
     def reset(self) -> None:
@@ -91,9 +104,22 @@ class StreamingWeights:
             self._predicted[(stage, m)] = weights
             self.log.append((stage, m, version, ahead))
         else:
-            weights = self.versions[stage].acquire(version)
+            weights = self._with_owners_versions(stage, m, self.versions[stage].acquire(version))
             self.log.append((stage, m, version))
         return weights
+
+    def _with_owners_versions(self, stage: int, m: int, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """``weights`` with each weight ``stage`` shares but does not own replaced by the tensor its
+        owner ran micro-batch ``m`` on (a leaf of its own on the same storage, so the gradient stays
+        apart: `backward_done` hands it to ``stage``'s pending gradients)."""
+        borrowed: dict[str, torch.Tensor] = {}
+        for name, owner in self._owners[stage].items():
+            owners = self.versions[owner].acquired(self._used_version[(owner, m)])
+            borrowed[name] = owners[name].detach().requires_grad_(owners[name].requires_grad)
+        if not borrowed:
+            return weights
+        self._borrowed[(stage, m)] = borrowed
+        return {**weights, **borrowed}
 
     def _version_for(self, stage: int, m: int) -> int:
         """Stashing: the newest; double buffering: those from before the previous update
@@ -113,6 +139,7 @@ class StreamingWeights:
             self._backwards[stage] += 1
         else:
             self.versions[stage].backward_done(version, self.pending_grads[stage])
+            move_gradients(self._borrowed.pop((stage, m), {}), self._names[stage], self.pending_grads[stage])
 
     def update(
         self, stage: int, optimizer: torch.optim.Optimizer, max_grad_norm: float | None, norms: list[torch.Tensor]

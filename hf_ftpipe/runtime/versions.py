@@ -57,17 +57,20 @@ class StageVersions:
     Args:
         module (`fx.GraphModule`): the stage; its parameters are the current weights.
         keep_previous (`bool`): 2BW: each update keeps the weights it replaces for the next mini-batch.
+        borrowed (`frozenset[str]`): weights this stage runs on its owner's versions of (`StreamingWeights`).
     """
 
     module: fx.GraphModule
     keep_previous: bool = False
+    borrowed: frozenset[str] = frozenset()
+    """Weights another stage versions (a shared weight's owner): no view of this stage holds them."""
     updates: int = 0
     """Updates applied so far: the current version's number."""
     _views: dict[int, _View] = field(default_factory=dict)
     _params: dict[str, nn.Parameter] = field(init=False)
 
     def __post_init__(self) -> None:
-        self._params = dict(self.module.named_parameters())
+        self._params = {name: p for name, p in self.module.named_parameters() if name not in self.borrowed}
 
     def acquire(self, version: int) -> dict[str, torch.Tensor]:
         """The tensors of weights ``version`` (the current one or a kept one) for one micro-batch's
@@ -75,6 +78,10 @@ class StageVersions:
         view = self._view(version)
         view.users += 1
         return view.tensors
+
+    def acquired(self, version: int) -> dict[str, torch.Tensor]:
+        """The tensors of weights ``version``, which a micro-batch in flight holds (no user counted)."""
+        return self._views[version].tensors
 
     def backward_done(self, version: int, pending: PendingGradients) -> None:
         """A micro-batch that ran on ``version`` finished its backward: move its gradients to

@@ -59,3 +59,31 @@ def test_gpu_checks_run_every_check_on_the_cpu() -> None:
     # A GPT-2 layer has matmuls, attention and layer norms: each kind measured and predicted.
     for kind in ("matmul", "attention", "norm"):
         assert block["kinds"][kind]["forward_measured_ms"] > 0 and block["kinds"][kind]["forward_roofline_ms"] > 0
+
+
+def test_a_model_whose_capture_raises_fails_every_check_that_needs_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A T5 whose export raises (as on torch 2.11) is a failed correctness run with the error, and the
+    checks that take the first model raise naming it, instead of running on the models captured before."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import _gpu_check_models as gpu_models
+    import torch
+    from _gpu_check_correctness import check_correctness
+
+    def failing_capture(size: gpu_models.ModelSize, sizes: gpu_models.Sizes) -> gpu_models.Captured:
+        raise TypeError("insert_subgm() takes 4 positional arguments but 5 were given")
+
+    monkeypatch.setattr(gpu_models, "capture", failing_capture)
+    t5 = gpu_models.ModelSize(kind="t5", layers=1, hidden=16, heads=2, vocab=32, seq_len=4, target_len=2, num_stages=2)
+    sizes = gpu_models.Sizes(
+        models=(t5,), microbatch_size=1, num_microbatches=2, steps=1, timed_steps=1, block_repeats=1
+    )
+    logged: list[str] = []
+    captures = gpu_models.capture_all(sizes, logged.append)
+    result = check_correctness(captures, sizes, torch.device("cpu"), logged.append)
+
+    assert result["ok"] is False and result["max_loss_diff"] is None
+    (run,) = result["runs"]
+    assert run["model"] == t5.name and run["ok"] is False
+    assert run["error"] == "capture failed: TypeError: insert_subgm() takes 4 positional arguments but 5 were given"
+    with pytest.raises(RuntimeError, match=r"capturing t5 1L d16, 2 stages failed: TypeError: insert_subgm"):
+        gpu_models.captured(captures[0])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from streaming_replay import replay, shared_readers
 
 from hf_ftpipe.graph import capture_model
 from hf_ftpipe.runtime import PipelineEngine
@@ -100,6 +101,8 @@ TWO_RANK_RUNS = {
     "async-variable": ("bert", [0, 1], "async", 2, 0, 0.0, False, False, True),
     "2bw-variable": ("bert", [0, 1], "2bw", 2, 0, 0.0, False, False, True),
     "2bw-t5-tied": ("t5", [0, 0, 1, 0], "2bw", 2, 4),
+    "async-t5-shared": ("t5", [0, 1, 0], "async", 2, 3),
+    "2bw-t5-shared": ("t5", [0, 1, 0], "2bw", 2, 3),
 }
 
 
@@ -331,3 +334,34 @@ def test_async_three_stages_use_pipedreams_weight_versions() -> None:
     for stage, (forwards, backwards) in enumerate(results):
         assert [(s, m, v) for s, m, v in forwards] == [(stage, m, v) for m, v in enumerate(expected[stage])]
         assert sorted(backwards) == [(stage, m, v) for m, v in enumerate(expected[stage])]
+
+
+@pytest.fixture(scope="module")
+def t5_readers() -> dict[str, list[tuple[str, int]]]:
+    """Who reads T5's shared weights in the ``*-t5-shared`` runs (one capture for both)."""
+    kind, stage_device, _, num_microbatches, _ = TWO_RANK_RUNS["async-t5-shared"]
+    return shared_readers(tiny_model(kind), microbatches(kind, num_microbatches)[0], stage_device)
+
+
+@pytest.mark.parametrize("schedule", ["async", "2bw"])
+def test_weight_read_by_stages_on_two_ranks_follows_the_per_rank_copy_rule(
+    two_rank_runs: dict, t5_readers: dict, schedule: str
+) -> None:
+    """T5's shared embedding read by stages 0 and 2 of rank 0 (encoder embedding, lm_head) and stage 1
+    of rank 1 (decoder embedding): each rank's copy is versioned with its first reader there, every
+    reader runs a micro-batch on the version that owner ran it on, each update applies all of the
+    rank's readers' gradients, and the drain sums the copies' changes (docs/schedules.md)."""
+    kind, stage_device, _, num_microbatches, steps = TWO_RANK_RUNS[f"{schedule}-t5-shared"]
+    results = two_rank_runs[f"{schedule}-t5-shared"]
+    parts = microbatches(kind, num_microbatches * steps)
+    readers = t5_readers
+    assert {stage_device[s] for _, s in readers["shared.weight"]} == {0, 1}, readers
+    log = [entry for _, _, rank_log, *_ in results for entry in rank_log]
+    assert any(v < m for s, m, v in log if s == 0), "stage 0 never ran a micro-batch on a stashed version"
+    stage_params = {s: names for *_, params, _ in results for s, names in params.items()}
+    steps_weighted = [
+        [(part, 1 / num_microbatches) for part in parts[i : i + num_microbatches]]
+        for i in range(0, len(parts), num_microbatches)
+    ]
+    losses, weights = replay(tiny_model(kind), steps_weighted, schedule, LR, log, stage_params, readers, stage_device)
+    check_streaming_run(results, losses, weights)

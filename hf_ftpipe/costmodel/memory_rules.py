@@ -7,6 +7,7 @@ depend on which of them made it. For a GPU::
 
     weights × versions + optimizer state + gradients that persist      (each tensor once per GPU)
     + Σ over its stages  kept per micro-batch × micro-batches in flight (``in_flight``)
+      (a GPU with several stages: the most its order holds at once, ``order_states``)
     + max over its stages  what one backward adds while it runs        (``backward_bytes``)
 
 A split backward (``zb-h1``, ``zbv``) also keeps, for each micro-batch whose ``B`` ran and ``W``
@@ -36,7 +37,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from hf_ftpipe.graph.cost_graph import CostGraph
-from hf_ftpipe.schedules.rules import awaiting_weight_gradients, gradients_persist, in_flight, weight_versions
+from hf_ftpipe.schedules.registry import schedule_traits
+from hf_ftpipe.schedules.rules import (
+    StageHeld,
+    awaiting_weight_gradients,
+    gradients_persist,
+    held_at_peaks,
+    in_flight,
+    weight_versions,
+)
 
 __all__ = [
     "StageRules",
@@ -48,6 +57,7 @@ __all__ = [
     "kv_buffer_bytes",
     "largest_operand_bytes",
     "operand_bytes",
+    "order_states",
     "optimizer_state_bytes",
     "saved_bytes",
     "sliced_saved_bytes",
@@ -221,6 +231,28 @@ def stage_rules(
             gradient_accumulation_steps=gradient_accumulation_steps,
             recompute=recompute,
         ),
+    )
+
+
+def order_states(
+    schedule: str,
+    stage_device: Sequence[int],
+    num_microbatches: int,
+    *,
+    gradient_accumulation_steps: int = 1,
+    recompute: bool = False,
+) -> list[list[tuple[StageHeld, ...]]] | None:
+    """Per GPU, the states of its order (`held_at_peaks`) that a GPU's held bytes are the largest
+    of, or ``None`` where the memory models sum each stage's `in_flight` instead.
+
+    ``None`` for a split backward under recomputation, not yet walked: there ``W``'s inputs
+    outweigh the activations kept, and the walk prices more than the per-stage rules the
+    partitioners plan with (open, issue 28).
+    """
+    if recompute and schedule_traits(schedule).split_backward:
+        return None
+    return held_at_peaks(
+        schedule, stage_device, num_microbatches, gradient_accumulation_steps=gradient_accumulation_steps
     )
 
 

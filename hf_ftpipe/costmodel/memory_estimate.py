@@ -35,6 +35,7 @@ from hf_ftpipe.costmodel.memory_rules import (
     defers_weight_gradient,
     kept_output_bytes,
     kv_buffer_bytes,
+    largest_gradient_bytes,
     largest_operand_bytes,
     optimizer_state_bytes,
     order_states,
@@ -142,6 +143,7 @@ class StageMemory:
                     gradients=graph.param_bytes(nodes, trainable_only=True),
                     saved=saved,
                     recomputed=saved if options.recompute else 0,
+                    largest_gradient=largest_gradient_bytes(graph, self.stage_params[s]),
                 )
             )
 
@@ -274,6 +276,7 @@ def _sliced_stage_bytes(
         gradients=graph.param_bytes(nodes, trainable_only=True),
         saved=units[-1],  # a sequence's first backward is its last slice's
         recomputed=0,
+        largest_gradient=largest_gradient_bytes(graph, graph.params_of(nodes)),
     )
     return held + sequences * kv, backward + kv
 

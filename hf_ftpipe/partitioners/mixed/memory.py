@@ -118,6 +118,7 @@ class BlockMemory:
                     gradients=sum(params[p].bytes for p in names if params[p].requires_grad),
                     saved=saved,
                     recomputed=saved if self.memory.recompute else 0,
+                    largest_gradient=memory_rules.largest_gradient_bytes(self.graph, names),
                 )
                 for s, (saved, operand, names) in stages.items()
             ),

@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from hf_ftpipe.costmodel.estimate import MemoryOptions, gpu_cost_s
 from hf_ftpipe.costmodel.memory_rules import (
     backward_bytes,
+    largest_gradient_bytes,
     largest_operand_bytes,
     optimizer_state_bytes,
     order_states,
@@ -148,6 +149,9 @@ class IncrementalCost:
                     gradients=self.grads[s],
                     saved=self.saved[s],
                     recomputed=self.saved[s] if self.recompute else 0,
+                    largest_gradient=largest_gradient_bytes(
+                        self.graph, [p for p, count in self.param_count[s].items() if count > 0]
+                    ),
                 )
                 for s in stages
             ),

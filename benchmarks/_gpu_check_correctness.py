@@ -35,8 +35,9 @@ LR = 1e-3
 and at 1e-2 async's twelve updates (each a micro-batch's gradient x 4) amplified float32 rounding
 to 3.7e-4 in the weights on an H200, while the same run in float64 on the CPU equals the replay
 exactly (T5 d 512, 4 + 4 layers, 3 stages on one rank: every weight 0.0 apart)."""
-TOLERANCE = {"float32": (1e-4, 0.0, 1e-4), "bfloat16": (0.0, 1e-2, 1e-2)}
-"""dtype → (loss absolute, loss relative, parameter absolute)."""
+TOLERANCE = {"float32": (1e-4, 1e-5, 1e-4), "bfloat16": (0.0, 1e-2, 1e-2)}
+"""dtype → (loss absolute, loss relative, parameter absolute). float32 losses also get 1e-5 relative:
+the random T5's losses are near 140, where summing in another order moves the mean by 1e-4 alone."""
 
 
 def check_correctness(

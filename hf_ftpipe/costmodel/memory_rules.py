@@ -273,9 +273,8 @@ def backward_bytes(
     log-probabilities and of the logits). Where gradients do not persist, also the gradients it
     creates beyond the activations it frees, and at least its largest gradient, which an op
     creates before the activations saved by the ops behind it are freed (a GPT-2's output
-    projection is the first op its backward reaches). Measured under ``async`` on GPUs
-    [0, 1, 1, 0] (``tests/runtime/test_memory_prediction.py``): without it, rank 0 peaked 10-11%
-    above the prediction during its last stage's backward, with it 4-5%.
+    projection is the first op its backward reaches; without this term ``async`` on GPUs
+    [0, 1, 1, 0] peaks above the prediction in ``tests/runtime/test_memory_prediction.py``).
 
     Args:
         persist: ``gradients_persist`` for the stage (then its gradients are charged with the

@@ -35,10 +35,8 @@ from hf_ftpipe.costmodel.memory_rules import (
     defers_weight_gradient,
     kept_output_bytes,
     kv_buffer_bytes,
-    largest_gradient_bytes,
     largest_operand_bytes,
     optimizer_state_bytes,
-    order_states,
     saved_bytes,
     sliced_saved_bytes,
     stage_rules,
@@ -54,7 +52,7 @@ from hf_ftpipe.costmodel.options import (
 )
 from hf_ftpipe.errors import PartitionError
 from hf_ftpipe.graph.cost_graph import CostGraph
-from hf_ftpipe.schedules.rules import StageHeld, in_flight
+from hf_ftpipe.schedules.rules import held_at_peaks, in_flight
 
 __all__ = ["StageMemory", "estimate_memory", "nodes_by_stage"]
 
@@ -94,18 +92,14 @@ class StageMemory:
         ]
         """Per stage: gradients only its ``W`` creates, charged with the weights but absent before
         its first ``W`` of a step (``Trainer`` frees gradients between steps; with accumulation they persist)."""
+        # Not yet under recomputation: there W's inputs outweigh the activations kept, and the
+        # walk prices more than the per-stage rules the partitioners plan with (open, issue 28).
         self.states = (
             None
-            if token_slices is not None
-            else order_states(
-                schedule,
-                stage_device,
-                num_microbatches,
-                gradient_accumulation_steps=options.gradient_accumulation_steps,
-                recompute=options.recompute,
-            )
+            if token_slices is not None or options.recompute
+            else held_at_peaks(schedule, stage_device, num_microbatches)
         )
-        """Per GPU, what it holds after each action of the schedule's order (`held_at_peaks`), or ``None``."""
+        """Per GPU, what it holds after each action of a fixed order (`held_at_peaks`), or ``None``."""
         for s, nodes in enumerate(stage_nodes):
             rules = stage_rules(
                 schedule,
@@ -143,7 +137,6 @@ class StageMemory:
                     gradients=graph.param_bytes(nodes, trainable_only=True),
                     saved=saved,
                     recomputed=saved if options.recompute else 0,
-                    largest_gradient=largest_gradient_bytes(graph, self.stage_params[s]),
                 )
             )
 
@@ -177,20 +170,22 @@ class StageMemory:
                 held += self.held_bytes[s]
                 backward = max(backward, self.backward[s])  # one backward at a time
         if self.states is not None:  # the order's own peak: its stages' busiest moments need not coincide
-            held = max((self._held_at(state) for state in self.states[g]), default=0)
+            held = max(
+                (
+                    sum(
+                        a * kept + w * weight - before_w * grads
+                        for (a, w, before_w), kept, weight, grads in zip(
+                            state, self.per_microbatch, self.weight_kept, self.deferred_gradients, strict=True
+                        )
+                    )
+                    for state in self.states[g]
+                ),
+                default=0,
+            )
         parts = self._params(versions_of, persist_of)
         parts["activation_bytes"] = held + backward
         parts["memory_bytes"] = sum(parts.values())
         return parts
-
-    def _held_at(self, state: tuple[StageHeld, ...]) -> int:
-        """What the stages keep in one state of their GPU's order (`held_at_peaks`)."""
-        return sum(
-            stage.activations * kept + stage.awaiting_weights * weight - stage.before_first_w * grads
-            for stage, kept, weight, grads in zip(
-                state, self.per_microbatch, self.weight_kept, self.deferred_gradients, strict=True
-            )
-        )
 
 
 def _deferred_gradient_bytes(graph: CostGraph, nodes: Sequence[str]) -> int:
@@ -276,7 +271,6 @@ def _sliced_stage_bytes(
         gradients=graph.param_bytes(nodes, trainable_only=True),
         saved=units[-1],  # a sequence's first backward is its last slice's
         recomputed=0,
-        largest_gradient=largest_gradient_bytes(graph, graph.params_of(nodes)),
     )
     return held + sequences * kv, backward + kv
 

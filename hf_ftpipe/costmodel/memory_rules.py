@@ -7,7 +7,6 @@ depend on which of them made it. For a GPU::
 
     weights × versions + optimizer state + gradients that persist      (each tensor once per GPU)
     + Σ over its stages  kept per micro-batch × micro-batches in flight (``in_flight``)
-      (a GPU with several stages: the most its order holds at once, ``order_states``)
     + max over its stages  what one backward adds while it runs        (``backward_bytes``)
 
 A split backward (``zb-h1``, ``zbv``) also keeps, for each micro-batch whose ``B`` ran and ``W``
@@ -37,15 +36,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from hf_ftpipe.graph.cost_graph import CostGraph
-from hf_ftpipe.schedules.registry import schedule_traits
-from hf_ftpipe.schedules.rules import (
-    StageHeld,
-    awaiting_weight_gradients,
-    gradients_persist,
-    held_at_peaks,
-    in_flight,
-    weight_versions,
-)
+from hf_ftpipe.schedules.rules import awaiting_weight_gradients, gradients_persist, in_flight, weight_versions
 
 __all__ = [
     "StageRules",
@@ -55,10 +46,8 @@ __all__ = [
     "defers_weight_gradient",
     "kept_output_bytes",
     "kv_buffer_bytes",
-    "largest_gradient_bytes",
     "largest_operand_bytes",
     "operand_bytes",
-    "order_states",
     "optimizer_state_bytes",
     "saved_bytes",
     "sliced_saved_bytes",
@@ -157,12 +146,6 @@ def operand_bytes(graph: CostGraph, node: str) -> int:
     return max(sizes, default=0)
 
 
-def largest_gradient_bytes(graph: CostGraph, names: Iterable[str]) -> int:
-    """Bytes of the largest trainable parameter among ``names`` (0 for none): the largest single
-    gradient a backward creates (`backward_bytes`)."""
-    return max((graph.params[n].bytes for n in names if n in graph.params and graph.params[n].requires_grad), default=0)
-
-
 def largest_operand_bytes(graph: CostGraph, nodes: Iterable[str]) -> int:
     """The largest ``operand_bytes`` of ``nodes`` (0 for none)."""
     return max((operand_bytes(graph, n) for n in nodes), default=0)
@@ -241,40 +224,14 @@ def stage_rules(
     )
 
 
-def order_states(
-    schedule: str,
-    stage_device: Sequence[int],
-    num_microbatches: int,
-    *,
-    gradient_accumulation_steps: int = 1,
-    recompute: bool = False,
-) -> list[list[tuple[StageHeld, ...]]] | None:
-    """Per GPU, the states of its order (`held_at_peaks`) that a GPU's held bytes are the largest
-    of, or ``None`` where the memory models sum each stage's `in_flight` instead.
-
-    ``None`` for a split backward under recomputation, not yet walked: there ``W``'s inputs
-    outweigh the activations kept, and the walk prices more than the per-stage rules the
-    partitioners plan with (open, issue 28).
-    """
-    if recompute and schedule_traits(schedule).split_backward:
-        return None
-    return held_at_peaks(
-        schedule, stage_device, num_microbatches, gradient_accumulation_steps=gradient_accumulation_steps
-    )
-
-
-def backward_bytes(
-    *, persist: bool, largest_operand: int, gradients: int, saved: int, recomputed: int, largest_gradient: int = 0
-) -> int:
+def backward_bytes(*, persist: bool, largest_operand: int, gradients: int, saved: int, recomputed: int) -> int:
     """What one backward of a stage adds to what its GPU holds, while it runs.
 
     Its working tensors, the gradient arriving at an op and the one it passes on: twice the
     largest ``operand_bytes`` of the stage (a loss over logits: the gradients of the
     log-probabilities and of the logits). Where gradients do not persist, also the gradients it
-    creates beyond the activations it frees, and at least its largest gradient, which an op
-    creates before the activations saved by the ops behind it are freed (a GPT-2's output
-    projection is the first op its backward reaches; without this term ``async`` on GPUs
-    [0, 1, 1, 0] peaks above the prediction in ``tests/runtime/test_memory_prediction.py``).
+    creates beyond the activations it frees: once the first backward of a step is done they stay
+    for the next one, which starts with all its activations and needs its working tensors.
 
     Args:
         persist: ``gradients_persist`` for the stage (then its gradients are charged with the
@@ -283,9 +240,8 @@ def backward_bytes(
         gradients: bytes of the stage's trainable parameters (its gradients, once each).
         saved: the saved activations of one micro-batch, which the backward frees as it goes.
         recomputed: under recomputation the saved activations it rebuilds first, else 0.
-        largest_gradient: bytes of the stage's largest trainable parameter (`largest_gradient_bytes`).
     """
-    created = 0 if persist else max(largest_gradient, gradients - saved)
+    created = 0 if persist else max(0, gradients - saved)
     return recomputed + 2 * largest_operand + created
 
 

@@ -17,7 +17,6 @@ import numpy as np
 
 from hf_ftpipe.costmodel.memory_rules import (
     StageRules,
-    largest_gradient_bytes,
     operand_bytes,
     optimizer_state_bytes,
     saved_bytes,
@@ -63,8 +62,6 @@ class _Tables:
     """What a split backward keeps of one micro-batch from B to W (`memory_rules.weight_gradient_bytes`)."""
     largest_operand: np.ndarray
     """The largest ``operand_bytes`` of the stage's ops."""
-    largest_gradient: np.ndarray
-    """The largest trainable parameter the stage's ops read (`memory_rules.largest_gradient_bytes`)."""
 
 
 class Chain:
@@ -102,19 +99,15 @@ class Chain:
         saved = np.zeros(num_blocks)
         weight_kept = np.zeros(num_blocks)
         operand = np.zeros(num_blocks)
-        gradient = np.zeros(num_blocks)
         for n in cut_order.order:
             saved[block[n]] += saved_bytes(graph, n)
             weight_kept[block[n]] += weight_gradient_bytes(graph, [n])
             operand[block[n]] = max(operand[block[n]], operand_bytes(graph, n))
-            gradient[block[n]] = max(gradient[block[n]], largest_gradient_bytes(graph, graph.node(n)["params"]))
         saved_prefix = np.concatenate([[0.0], np.cumsum(saved)])
         weight_kept_prefix = np.concatenate([[0.0], np.cumsum(weight_kept)])
         largest_operand = np.zeros((num_blocks + 1, num_blocks + 1))
-        largest_gradient = np.zeros((num_blocks + 1, num_blocks + 1))
         for a in range(num_blocks):
             largest_operand[a, a + 1 :] = np.maximum.accumulate(operand[a:])
-            largest_gradient[a, a + 1 :] = np.maximum.accumulate(gradient[a:])
 
         out_bytes, grad_bytes, in_bytes = _Rectangles(num_blocks), _Rectangles(num_blocks), _Rectangles(num_blocks)
         kept = _Rectangles(num_blocks)
@@ -181,7 +174,6 @@ class Chain:
             kept=kept.table(),
             weight_kept=weight_kept_prefix[None, :] - weight_kept_prefix[:, None],
             largest_operand=largest_operand,
-            largest_gradient=largest_gradient,
         )
 
     def rules(self, depth: int, num_stages: int | None = None) -> StageRules:
@@ -214,7 +206,7 @@ class Chain:
         grads, saved = t.grads[at], t.saved[at]
         per_microbatch = t.kept[at] + (t.inputs[at] if recompute else saved)
         # memory_rules.backward_bytes, for every candidate at once
-        created = 0.0 if rules.persist else np.maximum(t.largest_gradient[at], grads - saved)
+        created = 0.0 if rules.persist else np.maximum(0.0, grads - saved)
         backward = (saved if recompute else 0.0) + 2 * t.largest_operand[at] + created
         params = t.weights[at] * rules.versions + t.frozen[at] + t.state[at] + (grads if rules.persist else 0.0)
         awaiting_w = t.weight_kept[at] * rules.awaiting_weights

@@ -8,7 +8,6 @@ from hf_ftpipe.schedules.actions import Action, chain_edges, check_order, format
 from hf_ftpipe.schedules.orders import Schedule, Schedule1F1B, ScheduleGPipe, StreamingSchedule, make_schedule
 from hf_ftpipe.schedules.registry import SCHEDULE_NAMES, SCHEDULES, ScheduleName, ScheduleTraits, schedule_traits
 from hf_ftpipe.schedules.rules import (
-    StageHeld,
     awaiting_weight_gradients,
     gradients_persist,
     held_at_peaks,
@@ -26,7 +25,6 @@ __all__ = [
     "ScheduleGPipe",
     "ScheduleName",
     "ScheduleTraits",
-    "StageHeld",
     "StreamingSchedule",
     "awaiting_weight_gradients",
     "chain_edges",

@@ -11,13 +11,11 @@ import functools
 import os
 import sys
 from collections.abc import Sequence
-from typing import NamedTuple
 
 from hf_ftpipe.errors import PartitionError
 from hf_ftpipe.schedules.registry import schedule_traits
 
 __all__ = [
-    "StageHeld",
     "awaiting_weight_gradients",
     "gradients_persist",
     "held_at_peaks",
@@ -134,126 +132,75 @@ def awaiting_weight_gradients(
     return kept_at_most - in_flight(schedule, stage_index, stage_device, num_microbatches)
 
 
-class StageHeld(NamedTuple):
-    """What one stage holds after an action of its GPU's order (`held_at_peaks`)."""
-
-    activations: int
-    """Micro-batches between their forward and backward (``B``)."""
-    awaiting_weights: int
-    """Micro-batches whose ``B`` ran and ``W`` has not (split backwards), holding what ``W`` reads."""
-    before_first_w: int
-    """1 while a split-backward stage has run no ``W`` in the step: its products' weight gradients
-    do not exist yet."""
-    versions: int
-    """Copies of the stage's weights alive (`weight_versions`' rule, counted from the order for
-    ``async``: the versions its micro-batches in flight used, and the current one)."""
-
-
-_IDLE = StageHeld(0, 0, 0, 0)
-
-
 def held_at_peaks(
-    schedule: str, stage_device: Sequence[int], num_microbatches: int, *, gradient_accumulation_steps: int = 1
-) -> list[list[tuple[StageHeld, ...]]]:
+    schedule: str, stage_device: Sequence[int], num_microbatches: int
+) -> list[list[tuple[tuple[int, int, int], ...]]] | None:
     """What each GPU holds after each of its actions in the schedule's order: per GPU, the
-    distinct states it passes through, each a `StageHeld` for every stage of the plan (all 0 for
-    another GPU's stages).
+    distinct states it passes through, each a triple (micro-batches holding activations, micro-batches
+    holding only what ``W`` reads, 1 while the stage has run no ``W`` yet in the step, so that its
+    products' weight gradients do not exist yet) for every stage of the plan (0, 0, 0 for another
+    GPU's stages).
+    ``None`` for a schedule priced by the per-stage rules alone (`in_flight`,
+    `awaiting_weight_gradients`).
 
-    The per-stage rules (`in_flight`, `awaiting_weight_gradients`, `weight_versions`) bound each
-    stage by its own busiest moment; a GPU with several stages (a V, a looped placement, a model
-    split on one GPU) holds the sum of those only if they coincide, and in a fixed order they do
-    not: ``interleaved-1f1b`` on [0, 1, 0, 1], M = 4, holds at most 4 and 2 micro-batches on
-    stages 0 and 2 but 5 at once, not 6 (stage 0 reaches 4 once stage 2 is down to 1); ``zbv``'s
-    first stage holds at most 3, its depth rule says 4. ``1f1b`` with both stages on one GPU
-    ([0, 0]) runs one micro-batch at a time (0F0 1F0 1B0 0B0 0F1 ...): stage 0 holds 1, its depth
-    rule 2, and under ``async`` it updates with nothing in flight, so it stashes no version (a
-    GPT-2 of 4 layers, d_model 256, on the CPU: the per-stage rules predicted 1.22× and 1.32× the
-    measured peak). Every rank runs its part of one global order whatever the timing, so a GPU
-    holds what the actions it runs leave, and the states of its own order are exact.
-
-    The streaming schedules are walked over their stream from an empty pipeline, as the engine
-    runs it: enough steps of ``num_microbatches`` to pass the warm-up (1 + ⌈S / M⌉, at least 2),
-    then the drain. Their weight versions follow PipeDream's stashing (``async``: one per version
-    some micro-batch in flight still reads, plus the current; G = ``gradient_accumulation_steps``
-    backwards per update) or are two throughout (``2bw``, whose next mini-batch reads the
-    previous weights: the steady state's count, though the first mini-batch has one).
+    The per-stage rules bound each stage by its own busiest moment; a GPU with several stages
+    (a V, a looped placement) holds the sum of those only if they coincide, and in a fixed order
+    they do not: ``interleaved-1f1b`` on [0, 1, 0, 1], M = 4, holds at most 4 and 2 micro-batches
+    on stages 0 and 2 but 5 at once, not 6 (stage 0 reaches 4 once stage 2 is down to 1); ``zbv``'s
+    first stage holds at most 3, its depth rule says 4. A GPU holds what the actions it runs leave,
+    whatever the others' timing, so the states of its own order are exact. Counted for the
+    schedules whose order is fixed by the plan alone: those with a split backward and those held
+    by their order (`ScheduleTraits.held_by_order`).
     """
-    return _counted(schedule, stage_device, num_microbatches, gradient_accumulation_steps)[2]
+    traits = schedule_traits(schedule)
+    if not (traits.split_backward or traits.held_by_order):
+        return None
+    return _counted(schedule, stage_device, num_microbatches)[2]
 
 
 def _counted(
-    schedule: str, stage_device: Sequence[int], num_microbatches: int, gradient_accumulation_steps: int = 1
-) -> tuple[list[int], list[int], list[list[tuple[StageHeld, ...]]]]:
+    schedule: str, stage_device: Sequence[int], num_microbatches: int
+) -> tuple[list[int], list[int], list[list[tuple[tuple[int, int, int], ...]]]]:
     """Per stage, the most micro-batches between F and B, and between F and W, in the schedule's
     order, and per GPU the states of `held_at_peaks` (a schedule file is read again when it changes)."""
     version = os.stat(schedule).st_mtime_ns if os.path.isfile(schedule) else 0
-    if schedule_traits(schedule).flushes:  # one update per mini-batch, after the last backward: no order change
-        gradient_accumulation_steps = 1
-    return _held_by_order(schedule, tuple(stage_device), num_microbatches, gradient_accumulation_steps, version)
+    return _held_by_order(schedule, tuple(stage_device), num_microbatches, version)
 
 
 @functools.lru_cache(maxsize=64)
 def _held_by_order(
-    schedule: str, stage_device: tuple[int, ...], num_microbatches: int, gradient_accumulation_steps: int, version: int
-) -> tuple[list[int], list[int], list[list[tuple[StageHeld, ...]]]]:
-    from hf_ftpipe.schedules.orders import StreamingSchedule, make_schedule  # the orders build on these rules
+    schedule: str, stage_device: tuple[int, ...], num_microbatches: int, version: int
+) -> tuple[list[int], list[int], list[list[tuple[tuple[int, int, int], ...]]]]:
+    from hf_ftpipe.schedules.orders import make_schedule  # the orders build on these rules
 
     try:
-        made = make_schedule(
-            schedule, stage_device, num_microbatches, gradient_accumulation_steps=gradient_accumulation_steps
-        )
-        if isinstance(made, StreamingSchedule):
-            steps = max(2, 1 + -(-len(stage_device) // num_microbatches))
-            order = [action for _ in range(steps) for action in made.next_step()] + made.drain()
-        else:
-            order = made.global_order()
+        order = make_schedule(schedule, stage_device, num_microbatches).global_order()
     except ValueError as error:
         raise PartitionError(str(error)) from error
     num_stages = len(stage_device)
-    traits = schedule_traits(schedule)
-    split = traits.split_backward
+    split = schedule_traits(schedule).split_backward
     count = {c: [0] * num_stages for c in "FBW"}
     held, kept = [0] * num_stages, [0] * num_stages
-    # Weight versions: the one each micro-batch's forward read (by stage), and the current one.
-    current = [0] * num_stages
-    read: list[dict[int, int]] = [{} for _ in range(num_stages)]
-    states: list[dict[tuple[StageHeld, ...], None]] = [{} for _ in range(max(stage_device, default=-1) + 1)]
+    states: list[dict[tuple[tuple[int, int, int], ...], None]] = [{} for _ in range(max(stage_device, default=-1) + 1)]
     for action in order:
         s = action.stage_index
         if action.computation in count:
             count[action.computation][s] += 1
-        if action.computation == "F":
-            read[s][action.microbatch_index] = current[s]
-        elif action.computation == "B":
-            read[s].pop(action.microbatch_index, None)
-        elif action.computation == "U":
-            current[s] += 1
         held[s] = max(held[s], count["F"][s] - count["B"][s])
         kept[s] = max(kept[s], count["F"][s] - count["W"][s])
         gpu = stage_device[s]
         state = tuple(
-            StageHeld(
+            (
                 count["F"][t] - count["B"][t],
                 count["B"][t] - count["W"][t] if split else 0,
                 int(split and count["W"][t] == 0),
-                _versions(traits.weights, read[t], current[t]),
             )
             if stage_device[t] == gpu
-            else _IDLE
+            else (0, 0, 0)
             for t in range(num_stages)
         )
         states[gpu][state] = None
     return held, kept, [list(gpu_states) for gpu_states in states]
-
-
-def _versions(weights: str, read: dict[int, int], current: int) -> int:
-    """Weight copies a stage holds: see `weight_versions` (``read``: micro-batch → the version its
-    forward read, for those in flight)."""
-    if weights == "double-buffered":
-        return 2
-    if weights == "single":
-        return 1
-    return len({*read.values(), current})
 
 
 def weight_versions(
@@ -278,10 +225,6 @@ def weight_versions(
         k = 4, G = 1: micro-batches 5 6 7 8 → versions 5 6 7 8    (4 copies)
         k = 4, G = 2: micro-batches 5 6 7 8 → versions 2 3 3 4    (⌈3/2⌉ + 1 = 3 copies)
 
-    A stage sharing its GPU with others, given ``num_microbatches``, keeps what its GPU's order
-    leaves it (`held_at_peaks`), often fewer than k: on GPUs [0, 0] stage 0 updates with no
-    micro-batch in flight, one copy; on [0, 1, 1, 0], M = 8, stage 1 never holds more than two.
-
     Args:
         stage_device (`Sequence[int]`): stage index → GPU index, for every stage of the plan.
         num_microbatches (`int`, *optional*): caps k; the steady state's k when not given.
@@ -293,9 +236,6 @@ def weight_versions(
         return 1
     # No cap given: S − stage_index, which never exceeds len(stage_device).
     cap = len(stage_device) if num_microbatches is None else num_microbatches
-    if num_microbatches is not None and stage_device.count(stage_device[stage_index]) > 1:
-        states = _counted(schedule, stage_device, cap, gradient_accumulation_steps)[2][stage_device[stage_index]]
-        return max(state[stage_index].versions for state in states)
     k = in_flight(schedule, stage_index, stage_device, cap)
     return -(-(k - 1) // gradient_accumulation_steps) + 1
 

@@ -92,8 +92,7 @@ def test_compare_says_once_what_would_fit_in_seconds_with_cli_flags(compared: tu
     assert len(needs) == 1, out
     assert out.count(needs[0]) == 1, out
     leanest = re.search(r"the leanest contiguous split needs ([\d.]+) GiB on its fullest GPU", out)
-    # (both printed to 0.01 GiB: the need from the leanest's printed figure may round the other way)
-    assert leanest and abs(float(needs[0].split()[0]) - float(leanest.group(1)) / 0.9) <= 0.01, out
+    assert leanest and format_bytes(float(leanest.group(1)) * 2**30 / 0.9) == needs[0]
     seq_dp = re.search(r"  - seq-dp: .* the best split needs ([\d.]+ GiB) on its fullest GPU", out)
     assert seq_dp and seq_dp.group(1) == f"{leanest.group(1)} GiB"  # the same split, the same figure
 

@@ -8,10 +8,7 @@ state, gradients where they persist, what the block keeps per micro-batch (saved
 with recomputation its inputs, and the values that leave it) × the micro-batches in flight, and
 once per GPU what its largest backward adds (blocks charged as the same stage add up there). A
 weight read by several blocks of a GPU is counted once, with the most versions any of them keeps.
-A GPU whose blocks all fall in stages the plan puts on it holds what its order holds at once
-(`memory_rules.order_states`, as `estimate`); blocks tried on another GPU than their stage's are
-charged the sum of their stages' `in_flight`, an upper bound. When every block is a whole stage
-this is `estimate`'s figure exactly.
+When every block is a whole stage this is `estimate`'s figure exactly.
 """
 
 from __future__ import annotations
@@ -21,7 +18,6 @@ from collections.abc import Sequence
 from hf_ftpipe.costmodel import memory_rules
 from hf_ftpipe.costmodel.estimate import MemoryOptions
 from hf_ftpipe.graph.cost_graph import CostGraph
-from hf_ftpipe.schedules.rules import StageHeld
 
 __all__ = ["BlockMemory"]
 
@@ -63,8 +59,6 @@ class BlockMemory:
         self.versions = [1] * len(blocks)
         self.persist = [True] * len(blocks)
         self.held = list(self.per_microbatch)
-        self.stage_device: list[int] = []
-        self.states: list[list[tuple[StageHeld, ...]]] | None = None
 
     def place(self, stage_of_block: Sequence[int], stage_device: Sequence[int]) -> None:
         """Charge each block as stage ``stage_of_block[b]`` of a plan with ``stage_device``
@@ -82,14 +76,6 @@ class BlockMemory:
             self.stage[b] = s
             self.versions[b], self.persist[b] = rules.versions, rules.persist
             self.held[b] = self.per_microbatch[b] * rules.in_flight
-        self.stage_device = list(stage_device)
-        self.states = memory_rules.order_states(
-            self.schedule,
-            stage_device,
-            self.num_microbatches,
-            gradient_accumulation_steps=self.memory.gradient_accumulation_steps,
-            recompute=self.memory.recompute,
-        )
 
     def __call__(self, gpu: int, blocks: Sequence[int]) -> float:
         params = self.graph.params
@@ -118,19 +104,9 @@ class BlockMemory:
                     gradients=sum(params[p].bytes for p in names if params[p].requires_grad),
                     saved=saved,
                     recomputed=saved if self.memory.recompute else 0,
-                    largest_gradient=memory_rules.largest_gradient_bytes(self.graph, names),
                 )
                 for s, (saved, operand, names) in stages.items()
             ),
             default=0,
         )
-        return weights + self._held(gpu, blocks) + backward
-
-    def _held(self, gpu: int, blocks: Sequence[int]) -> int:
-        """What ``blocks`` keep for their micro-batches in flight on ``gpu``."""
-        own = all(self.stage_device[self.stage[b]] == gpu for b in blocks) if self.stage_device else False
-        if self.states is None or not own or len({self.stage[b] for b in blocks}) < 2:
-            return sum(self.held[b] for b in blocks)
-        return max(
-            sum(self.per_microbatch[b] * state[self.stage[b]].activations for b in blocks) for state in self.states[gpu]
-        )
+        return weights + sum(self.held[b] for b in blocks) + backward

@@ -10,8 +10,7 @@ Memory follows `estimate` too (the terms of `memory_rules`), for the stage numbe
 keeps: each weight once per GPU with the most versions any of the GPU's stages that read it keeps,
 plus its optimizer state and, where it persists for one of them, its gradient; each stage's saved
 activations (with recomputation its inputs) and the values that leave it, times its micro-batches
-in flight (one per stage from it to the end, as `in_flight`; on a GPU with several stages, the most
-its order holds at once, `order_states`); and, once per GPU, what its largest
+in flight (one per stage from it to the end, as `in_flight`); and, once per GPU, what its largest
 backward adds: the working tensors, the saved activations it recomputes, the gradients that do not
 persist. Per stage the values that leave it, its gradient bytes and its largest operand are kept
 up to date move by move like the rest.
@@ -25,10 +24,8 @@ from collections.abc import Mapping, Sequence
 from hf_ftpipe.costmodel.estimate import MemoryOptions, gpu_cost_s
 from hf_ftpipe.costmodel.memory_rules import (
     backward_bytes,
-    largest_gradient_bytes,
     largest_operand_bytes,
     optimizer_state_bytes,
-    order_states,
     saved_bytes,
     stage_rules,
     weight_versions_of,
@@ -80,14 +77,6 @@ class IncrementalCost:
         self.versions = [r.versions for r in rules]
         self.persist = [r.persist for r in rules]
         self.held = [r.in_flight for r in rules]
-        self.states = order_states(
-            schedule,
-            self.stage_device,
-            num_microbatches,
-            gradient_accumulation_steps=memory.gradient_accumulation_steps,
-            recompute=memory.recompute,
-        )
-        """Per GPU, its order's states (`order_states`): what its stages hold at once, or ``None``."""
         self.recompute = memory.recompute
         self.state = {
             name: optimizer_state_bytes(optimizer, info.shape, info.bytes) if info.requires_grad else 0
@@ -134,13 +123,7 @@ class IncrementalCost:
     def memory(self, g: int) -> float:
         stages = self.stages_of[g]
         per_microbatch = self.inputs if self.recompute else self.saved
-        if self.states is None or len(stages) < 2:
-            held = sum((self.kept[s] + per_microbatch[s]) * self.held[s] for s in stages)
-        else:  # the most its order holds at once, as `estimate` (a split backward's W inputs aside)
-            held = max(
-                sum((self.kept[s] + per_microbatch[s]) * state[s].activations for s in stages)
-                for state in self.states[g]
-            )
+        held = sum((self.kept[s] + per_microbatch[s]) * self.held[s] for s in stages)
         backward = max(  # one backward at a time
             (
                 backward_bytes(
@@ -149,9 +132,6 @@ class IncrementalCost:
                     gradients=self.grads[s],
                     saved=self.saved[s],
                     recomputed=self.saved[s] if self.recompute else 0,
-                    largest_gradient=largest_gradient_bytes(
-                        self.graph, [p for p, count in self.param_count[s].items() if count > 0]
-                    ),
                 )
                 for s in stages
             ),

@@ -101,7 +101,8 @@ FULL = Sizes(
 
 def build_model(size: ModelSize, seed: int = 0) -> nn.Module:
     """``size``'s model, random weights from ``seed``, no dropout (runs compare exactly), untied
-    GPT-2 embeddings; T5's shared embedding stays shared by encoder and decoder."""
+    GPT-2 embeddings; T5's shared embedding stays shared by encoder and decoder, and by its lm_head too:
+    transformers 5.24 ties T5's output layer whatever ``tie_word_embeddings`` says, so three stages read it."""
     torch.manual_seed(seed)
     if size.kind == "gpt2":
         config = transformers.GPT2Config(

@@ -14,9 +14,10 @@ travels with the plan.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,14 +76,16 @@ def share_partition(
     if dist.get_rank() == 0:
         try:
             start = time.perf_counter()
+            # Timed (cost_table="measured") once, when first needed: by the layout choice, else by planning.
+            costs = functools.cache(functools.partial(_cost_table, args, traced))
             if args.data_parallel_size == "auto":
-                options = _plan_options(args, traced, microbatch) | {"cost_table": _cost_table(args, traced)}
+                options = _plan_options(args, traced, microbatch) | {"cost_table": costs()}
                 replicas = choose_replicas(args, traced.cost_graph, topology, options)
             else:
                 replicas = Replicas.of(args)
             num_gpus = pipeline_size(replicas.data_parallel_size, topology.world_size)
             profile, gpus = pipeline_gpus(topology, num_gpus)  # every replica runs the plan
-            resolved = _make_partition(args, traced, profile, microbatch, replicas, gpus)
+            resolved = _make_partition(args, traced, profile, microbatch, replicas, gpus, costs)
             used = PlanUsed(
                 resolved,
                 time.perf_counter() - start,
@@ -151,6 +154,7 @@ def _make_partition(
     microbatch: dict[str, Any],
     replicas: Replicas,
     gpus: Sequence[GPUProfile] | None,
+    costs: Callable[[], CostTable | None],
 ) -> Resolved:
     """``partition_file``, else the local cache, else ``partition_repo``, else the partitioner."""
     from hf_ftpipe.hub.resolve import resolve_partition
@@ -162,7 +166,7 @@ def _make_partition(
     return resolve_partition(
         graph,
         key,
-        lambda: _compute_partition(args, traced, profile, microbatch, replicas, gpus),
+        lambda: _compute_partition(args, traced, profile, microbatch, replicas, gpus, costs),
         partition_file=args.partition_file,
         repo_id=args.partition_repo,
         revision=args.partition_revision,
@@ -185,9 +189,11 @@ def _compute_partition(
     microbatch: dict[str, Any],
     replicas: Replicas | None = None,
     gpus: Sequence[GPUProfile] | None = None,
+    costs: Callable[[], CostTable | None] | None = None,
 ) -> Partition:
     """The plan for one pipeline of ``profile.count`` GPUs (``gpus``: one profile per position when
-    they differ), for one replica's micro-batches (``replicas``; default ``args``' own)."""
+    they differ), for one replica's micro-batches (``replicas``; default ``args``' own), priced by
+    ``costs()`` (default: ``args.cost_table`` read or timed here)."""
     replicas = replicas or Replicas.of(args)
     placement, num_stages = planned_placement(args.pipeline_schedule)
     if placement == "v" and gpus is not None and any(gpu != gpus[0] for gpu in gpus):
@@ -202,7 +208,7 @@ def _compute_partition(
         num_microbatches=replicas.microbatches_per_step(args),
         gpu_profiles=gpus,
         num_stages=num_stages,  # a schedule file's own
-        cost_table=_cost_table(args, traced),
+        cost_table=costs() if costs is not None else _cost_table(args, traced),
         **_plan_options(args, traced, microbatch),
     )
     report: list[PartitionerResult] = []

@@ -81,7 +81,13 @@ QUICK = Sizes(
     timed_steps=3,
     block_repeats=5,
     # Each schedule and each dtype at least once, in the test's time budget.
-    correctness_runs=(("gpipe", "float32"), ("1f1b", "bfloat16"), ("async", "bfloat16"), ("2bw", "float32")),
+    correctness_runs=(
+        ("gpipe", "float32"),
+        ("1f1b", "bfloat16"),
+        ("async", "bfloat16"),
+        ("async", "float64"),
+        ("2bw", "float32"),
+    ),
     memory_runs=(("async", True),),  # streaming, recomputation and the CPU profiler at once
 )
 FULL = Sizes(
@@ -99,8 +105,8 @@ FULL = Sizes(
 )
 
 
-def build_model(size: ModelSize, seed: int = 0) -> nn.Module:
-    """``size``'s model, random weights from ``seed``, no dropout (runs compare exactly), untied
+def build_model(size: ModelSize, seed: int = 0, dtype: torch.dtype = torch.float32) -> nn.Module:
+    """``size``'s model in ``dtype``, random weights from ``seed``, no dropout (runs compare exactly), untied
     GPT-2 embeddings; T5's shared embedding stays shared by encoder and decoder, and by its lm_head too:
     transformers 5.24 ties T5's output layer whatever ``tie_word_embeddings`` says, so three stages read it."""
     torch.manual_seed(seed)
@@ -136,7 +142,7 @@ def build_model(size: ModelSize, seed: int = 0) -> nn.Module:
             eos_token_id=1,
         )
         model = transformers.T5ForConditionalGeneration(config)
-    return model.train()
+    return model.to(dtype).train()
 
 
 def make_batch(size: ModelSize, rows: int, seed: int) -> dict[str, torch.Tensor]:
@@ -174,11 +180,13 @@ class Captured:
             param.grad = None
 
 
-def capture(size: ModelSize, sizes: Sizes) -> Captured:
-    """Build, capture and split ``size``'s model; ``sizes.steps`` mini-batches of data."""
+def capture(size: ModelSize, sizes: Sizes, dtype: torch.dtype = torch.float32) -> Captured:
+    """Build, capture and split ``size``'s model with ``dtype`` weights; ``sizes.steps`` mini-batches
+    of data (the same for every dtype). A float64 model is captured apart from the float32 one: its
+    graph is exported from float64 weights, so no op of it is fixed to float32."""
     from hf_ftpipe.graph import capture_model
 
-    model = build_model(size)
+    model = build_model(size, dtype=dtype)
     initial = copy.deepcopy(model.state_dict())
     rows = sizes.microbatch_size * sizes.num_microbatches
     data = [make_batch(size, rows, seed=step) for step in range(sizes.steps)]

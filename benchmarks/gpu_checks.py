@@ -9,9 +9,10 @@ On a machine with one NVIDIA GPU (the first run's figures, on an H200, are in be
 With one GPU, NCCL cannot run two ranks on it, so the engine runs every stage on rank 0 (one
 process; several stages, non-adjacent ones among them). The checks:
 
-1. ``correctness`` (`_gpu_check_correctness`): every schedule (gpipe, 1f1b, async, 2bw), float32 and
-   bfloat16 autocast, on a GPT-2 and a T5, against one process on the same device: loss of every
-   step and every parameter after the last.
+1. ``correctness`` (`_gpu_check_correctness`): every schedule (gpipe, 1f1b, async, 2bw), float32,
+   bfloat16 autocast and float64, on a GPT-2 and a T5, against one process on the same device: loss
+   of every step and every parameter after the last; float64 must match exactly, the others be no
+   further from float64 than one process at their precision is.
 2. ``memory`` (`_gpu_check_runtime`): `PeakMemory` against `estimate_memory` per schedule, with and
    without recomputation: measured / predicted per rank.
 3. ``split_vs_eager`` (`_gpu_check_runtime`): steps/s of the engine (gpipe, one micro-batch)
@@ -147,7 +148,16 @@ def print_tables(results: list[dict[str, Any]]) -> None:
 def _rows(result: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
     name = result["check"]
     if name == "correctness":
-        header = ["model", "schedule", "dtype", "max loss diff", "max param diff", "ok"]
+        header = [
+            "model",
+            "schedule",
+            "dtype",
+            "max loss diff",
+            "max param diff",
+            "vs float64: engine loss / one process",
+            "engine param / one process",
+            "ok",
+        ]
         return header, [[r["model"], r["schedule"], r["dtype"], *_diffs(r), r["ok"]] for r in result["runs"]]
     if name == "memory":
         header = ["schedule", "recompute", "measured MB", "predicted MB", "measured / predicted", "ok"]
@@ -197,9 +207,16 @@ def _rows(result: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
 
 
 def _diffs(run: dict[str, Any]) -> list[str]:
+    """Against one process at the run's precision; then against one process in float64, the
+    engine's difference beside one process's own (module docstring of ``_gpu_check_correctness``)."""
     if "error" in run:
-        return [run["error"], ""]
-    return [f"{run['max_loss_diff']:.2e}", f"{run['max_param_diff']:.2e}"]
+        return [run["error"], "", "", ""]
+    return [
+        f"{run['max_loss_diff']:.2e}",
+        f"{run['max_param_diff']:.2e}",
+        f"{run['float64_loss_diff']:.2e} / {run['own_loss_diff']:.2e}",
+        f"{run['float64_param_diff']:.2e} / {run['own_param_diff']:.2e}",
+    ]
 
 
 def _table(header: list[str], rows: list[list[Any]]) -> None:

@@ -2,7 +2,7 @@
 
 On a machine with one NVIDIA GPU (the first run's figures, on an H200, are in benchmarks/README.md)::
 
-    python benchmarks/gpu_checks.py --device cuda            # a table per check, about 4 min on an H200
+    python benchmarks/gpu_checks.py --device cuda            # a table per check, about 11 min on an H200
     python benchmarks/gpu_checks.py --device cuda --json     # {"device": ..., "checks": [...]}
     python benchmarks/gpu_checks.py --device cpu --quick     # tiny models; the test suite runs this
 

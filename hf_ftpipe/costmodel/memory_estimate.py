@@ -52,7 +52,7 @@ from hf_ftpipe.costmodel.options import (
 )
 from hf_ftpipe.errors import PartitionError
 from hf_ftpipe.graph.cost_graph import CostGraph
-from hf_ftpipe.schedules.rules import held_at_peaks, in_flight
+from hf_ftpipe.schedules.rules import held_at_peaks, held_before_backwards, in_flight
 
 __all__ = ["StageMemory", "estimate_memory", "nodes_by_stage"]
 
@@ -92,14 +92,11 @@ class StageMemory:
         ]
         """Per stage: gradients only its ``W`` creates, charged with the weights but absent before
         its first ``W`` of a step (``Trainer`` frees gradients between steps; with accumulation they persist)."""
-        # Not yet under recomputation: there W's inputs outweigh the activations kept, and the
-        # walk prices more than the per-stage rules the partitioners plan with (open, issue 28).
-        self.states = (
-            None
-            if token_slices is not None or options.recompute
-            else held_at_peaks(schedule, stage_device, num_microbatches)
-        )
+        ordered = token_slices is None
+        self.states = held_at_peaks(schedule, stage_device, num_microbatches) if ordered else None
         """Per GPU, what it holds after each action of a fixed order (`held_at_peaks`), or ``None``."""
+        self.backward_moments = held_before_backwards(schedule, stage_device, num_microbatches) if ordered else None
+        """Per GPU, each backward's stage and what the GPU holds as it starts (`held_before_backwards`)."""
         for s, nodes in enumerate(stage_nodes):
             rules = stage_rules(
                 schedule,
@@ -169,23 +166,28 @@ class StageMemory:
                     persist_of[name] = persist_of.get(name, False) or self.persist[s]
                 held += self.held_bytes[s]
                 backward = max(backward, self.backward[s])  # one backward at a time
-        if self.states is not None:  # the order's own peak: its stages' busiest moments need not coincide
-            held = max(
-                (
-                    sum(
-                        a * kept + w * weight - before_w * grads
-                        for (a, w, before_w), kept, weight, grads in zip(
-                            state, self.per_microbatch, self.weight_kept, self.deferred_gradients, strict=True
-                        )
-                    )
-                    for state in self.states[g]
-                ),
-                default=0,
+        activations = held + backward
+        if self.states is not None and self.backward_moments is not None:
+            # The order's own peak: its stages' busiest moments need not coincide, and a backward's
+            # working memory comes on top of what the GPU holds as that backward starts.
+            activations = max(
+                max((self._held(state) for state in self.states[g]), default=0),
+                max((self._held(state) + self.backward[s] for s, state in self.backward_moments[g]), default=0),
             )
         parts = self._params(versions_of, persist_of)
-        parts["activation_bytes"] = held + backward
+        parts["activation_bytes"] = activations
         parts["memory_bytes"] = sum(parts.values())
         return parts
+
+    def _held(self, state: tuple[tuple[int, int, int], ...]) -> int:
+        """What a GPU holds in ``state`` (`held_at_peaks`): activations, what ``W`` reads, less the
+        deferred gradients of stages that have run no ``W`` yet."""
+        return sum(
+            a * kept + w * weight - before_w * grads
+            for (a, w, before_w), kept, weight, grads in zip(
+                state, self.per_microbatch, self.weight_kept, self.deferred_gradients, strict=True
+            )
+        )
 
 
 def _deferred_gradient_bytes(graph: CostGraph, nodes: Sequence[str]) -> int:

@@ -9,6 +9,7 @@ stage that produces them to every rank with a stage that reads them, adjacent or
 from __future__ import annotations
 
 import traceback
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -52,6 +53,8 @@ class Executor:
         """What ``async`` and ``2bw`` step inside the pipeline (`RankWeights.attach_optimizer`)."""
         self.max_grad_norm: float | None = None
         self._outbox: dict[str, torch.Tensor] = {}
+        self._local_readers = Counter(value for s in context.local_stages for value in context.specs[s].received)
+        """How many of this rank's stages read each value their forwards receive."""
         self.reset()
 
     def reset(self) -> None:
@@ -158,6 +161,8 @@ class Executor:
             if training and self.context.graph.node(value)["requires_grad"] and leaf.is_floating_point():
                 leaf.requires_grad_(True)
             leaves.append(leaf)
+            if training:
+                self.state.value_read(value, m, self._local_readers[value])
         sizes = self.state.shapes[m].sizes if spec.size_inputs else {}
         args = [
             *[self.state.data[m][name] for name in spec.batch_inputs],

@@ -145,7 +145,10 @@ class _DeferredProduct(torch.autograd.Function):
             grad_x = (grad.matmul(wc) if ctx.transposed else grad.mm(wc.t())).to(x_dtype)
         grad_bias = grad2d.sum(0).to(bias_dtype) if ctx.needs_input_grad[2] else None
         if ctx.needs_input_grad[1]:
-            deferred = DeferredWeightGradient(ctx.weight, xc.reshape(-1, xc.shape[-1]), grad2d, ctx.transposed)
+            # Detached: an unpacked input keeps its grad_fn, and through it the stage's autograd nodes
+            # and the leaves they accumulate into (the received activations) until W.
+            inputs = xc.detach().reshape(-1, xc.shape[-1])
+            deferred = DeferredWeightGradient(ctx.weight, inputs, grad2d.detach(), ctx.transposed)
             if _collected is None:
                 deferred.apply()
             else:

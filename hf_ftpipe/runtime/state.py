@@ -31,6 +31,7 @@ class MicrobatchState:
     outputs: dict[tuple[str, int], torch.Tensor] = field(default_factory=dict)
     """Values produced here that stages here read (and, in evaluation, the model's outputs)."""
     received: dict[tuple[str, int], torch.Tensor] = field(default_factory=dict)
+    """Values received from other ranks, until every stage here that reads them ran its forward."""
     saved: dict[tuple[int, int], tuple[list[torch.Tensor], tuple[torch.Tensor, ...]]] = field(default_factory=dict)
     """(stage, m) → the forward's input leaves and outputs, until its backward."""
     deferred: dict[tuple[int, int], list[DeferredWeightGradient]] = field(default_factory=dict)
@@ -44,6 +45,22 @@ class MicrobatchState:
     loss_seed: dict[int, float] = field(default_factory=dict)
     """Micro-batch → the gradient its loss stage seeds the backward with, until that backward."""
     _actions_left: dict[int, int] = field(default_factory=dict)
+    _reads: dict[tuple[str, int], int] = field(default_factory=dict)
+
+    def value_read(self, value: str, m: int, readers: int) -> None:
+        """A forward here read ``value`` of micro-batch ``m`` in training: after the last of its
+        ``readers`` here, forget it. What a backward needs of it, autograd keeps (as the reader's
+        saved input, or as ``W``'s x), and no longer: a GPU running several stages (a V, Mixed-Pipe)
+        would otherwise hold every received activation until its micro-batch's last action there,
+        which under ``zbv`` is a ``W`` at the end of the step."""
+        key = (value, m)
+        count = self._reads.get(key, 0) + 1
+        if count < readers:
+            self._reads[key] = count
+            return
+        self._reads.pop(key, None)
+        self.received.pop(key, None)
+        self.outputs.pop(key, None)
 
     def action_done(self, m: int) -> None:
         """Forget micro-batch ``m`` once this rank ran all its forwards and backwards of it."""

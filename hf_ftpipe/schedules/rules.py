@@ -19,6 +19,7 @@ __all__ = [
     "awaiting_weight_gradients",
     "gradients_persist",
     "held_at_peaks",
+    "held_before_backwards",
     "in_flight",
     "in_flight_limits",
     "proof_limits",
@@ -126,15 +127,17 @@ def awaiting_weight_gradients(
     if not traits.split_backward:
         return 0
     if traits.held_by_order:
-        held, kept, _ = _counted(schedule, stage_device, num_microbatches)
+        held, kept, *_ = _counted(schedule, stage_device, num_microbatches)
         return kept[stage_index] - held[stage_index]
     kept_at_most = min(num_microbatches, len(stage_device) + 1)
     return kept_at_most - in_flight(schedule, stage_index, stage_device, num_microbatches)
 
 
-def held_at_peaks(
-    schedule: str, stage_device: Sequence[int], num_microbatches: int
-) -> list[list[tuple[tuple[int, int, int], ...]]] | None:
+State = tuple[tuple[int, int, int], ...]
+"""Per stage of the plan: (micro-batches holding activations, awaiting ``W``, 1 before its first ``W``)."""
+
+
+def held_at_peaks(schedule: str, stage_device: Sequence[int], num_microbatches: int) -> list[list[State]] | None:
     """What each GPU holds after each of its actions in the schedule's order: per GPU, the
     distinct states it passes through, each a triple (micro-batches holding activations, micro-batches
     holding only what ``W`` reads, 1 while the stage has run no ``W`` yet in the step, so that its
@@ -158,11 +161,28 @@ def held_at_peaks(
     return _counted(schedule, stage_device, num_microbatches)[2]
 
 
+def held_before_backwards(
+    schedule: str, stage_device: Sequence[int], num_microbatches: int
+) -> list[list[tuple[int, State]]] | None:
+    """The moments a backward runs: per GPU, for each of its ``B`` actions, the stage and what the
+    GPU holds just before it (`held_at_peaks`'s states). ``None`` where `held_at_peaks` is.
+
+    A backward's working memory sits on the state before it, not after: a recomputed stage rebuilds
+    its micro-batch's activations inside ``B``, and what ``W`` reads is made of them, so the state
+    after ``B`` (its micro-batch awaiting ``W``) plus the rebuilt activations counts ``W``'s inputs
+    twice. zb-h1 on [0, 1], M = 4: GPU 1 runs 1B2 holding one micro-batch and two awaiting ``W``.
+    """
+    if held_at_peaks(schedule, stage_device, num_microbatches) is None:
+        return None
+    return _counted(schedule, stage_device, num_microbatches)[3]
+
+
 def _counted(
     schedule: str, stage_device: Sequence[int], num_microbatches: int
-) -> tuple[list[int], list[int], list[list[tuple[tuple[int, int, int], ...]]]]:
+) -> tuple[list[int], list[int], list[list[State]], list[list[tuple[int, State]]]]:
     """Per stage, the most micro-batches between F and B, and between F and W, in the schedule's
-    order, and per GPU the states of `held_at_peaks` (a schedule file is read again when it changes)."""
+    order; per GPU the states of `held_at_peaks` and the moments of `held_before_backwards` (a
+    schedule file is read again when it changes)."""
     version = os.stat(schedule).st_mtime_ns if os.path.isfile(schedule) else 0
     return _held_by_order(schedule, tuple(stage_device), num_microbatches, version)
 
@@ -170,7 +190,7 @@ def _counted(
 @functools.lru_cache(maxsize=64)
 def _held_by_order(
     schedule: str, stage_device: tuple[int, ...], num_microbatches: int, version: int
-) -> tuple[list[int], list[int], list[list[tuple[tuple[int, int, int], ...]]]]:
+) -> tuple[list[int], list[int], list[list[State]], list[list[tuple[int, State]]]]:
     from hf_ftpipe.schedules.orders import make_schedule  # the orders build on these rules
 
     try:
@@ -181,15 +201,12 @@ def _held_by_order(
     split = schedule_traits(schedule).split_backward
     count = {c: [0] * num_stages for c in "FBW"}
     held, kept = [0] * num_stages, [0] * num_stages
-    states: list[dict[tuple[tuple[int, int, int], ...], None]] = [{} for _ in range(max(stage_device, default=-1) + 1)]
-    for action in order:
-        s = action.stage_index
-        if action.computation in count:
-            count[action.computation][s] += 1
-        held[s] = max(held[s], count["F"][s] - count["B"][s])
-        kept[s] = max(kept[s], count["F"][s] - count["W"][s])
-        gpu = stage_device[s]
-        state = tuple(
+    num_gpus = max(stage_device, default=-1) + 1
+    states: list[dict[State, None]] = [{} for _ in range(num_gpus)]
+    before_backward: list[dict[tuple[int, State], None]] = [{} for _ in range(num_gpus)]
+
+    def state_of(gpu: int) -> State:
+        return tuple(
             (
                 count["F"][t] - count["B"][t],
                 count["B"][t] - count["W"][t] if split else 0,
@@ -199,8 +216,18 @@ def _held_by_order(
             else (0, 0, 0)
             for t in range(num_stages)
         )
-        states[gpu][state] = None
-    return held, kept, [list(gpu_states) for gpu_states in states]
+
+    for action in order:
+        s = action.stage_index
+        gpu = stage_device[s]
+        if action.computation == "B":
+            before_backward[gpu][s, state_of(gpu)] = None
+        if action.computation in count:
+            count[action.computation][s] += 1
+        held[s] = max(held[s], count["F"][s] - count["B"][s])
+        kept[s] = max(kept[s], count["F"][s] - count["W"][s])
+        states[gpu][state_of(gpu)] = None
+    return held, kept, [list(gpu_states) for gpu_states in states], [list(moments) for moments in before_backward]
 
 
 def weight_versions(

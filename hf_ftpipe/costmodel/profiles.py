@@ -12,6 +12,7 @@ import json
 import os
 import re
 import warnings
+from collections.abc import Sequence
 from dataclasses import MISSING, asdict, dataclass, fields, replace
 from typing import Any, Literal, get_args
 
@@ -30,6 +31,7 @@ __all__ = [
     "get_profile",
     "list_profiles",
     "match_device_name",
+    "mixes_kinds",
     "profile_for_device",
 ]
 
@@ -199,6 +201,11 @@ class GPUProfile:
             return cls.from_dict(data)
         except ProfileError as e:
             raise ProfileError(f"in GPU profile file {os.fspath(path)!r}: {e}") from e
+
+
+def mixes_kinds(gpus: Sequence[GPUProfile] | None) -> bool:
+    """Whether ``gpus`` (one profile per GPU, or ``None`` for GPUs all alike) holds more than one kind."""
+    return gpus is not None and any(gpu != gpus[0] for gpu in gpus)
 
 
 def _gpu(

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from hf_ftpipe._table import table
-from hf_ftpipe.costmodel.profiles import GPUProfile
+from hf_ftpipe.costmodel.profiles import GPUProfile, mixes_kinds
 from hf_ftpipe.costmodel.topology import Topology, get_topology
 from hf_ftpipe.errors import PartitionError
 from hf_ftpipe.graph.cost_graph import CostGraph
@@ -47,11 +47,18 @@ __all__ = [
     "LayoutResult",
     "best_layout",
     "compare_layouts",
+    "divisors",
     "format_layouts",
     "layout_name",
     "pipeline_gpus",
     "position_profile",
 ]
+
+
+def divisors(world_size: int) -> list[int]:
+    """Every n that divides ``world_size``, ascending: the pipeline sizes P, and the replica counts D,
+    of the layouts P × D a world of ``world_size`` processes can run."""
+    return [n for n in range(1, world_size + 1) if world_size % n == 0]
 
 
 def layout_name(pipeline_gpus: int, replicas: int) -> str:
@@ -106,7 +113,7 @@ def compare_layouts(
     """
     topology = get_topology(topology)
     world = topology.world_size
-    wanted = [(p, world // p) for p in range(1, world + 1) if world % p == 0] if layouts is None else list(layouts)
+    wanted = [(p, world // p) for p in divisors(world)] if layouts is None else list(layouts)
     for p, d in wanted:
         if p * d != world:
             raise PartitionError(f"layout {layout_name(p, d)} has {p * d} GPUs, topology {topology.name!r} has {world}")
@@ -189,8 +196,7 @@ def pipeline_gpus(topology: Topology, pipeline_gpus: int) -> tuple[GPUProfile, l
     p = pipeline_gpus
     pipelines = [list(range(r * p, r * p + p)) for r in range(topology.world_size // p)]
     gpus = [position_profile([topology.profile_of(ranks[g]) for ranks in pipelines]) for g in range(p)]
-    mixed = any(gpu != gpus[0] for gpu in gpus)
-    return _pipeline_profile(topology, pipelines[0], gpus), gpus if mixed else None
+    return _pipeline_profile(topology, pipelines[0], gpus), gpus if mixes_kinds(gpus) else None
 
 
 def position_profile(gpus: Sequence[GPUProfile]) -> GPUProfile:

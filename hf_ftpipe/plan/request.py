@@ -21,7 +21,7 @@ from hf_ftpipe.costmodel.estimate import MemoryOptions, Optimizer, Schedule, est
 from hf_ftpipe.costmodel.measured import CostTable
 from hf_ftpipe.costmodel.op_time import NodeCost, node_costs
 from hf_ftpipe.costmodel.prediction import Prediction
-from hf_ftpipe.costmodel.profiles import GPUProfile, canonical_dtype
+from hf_ftpipe.costmodel.profiles import GPUProfile, canonical_dtype, mixes_kinds
 from hf_ftpipe.errors import PartitionError
 from hf_ftpipe.graph.cost_graph import CostGraph
 from hf_ftpipe.plan.keys import resolve_key
@@ -31,12 +31,19 @@ from hf_ftpipe.schedules.zero_bubble import v_placement
 if TYPE_CHECKING:
     from typing_extensions import Required
 
-__all__ = ["Placement", "PlanOptions", "PlanRequest"]
+__all__ = ["Placement", "PlanOptions", "PlanRequest", "v_on_mixed_gpus"]
 
 Placement = Literal["chain", "v"]
 """How a contiguous plan's stages sit on the GPUs: ``chain``, stage s on GPU s (one stage per
 GPU); ``v``, 2·P stages on P GPUs, stage s on GPU min(s, 2P − 1 − s) ([0, 1, 1, 0]: the first and
 last stage share a GPU), the placement the ``zbv`` schedule runs."""
+
+
+def v_on_mixed_gpus(placement: str, gpus: Sequence[GPUProfile] | None) -> bool:
+    """Whether a V placement is asked of GPUs of several kinds (``gpus``: one profile per GPU), which
+    is not planned: a GPU holds two stages of the V, and both are sized for one kind of GPU. Each
+    caller words the refusal in its own terms (`PlanRequest`'s ``placement``, the trainer's schedule)."""
+    return placement == "v" and mixes_kinds(gpus)
 
 
 class PlanOptions(TypedDict, total=False):
@@ -97,7 +104,7 @@ class PlanRequest:
             self._check_gpu_profiles()
         if self.placement not in get_args(Placement):
             raise PartitionError(f"unknown `placement` {self.placement!r}; choose one of {list(get_args(Placement))}")
-        if self.placement == "v" and self.heterogeneous:
+        if v_on_mixed_gpus(self.placement, self.gpu_profiles):
             raise PartitionError(
                 "a V placement is planned for one kind of GPU, but `gpu_profiles` mixes "
                 f"{sorted({g.name for g in self.gpu_profiles or ()})}; use placement='chain' with GPUs of several kinds"
@@ -132,8 +139,7 @@ class PlanRequest:
     @property
     def heterogeneous(self) -> bool:
         """The GPUs differ (``gpu_profiles`` holds more than one kind)."""
-        gpus = self.gpu_profiles
-        return gpus is not None and any(g != gpus[0] for g in gpus)
+        return mixes_kinds(self.gpu_profiles)
 
     def gpu_profile(self, gpu: int) -> GPUProfile:
         """GPU ``gpu``'s own profile (``profile`` when the GPUs are all alike)."""

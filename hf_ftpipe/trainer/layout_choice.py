@@ -20,7 +20,14 @@ from typing import Any
 from hf_ftpipe.costmodel.topology import Topology
 from hf_ftpipe.errors import PlanDoesNotFitError
 from hf_ftpipe.graph.cost_graph import CostGraph
-from hf_ftpipe.partitioners.layouts import LayoutResult, best_layout, compare_layouts, format_layouts, layout_name
+from hf_ftpipe.partitioners.layouts import (
+    LayoutResult,
+    best_layout,
+    compare_layouts,
+    divisors,
+    format_layouts,
+    layout_name,
+)
 from hf_ftpipe.trainer.replicas import Replicas
 from hf_ftpipe.trainer.run_log import get_logger
 
@@ -38,8 +45,8 @@ def choose_replicas(args: Any, graph: CostGraph, topology: Topology, options: di
         `PlanDoesNotFitError`: no layout fits, with each one's reason.
     """
     world, microbatches = topology.world_size, args.num_microbatches
-    divisors = [d for d in range(1, world + 1) if world % d == 0]
-    shared = [(world // d, d) for d in divisors if microbatches % d == 0]
+    replica_counts = divisors(world)
+    shared = [(world // d, d) for d in replica_counts if microbatches % d == 0]
     results = compare_layouts(
         graph,
         topology,
@@ -48,7 +55,7 @@ def choose_replicas(args: Any, graph: CostGraph, topology: Topology, options: di
         time_budget_s=args.partition_time_budget_s / len(shared),
         **(options | {"num_microbatches": args.num_microbatches * args.gradient_accumulation_steps}),
     )
-    for d in divisors:
+    for d in replica_counts:
         if microbatches % d:
             results.append(
                 LayoutResult(

@@ -34,7 +34,7 @@ from hf_ftpipe.partitioners.auto import PartitionerResult, reason_line
 from hf_ftpipe.partitioners.layouts import pipeline_gpus
 from hf_ftpipe.partitioners.registry import run_partitioner
 from hf_ftpipe.plan import Partition, check_fits_run, validate_partition
-from hf_ftpipe.plan.request import PlanRequest
+from hf_ftpipe.plan.request import PlanRequest, v_on_mixed_gpus
 from hf_ftpipe.runtime.watchdog import Watchdog
 from hf_ftpipe.schedules.registry import SCHEDULE_NAMES, SCHEDULES
 from hf_ftpipe.trainer.arguments import PipeTrainingArguments
@@ -196,11 +196,11 @@ def _compute_partition(
     ``costs()`` (default: ``args.cost_table`` read or timed here)."""
     replicas = replicas or Replicas.of(args)
     placement, num_stages = planned_placement(args.pipeline_schedule)
-    if placement == "v" and gpus is not None and any(gpu != gpus[0] for gpu in gpus):
+    if v_on_mixed_gpus(placement, gpus):
         chains = [name for name, traits in SCHEDULES.items() if not traits.v_placement]
         raise PartitionError(
             f"pipeline_schedule={args.pipeline_schedule!r} runs a V placement, which is planned for one kind of "
-            f"GPU, but this pipeline's GPUs are {[gpu.name for gpu in gpus]}; use a chain schedule ({chains}), "
+            f"GPU, but this pipeline's GPUs are {[gpu.name for gpu in gpus or ()]}; use a chain schedule ({chains}), "
             "or a gpu_profile naming one kind"
         )
     request = PlanRequest(

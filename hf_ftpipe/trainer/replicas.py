@@ -23,6 +23,7 @@ from typing import Any, Literal
 import torch.distributed as dist
 
 from hf_ftpipe.errors import PipelineError
+from hf_ftpipe.partitioners.layouts import divisors
 from hf_ftpipe.runtime.replicas import ReplicaLayout
 from hf_ftpipe.schedules.registry import SCHEDULES, ScheduleTraits
 
@@ -177,11 +178,10 @@ def pipeline_size(data_parallel_size: int, world_size: int, rank: int | None = N
     """
     if world_size % data_parallel_size:
         where = "" if rank is None else f"[rank {rank}] "
-        divisors = [d for d in range(1, world_size + 1) if world_size % d == 0]
         raise PipelineError(
             f"{where}data_parallel_size={data_parallel_size} does not divide the {world_size} processes launched "
-            f"(world size = pipeline stages x data_parallel_size); use one of {divisors}, or launch a multiple "
-            f"of {data_parallel_size} processes"
+            f"(world size = pipeline stages x data_parallel_size); use one of {divisors(world_size)}, or launch "
+            f"a multiple of {data_parallel_size} processes"
         )
     return world_size // data_parallel_size
 

@@ -20,35 +20,26 @@ import json
 from dataclasses import asdict
 from typing import Any
 
+from hf_ftpipe.cli.options import add_command, add_json_option
+
 __all__ = ["add_hub_commands"]
 
 
 def add_hub_commands(commands: Any) -> None:
     """Add ``push``, ``pull`` and ``list`` to the ``hf-ftpipe`` subparsers ``commands``."""
-    push = commands.add_parser(
-        "push", help="push a plan to a Hub dataset repo", description="Commit a partition file to a Hub dataset repo."
-    )
+    push = add_command(commands, "push", _run_push, "push a plan to a Hub dataset repo")
     push.add_argument("plan", help="a partition JSON (from `hf-ftpipe partition -o` or a training run's cache)")
     push.add_argument("--message", help="commit message (default: model, GPUs, schedule and predicted figures)")
     push.add_argument("--branch", help="branch to commit to (default: main)")
-    push.set_defaults(run=_run_push)
-    pull = commands.add_parser(
-        "pull",
-        help="pull a plan from a Hub dataset repo",
-        description="Download one plan, chosen by model and profile filters, by --key or by --path.",
-    )
+    pull = add_command(commands, "pull", _run_pull, "pull a plan from a Hub dataset repo")
     pull.add_argument("--path", help="the plan's path in the repo")
     pull.add_argument("--key", help="the plan's key digest (or a prefix of it), as `list` shows")
     pull.add_argument("--gpus", type=int, help="number of GPUs")
     pull.add_argument("--schedule", help="pipeline schedule, e.g. gpipe or async")
     pull.add_argument("--num-microbatches", type=int, help="micro-batches per step")
     pull.add_argument("-o", "--output", help="write the plan here (default: print it)")
-    pull.set_defaults(run=_run_pull)
-    listing = commands.add_parser(
-        "list", help="list the plans in a Hub dataset repo", description="List the plans of a Hub dataset repo."
-    )
-    listing.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    listing.set_defaults(run=_run_list)
+    listing = add_command(commands, "list", _run_list, "list the plans in a Hub dataset repo")
+    add_json_option(listing)
     for command in (push, pull, listing):
         command.add_argument("--repo", required=True, help="the dataset repo, 'namespace/name'")
     for command in (pull, listing):
@@ -58,6 +49,7 @@ def add_hub_commands(commands: Any) -> None:
 
 
 def _run_push(args: argparse.Namespace) -> int:
+    """Commit a partition file to a Hub dataset repo."""
     from hf_ftpipe.hub.store import PartitionStore
     from hf_ftpipe.plan.partition import Partition, user_file_fix, with_fix
 
@@ -69,6 +61,7 @@ def _run_push(args: argparse.Namespace) -> int:
 
 
 def _run_pull(args: argparse.Namespace) -> int:
+    """Download one plan, chosen by model and profile filters, by --key or by --path."""
     from hf_ftpipe.errors import PartitionError
     from hf_ftpipe.hub.store import PartitionStore
 
@@ -90,6 +83,7 @@ def _run_pull(args: argparse.Namespace) -> int:
 
 
 def _run_list(args: argparse.Namespace) -> int:
+    """List the plans of a Hub dataset repo."""
     from hf_ftpipe.cli.format import table
     from hf_ftpipe.hub.store import PartitionStore
 

@@ -20,6 +20,7 @@ import time
 from typing import Any, get_args
 
 from hf_ftpipe.cli.layouts import add_layout_arguments, run_layouts, topology_of
+from hf_ftpipe.cli.options import add_command, add_dtype_option, add_json_option, add_schedule_options
 from hf_ftpipe.cli.trace_arguments import add_trace_arguments, model_and_inputs
 
 __all__ = ["add_partition_commands"]
@@ -27,17 +28,11 @@ __all__ = ["add_partition_commands"]
 
 def add_partition_commands(commands: Any) -> None:
     """Add ``partition`` and ``compare`` to the ``hf-ftpipe`` subparsers ``commands``."""
-    from hf_ftpipe.costmodel.estimate import Optimizer, Schedule
+    from hf_ftpipe.costmodel.estimate import Optimizer
     from hf_ftpipe.plan.request import Placement
 
-    partition = commands.add_parser(
-        "partition", help="make a partition and print its summary", description="Make a partition plan."
-    )
-    compare = commands.add_parser(
-        "compare",
-        help="run every partitioner and print them side by side",
-        description="Run every registered partitioner on the model and print their predictions side by side.",
-    )
+    partition = add_command(commands, "partition", _run_partition, "make a partition and print its summary")
+    compare = add_command(commands, "compare", _run_compare, "run every partitioner and print them side by side")
     for command in (partition, compare):
         command.add_argument(
             "model",
@@ -58,8 +53,7 @@ def add_partition_commands(commands: Any) -> None:
         command.add_argument("--batch-size", type=int, required=True, help="samples per micro-batch")
         command.add_argument("--seq-len", type=int, required=True, help="input length in tokens")
         add_trace_arguments(command)
-        command.add_argument("--schedule", choices=get_args(Schedule), default="gpipe", help="default: gpipe")
-        command.add_argument("--num-microbatches", type=int, default=4, help="micro-batches per step (default: 4)")
+        add_schedule_options(command)
         command.add_argument(
             "--placement",
             choices=get_args(Placement),
@@ -68,7 +62,7 @@ def add_partition_commands(commands: Any) -> None:
             "GPU min(s, 2P-1-s), the placement of --schedule zbv",
         )
         command.add_argument("--optimizer", choices=get_args(Optimizer), default="adamw", help="default: adamw")
-        command.add_argument("--dtype", help="compute dtype for the costs, e.g. bfloat16 (default: the weights')")
+        add_dtype_option(command)
         command.add_argument("--recompute", action="store_true", help="plan with activation recomputation")
         command.add_argument(
             "--lora-r",
@@ -95,7 +89,7 @@ def add_partition_commands(commands: Any) -> None:
             help="price ops with this measured cost table (hf-ftpipe profile) instead of the roofline; "
             "its dtype is the default --dtype",
         )
-        command.add_argument("--json", action="store_true", help="print JSON instead of a table")
+        add_json_option(command)
     partition.add_argument("--partitioner", default="auto", help="a registered partitioner (default: auto)")
     partition.add_argument("-o", "--output", help="write the plan to this JSON file")
     partition.add_argument(
@@ -105,11 +99,10 @@ def add_partition_commands(commands: Any) -> None:
         help="auto: keep the plan with the shortest predicted step (default) or simulated step (hf-ftpipe simulate)",
     )
     add_layout_arguments(compare)
-    partition.set_defaults(run=_run_partition)
-    compare.set_defaults(run=_run_compare)
 
 
 def _run_partition(args: argparse.Namespace) -> int:
+    """Make a partition plan."""
     from hf_ftpipe.cli.format import format_partition, gpu_rows
     from hf_ftpipe.cli.simulate import simulated_figures
     from hf_ftpipe.costmodel.estimate import usable_capacity
@@ -164,6 +157,7 @@ def _run_partition(args: argparse.Namespace) -> int:
 
 
 def _run_compare(args: argparse.Namespace) -> int:
+    """Run every registered partitioner on the model and print their predictions side by side."""
     from hf_ftpipe.cli.format import format_compare, setup_line
     from hf_ftpipe.partitioners.auto import (
         PartitionerResult,

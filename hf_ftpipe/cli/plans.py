@@ -16,54 +16,46 @@ import json
 import sys
 from typing import Any
 
+from hf_ftpipe.cli.options import add_command, add_json_option, add_plan_argument
+
 __all__ = ["add_plan_commands", "repriced"]
 
 
 def add_plan_commands(commands: Any) -> None:
     """Add ``show``, ``profiles``, ``regenerate-partitions`` and ``publish-partitions`` to ``commands``."""
-    show = commands.add_parser(
-        "show",
-        help="print a plan's per-GPU and per-stage predictions; --plot draws them",
-        description="Print what the cost model predicts for a partition file: per GPU and per stage compute, "
-        "communication, memory, and the predicted throughput.",
+    show = add_command(
+        commands, "show", run_show, "print a plan's per-GPU and per-stage predictions; --plot draws them"
     )
-    show.add_argument("plan", help="a partition JSON file (hf-ftpipe partition -o, or partitions/...)")
-    show.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    add_plan_argument(show)
+    add_json_option(show, "print JSON instead of tables")
     show.add_argument("--plot", metavar="PNG", help="also draw the per-GPU load and the stage graph to this image")
     show.add_argument(
         "--costs",
         metavar="TABLE",
         help="predict compute from this measured cost table (hf-ftpipe profile) instead of the plan's roofline",
     )
-    show.set_defaults(run=run_show)
-    profiles = commands.add_parser(
-        "profiles",
-        help="list the built-in GPU profiles",
-        description="The built-in GPU profiles (datasheet speeds) that --gpu-profile names.",
-    )
-    profiles.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    profiles.set_defaults(run=run_profiles)
-    regenerate = commands.add_parser(
+    profiles = add_command(commands, "profiles", run_profiles, "list the built-in GPU profiles")
+    add_json_option(profiles)
+    regenerate = add_command(
+        commands,
         "regenerate-partitions",
-        help="recompute the shipped plans in partitions/ with their index and card",
-        description="Trace each shipped setup's model (meta device) and rewrite its plan, index.json and README.md.",
+        run_regenerate,
+        "recompute the shipped plans in partitions/ with their index and card",
     )
-    regenerate.add_argument("--folder", default="partitions", help="default: partitions")
+    publish = add_command(
+        commands, "publish-partitions", run_publish, "upload the partitions/ folder to a Hub dataset repository"
+    )
+    for command in (regenerate, publish):
+        command.add_argument("--folder", default="partitions", help="default: partitions")
     regenerate.add_argument("--only", nargs="+", metavar="NAME", help="only these plans, e.g. t5-3b/rtx2080ti-x8-rte")
-    regenerate.set_defaults(run=run_regenerate)
-    publish = commands.add_parser(
-        "publish-partitions",
-        help="upload the partitions/ folder to a Hub dataset repository",
-        description="Upload the plans, index and card to a Hub dataset repository (created when missing).",
-    )
     publish.add_argument("repo_id", help="the dataset repository, e.g. USER/hf-ftpipe-partitions")
-    publish.add_argument("--folder", default="partitions", help="default: partitions")
     publish.add_argument("--private", action="store_true", help="create the repository private")
     publish.add_argument("--revision", help="branch to commit to (default: main)")
-    publish.set_defaults(run=run_publish)
 
 
 def run_show(args: argparse.Namespace) -> int:
+    """Print what the cost model predicts for a partition file: per GPU and per stage compute,
+    communication, memory, and the predicted throughput."""
     from hf_ftpipe.cli.format import format_plan, plan_summary
     from hf_ftpipe.plan.partition import Partition, user_file_fix, with_fix
 
@@ -106,6 +98,7 @@ def repriced(plan: Any, costs: str) -> Any:
 
 
 def run_profiles(args: argparse.Namespace) -> int:
+    """The built-in GPU profiles (datasheet speeds) that --gpu-profile names."""
     from hf_ftpipe.cli.format import format_profiles, profile_rows
 
     print(json.dumps(profile_rows(), indent=1) if args.json else format_profiles())
@@ -113,6 +106,8 @@ def run_profiles(args: argparse.Namespace) -> int:
 
 
 def run_regenerate(args: argparse.Namespace) -> int:
+    """Trace each shipped setup's model (meta device) and rewrite its plan, index.json and
+    README.md."""
     from hf_ftpipe.hub.catalog import count_line, regenerate
 
     entries = regenerate(args.folder, args.only)
@@ -122,6 +117,7 @@ def run_regenerate(args: argparse.Namespace) -> int:
 
 
 def run_publish(args: argparse.Namespace) -> int:
+    """Upload the plans, index and card to a Hub dataset repository (created when missing)."""
     from hf_ftpipe.hub.catalog import publish
 
     url = publish(args.folder, args.repo_id, private=args.private, revision=args.revision)

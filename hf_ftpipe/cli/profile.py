@@ -19,6 +19,7 @@ import sys
 import time
 from typing import Any
 
+from hf_ftpipe.cli.options import add_command, add_json_option
 from hf_ftpipe.cli.trace_arguments import add_trace_arguments, model_and_inputs
 
 __all__ = ["add_profile_command"]
@@ -26,12 +27,8 @@ __all__ = ["add_profile_command"]
 
 def add_profile_command(commands: Any) -> None:
     """Add ``profile`` to the ``hf-ftpipe`` subparsers ``commands``."""
-    profile = commands.add_parser(
-        "profile",
-        help="time the model's blocks on this device and write a measured cost table",
-        description="Time one block of each kind (a layer, the ops between layers) of the model on this device, "
-        "forward and backward at one micro-batch, and write the cost table that `partition --costs` and "
-        "`show --costs` price plans with instead of the roofline.",
+    profile = add_command(
+        commands, "profile", _run_profile, "time the model's blocks on this device and write a measured cost table"
     )
     profile.add_argument(
         "model", help="a shipped short name (t5-3b, gpt2-xl, bert-large), a folder with config.json, a config JSON"
@@ -49,11 +46,13 @@ def add_profile_command(commands: Any) -> None:
     profile.add_argument("--repeats", type=int, default=3, help="timed runs per block, median kept (default: 3)")
     profile.add_argument("--warmup", type=int, default=1, help="untimed runs per block first (default: 1)")
     profile.add_argument("--out", help="also write the table to this file (it is always cached under HF_HOME)")
-    profile.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    profile.set_defaults(run=_run_profile)
+    add_json_option(profile)
 
 
 def _run_profile(args: argparse.Namespace) -> int:
+    """Time one block of each kind (a layer, the ops between layers) of the model on this device,
+    forward and backward at one micro-batch, and write the cost table that `partition --costs`
+    and `show --costs` price plans with instead of the roofline."""
     import torch
 
     from hf_ftpipe.costmodel import CostTable, detect_profile

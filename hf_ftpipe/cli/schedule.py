@@ -10,37 +10,28 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any, get_args
+from typing import Any
+
+from hf_ftpipe.cli.options import add_command, add_schedule_options, add_token_slices_option
 
 __all__ = ["add_schedule_command"]
 
 
 def add_schedule_command(commands: Any) -> None:
     """Add ``schedule`` to the ``hf-ftpipe`` subparsers ``commands``."""
-    from hf_ftpipe.costmodel.estimate import Schedule
-
-    schedule = commands.add_parser(
-        "schedule",
-        help="print the actions each rank runs under a pipeline schedule",
-        description="Print, per rank, the actions of a pipeline schedule (1F0: stage 1 forward of micro-batch 0; "
-        "0B3: backward, the input gradients only under zb-h1 and zbv; 0W3: the weight gradients of that backward "
-        "(zb-h1, zbv); 0U3: stage 0 updates its weights), checked for order without starting any process.",
+    schedule = add_command(
+        commands, "schedule", _run_schedule, "print the actions each rank runs under a pipeline schedule"
     )
     schedule.add_argument(
         "--placement",
         required=True,
         help="the rank of each stage, stages feeding each other in order, e.g. 0,1,1,0 (rank 0 runs stages 0 and 3)",
     )
-    schedule.add_argument("--schedule", choices=get_args(Schedule), default="gpipe", help="default: gpipe")
-    schedule.add_argument("--num-microbatches", type=int, default=4, help="micro-batches per step (default: 4)")
+    add_schedule_options(schedule)
     schedule.add_argument("--steps", type=int, default=2, help="async/2bw: steps to print before the drain")
     schedule.add_argument("--async-update-interval", type=int, default=1, help="async: backwards per update")
-    schedule.add_argument(
-        "--token-slices",
-        type=int,
-        metavar="K",
-        help="gpipe/1f1b: cut each sequence into K token slices and pipeline the slices (TeraPipe); "
-        "1F0.2 is stage 1's forward of slice 2 of micro-batch 0",
+    add_token_slices_option(
+        schedule, " and pipeline the slices (TeraPipe); 1F0.2 is stage 1's forward of slice 2 of micro-batch 0"
     )
     schedule.add_argument(
         "--messages",
@@ -48,10 +39,13 @@ def add_schedule_command(commands: Any) -> None:
         help="print each rank's program with its SENDs and RECVs (RECV_F0:h0<0: the value h0 of micro-batch 0 from "
         "rank 0; SEND_B0:h0>0: its gradient to rank 0), stage s sending h<s> to stage s+1",
     )
-    schedule.set_defaults(run=_run_schedule)
 
 
 def _run_schedule(args: argparse.Namespace) -> int:
+    """Print, per rank, the actions of a pipeline schedule (1F0: stage 1 forward of micro-batch 0;
+    0B3: backward, the input gradients only under zb-h1 and zbv; 0W3: the weight gradients of
+    that backward (zb-h1, zbv); 0U3: stage 0 updates its weights), checked for order without
+    starting any process."""
     from hf_ftpipe.errors import PipelineError
     from hf_ftpipe.schedules.lowering import Lowering, chain_dataflow, format_program
     from hf_ftpipe.schedules.orders import StreamingSchedule, check_order, format_actions, make_schedule

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, get_args
 
 from hf_ftpipe._units import GiB
+from hf_ftpipe.cli.options import add_command, add_json_option, add_plan_argument, add_token_slices_option
 
 __all__ = ["add_simulate_command", "format_simulation", "simulated_figures"]
 
@@ -27,22 +28,19 @@ def add_simulate_command(commands: Any) -> None:
     """Add ``simulate`` to the ``hf-ftpipe`` subparsers ``commands``."""
     from hf_ftpipe.costmodel.options import Schedule
 
-    simulate = commands.add_parser(
+    simulate = add_command(
+        commands,
         "simulate",
-        help="replay a plan's schedule in time: step time, busy and idle per rank, bubble, memory; --plot draws it",
-        description="Simulate one training step of a plan (the steady step of async and 2bw): each rank's lowered "
-        "program (forwards, backwards, updates, sends and receives over the profile's link) replayed as events, "
-        "priced by the plan's recorded per-stage times.",
+        _run_simulate,
+        "replay a plan's schedule in time: step time, busy and idle per rank, bubble, memory; --plot draws it",
     )
-    simulate.add_argument("plan", help="a partition JSON file (hf-ftpipe partition -o, or partitions/...)")
+    add_plan_argument(simulate)
     simulate.add_argument("--schedule", choices=get_args(Schedule), help="default: the plan's own")
     simulate.add_argument("--num-microbatches", type=int, help="micro-batches per step (default: the plan's)")
     simulate.add_argument(
         "--gpu-profile", help="the link's profile, a built-in name or a JSON file (default: the plan's)"
     )
-    simulate.add_argument(
-        "--token-slices", type=int, metavar="K", help="gpipe/1f1b: cut each sequence into K token slices"
-    )
+    add_token_slices_option(simulate)
     simulate.add_argument(
         "--costs",
         metavar="TABLE",
@@ -55,11 +53,13 @@ def add_simulate_command(commands: Any) -> None:
         "zb-h1 in the simulation), write it to FILE (a schedule file) and simulate it",
     )
     simulate.add_argument("--plot", metavar="PNG", help="draw the timeline (one row per rank) to this image")
-    simulate.add_argument("--json", action="store_true", help="print the whole result (events included) as JSON")
-    simulate.set_defaults(run=_run_simulate)
+    add_json_option(simulate, "print the whole result (events included) as JSON")
 
 
 def _run_simulate(args: argparse.Namespace) -> int:
+    """Simulate one training step of a plan (the steady step of async and 2bw): each rank's lowered
+    program (forwards, backwards, updates, sends and receives over the profile's link) replayed
+    as events, priced by the plan's recorded per-stage times."""
     from hf_ftpipe.errors import PartitionError
     from hf_ftpipe.plan.partition import Partition, user_file_fix, with_fix
     from hf_ftpipe.simulator import simulate

@@ -20,16 +20,15 @@ import time
 import warnings
 from typing import Any
 
+from hf_ftpipe.cli.options import add_command, add_dtype_option, add_json_option
+
 __all__ = ["add_slices_command"]
 
 
 def add_slices_command(commands: Any) -> None:
     """Add ``slices`` to the ``hf-ftpipe`` subparsers ``commands``."""
-    slices = commands.add_parser(
-        "slices",
-        help="choose TeraPipe token slices for a causal LM and predict the step time",
-        description="Cut each sequence of a causal LM into token slices that flow through the pipeline "
-        "(TeraPipe's dynamic program) and print the predicted step time against no slicing and uniform slicing.",
+    slices = add_command(
+        commands, "slices", _run_slices, "choose TeraPipe token slices for a causal LM and predict the step time"
     )
     slices.add_argument(
         "model", help="a causal LM: a shipped short name (gpt2-xl), a folder with config.json, a config JSON file"
@@ -39,7 +38,7 @@ def add_slices_command(commands: Any) -> None:
     slices.add_argument("--gpu-profile", help="built-in GPU profile or a JSON file (default: the local device)")
     slices.add_argument("--batch-size", type=int, default=1, help="sequences per step (default: 1)")
     slices.add_argument("--step", type=int, default=8, help="slice lengths are multiples of this (default: 8)")
-    slices.add_argument("--dtype", help="compute dtype for the costs, e.g. bfloat16 (default: the weights')")
+    add_dtype_option(slices)
     slices.add_argument("--latency", help="read the latency model from this file instead of the cost model")
     slices.add_argument(
         "--measure",
@@ -51,11 +50,12 @@ def add_slices_command(commands: Any) -> None:
     slices.add_argument(
         "--tolerance", type=float, default=1e-3, help="relative slack of the DP's bounds; 0 is exact (default: 1e-3)"
     )
-    slices.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-    slices.set_defaults(run=_run_slices)
+    add_json_option(slices, "print one JSON object instead of a table")
 
 
 def _run_slices(args: argparse.Namespace) -> int:
+    """Cut each sequence of a causal LM into token slices that flow through the pipeline (TeraPipe's
+    dynamic program) and print the predicted step time against no slicing and uniform slicing."""
     from hf_ftpipe.costmodel import detect_profile, get_profile
     from hf_ftpipe.costmodel.latency import LatencyKey, SliceLatency
     from hf_ftpipe.costmodel.roofline_latency import cost_model_slice_time, weights_dtype

@@ -112,6 +112,31 @@ def _count_ops(plan: Partition) -> list[int]:
     return counts
 
 
+# The columns of `format_plan`'s tables that print one figure of `plan_summary`: (header, key, format).
+_GPU_FIGURES = (
+    ("compute ms", "compute_ms", ".1f"),
+    ("send ms", "comm_fwd_out_ms", ".1f"),
+    ("recv grad ms", "comm_bwd_in_ms", ".1f"),
+    ("cost ms", "cost_ms", ".1f"),
+    ("/ ideal", "cost_over_ideal", ".2f"),
+    ("weights", "weights_gib", ".2f"),
+    ("grads", "gradients_gib", ".2f"),
+    ("optim", "optimizer_gib", ".2f"),
+    ("activ", "activations_gib", ".2f"),
+)
+_STAGE_FIGURES = (
+    ("fwd ms", "forward_ms", ".1f"),
+    ("bwd ms", "backward_ms", ".1f"),
+    ("recv MiB", "recv_mib", ".1f"),
+    ("send MiB", "send_mib", ".1f"),
+    ("memory GiB", "memory_gib", ".2f"),
+)
+
+
+def _figures(row: dict[str, Any], columns: tuple[tuple[str, str, str], ...]) -> list[str]:
+    return [format(row[key], spec) for _, key, spec in columns]
+
+
 def format_plan(plan: Partition, *, source: str | None = None) -> str:
     """``hf-ftpipe show``'s text: the setup, the headline prediction, a GPU table, a stage table."""
     summary = plan_summary(plan)
@@ -130,23 +155,14 @@ def format_plan(plan: Partition, *, source: str | None = None) -> str:
         _simulated_line(summary),
         "",
     ]
-    rows = [["GPU", "stages", "ops", "compute ms", "send ms", "recv grad ms", "cost ms", "/ ideal",
-             "weights", "grads", "optim", "activ", "memory GiB", "of GPU"]]  # fmt: skip
+    rows = [["GPU", "stages", "ops", *(header for header, _, _ in _GPU_FIGURES), "memory GiB", "of GPU"]]
     for g in summary["gpus"]:
         rows.append(
             [
                 f"{g['gpu']}{' *' if g['bottleneck'] else ''}",
                 _ranges(g["stages"]),
                 str(g["num_ops"]),
-                f"{g['compute_ms']:.1f}",
-                f"{g['comm_fwd_out_ms']:.1f}",
-                f"{g['comm_bwd_in_ms']:.1f}",
-                f"{g['cost_ms']:.1f}",
-                f"{g['cost_over_ideal']:.2f}",
-                f"{g['weights_gib']:.2f}",
-                f"{g['gradients_gib']:.2f}",
-                f"{g['optimizer_gib']:.2f}",
-                f"{g['activations_gib']:.2f}",
+                *_figures(g, _GPU_FIGURES),
                 f"{g['memory_gib']:.2f} / {g['capacity_gib']:.1f}",
                 f"{g['memory_fraction']:.0%}",
             ]
@@ -162,7 +178,7 @@ def format_plan(plan: Partition, *, source: str | None = None) -> str:
         "activ, by what they exceed the activations that backward frees."
     )
     lines.append("")
-    rows = [["stage", "GPU", "ops", "fwd ms", "bwd ms", "recv MiB", "send MiB", "memory GiB", "feeds"]]
+    rows = [["stage", "GPU", "ops", *(header for header, _, _ in _STAGE_FIGURES), "feeds"]]
     feeds: dict[int, list[int]] = {}
     for edge in summary["stage_edges"]:
         feeds.setdefault(edge["source"], []).append(edge["destination"])
@@ -172,11 +188,7 @@ def format_plan(plan: Partition, *, source: str | None = None) -> str:
                 str(st["stage"]),
                 str(st["gpu"]),
                 str(st["num_ops"]),
-                f"{st['forward_ms']:.1f}",
-                f"{st['backward_ms']:.1f}",
-                f"{st['recv_mib']:.1f}",
-                f"{st['send_mib']:.1f}",
-                f"{st['memory_gib']:.2f}",
+                *_figures(st, _STAGE_FIGURES),
                 _ranges(feeds.get(st["stage"], [])) or "-",
             ]
         )

@@ -22,7 +22,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypedDict
 
 import torch
 
@@ -38,6 +38,7 @@ __all__ = [
     "BlockRunner",
     "BlockTimings",
     "TimedBlock",
+    "TimingOptions",
     "default_device",
     "device_name",
     "dtype_name",
@@ -108,6 +109,16 @@ class BlockTimings:
     device: str
     warmup: int
     repeats: int
+
+
+class TimingOptions(TypedDict, total=False):
+    """The keywords of `time_blocks` (``**options: Unpack[TimingOptions]``), for callers that pass them on."""
+
+    dtype: str | None
+    device: torch.device | None
+    warmup: int
+    repeats: int
+    show_progress: bool
 
 
 def time_blocks(

@@ -11,7 +11,7 @@ above both (``hf-ftpipe profile`` joins them the same way in `hf_ftpipe.cli.prof
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -20,30 +20,24 @@ from hf_ftpipe.costmodel.measured import cache_path
 from hf_ftpipe.graph.trace import TracedModel, capture_model
 from hf_ftpipe.plan.keys import params_dtype
 from hf_ftpipe.plan.partition import collect_versions
-from hf_ftpipe.runtime.block_timing import default_device, device_name, dtype_name, time_blocks
+from hf_ftpipe.runtime.block_timing import TimingOptions, default_device, device_name, dtype_name, time_blocks
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = ["cached_profile", "profile_model", "profile_traced"]
 
 
 def profile_model(
-    model: torch.nn.Module,
-    sample_inputs: Mapping[str, Any],
-    *,
-    dtype: str | None = None,
-    device: torch.device | None = None,
-    warmup: int = 1,
-    repeats: int = 3,
-    show_progress: bool = True,
+    model: torch.nn.Module, sample_inputs: Mapping[str, Any], **options: Unpack[TimingOptions]
 ) -> CostTable:
     """Trace ``model`` at one micro-batch ``sample_inputs`` (meta tensors and a meta model are fine)
-    and time its blocks on ``device`` (see `time_blocks` for the arguments)."""
-    traced = capture_model(model, sample_inputs)
-    return profile_traced(
-        traced, dtype=dtype, device=device, warmup=warmup, repeats=repeats, show_progress=show_progress
-    )
+    and time its blocks (``options``: `time_blocks`' keywords: ``dtype``, ``device``, ``warmup``,
+    ``repeats``, ``show_progress``)."""
+    return profile_traced(capture_model(model, sample_inputs), **options)
 
 
-def profile_traced(traced: TracedModel, **options: Any) -> CostTable:
+def profile_traced(traced: TracedModel, **options: Unpack[TimingOptions]) -> CostTable:
     """The `CostTable` of ``traced``'s blocks timed by `time_blocks` (``options``: its keywords)."""
     timings = time_blocks(traced, **options)
     return CostTable.from_timings(traced.cost_graph, timings, detect_profile(1), info=collect_versions())

@@ -60,9 +60,10 @@ class DeferredWeightGradient:
         torch.contiguous_format)`` returns as it is), and fused optimizers (``AdamW(fused=True)``,
         `Trainer`'s default) read a gradient's memory in the weight's order.
 
-        Without autograd: x is an activation that requires grad, so under grad mode (a ``W`` runs
-        outside any backward) the product recorded a graph saving g, and the gradient held it, every
-        micro-batch's g kept to the end of the step (measured: 4 MB a micro-batch on a 4-block GPT-2 stage).
+        Without autograd, and on x and g detached (`_DeferredProduct.backward`): a ``W`` runs outside
+        any backward, and a product of an x that requires grad recorded a graph saving g, which the
+        gradient held, every micro-batch's g kept to the end of the step (measured: 4 MB a
+        micro-batch on a 4-block GPT-2 stage).
         """
         dw = self.inputs.t().mm(self.grad)  # autograd's mm backward: for linear, transposed after
         dw = dw.t() if self.transposed else dw

@@ -116,14 +116,16 @@ def test_w_gives_a_weight_without_a_gradient_the_weights_strides(stages) -> None
 
 
 def test_w_frees_what_it_read_and_leaves_gradients_without_a_graph(stages) -> None:
-    """W runs outside any backward, where x (an activation) requires grad: its product must record no
-    graph, or each gradient holds that micro-batch's g (and a graph) until the step's end."""
+    """What W keeps holds no graph: x detached (an unpacked saved input keeps its grad_fn, and through
+    it the stage's autograd nodes and the received activations they accumulate into, until W), and
+    W's product records none, or each gradient would hold that micro-batch's g until the step's end."""
     _, split_module, args, loss_index = stages
     split_module.zero_grad(set_to_none=True)
     with collecting() as pending:
         split_module(*args)[loss_index].backward()
     kept = [weakref.ref(t) for d in pending for t in (d.inputs, d.grad)]
-    assert any(d.inputs.requires_grad for d in pending)  # what records a graph under grad mode
+    # Detached: a view of an activation that requires grad holds, through its base, the stage's graph.
+    assert pending and not any(d.inputs.requires_grad or d.grad.requires_grad for d in pending)
     for deferred in pending:
         deferred.apply()
     del deferred, pending

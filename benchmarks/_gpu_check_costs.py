@@ -138,6 +138,7 @@ def _compare_block(traced: Any, timed: Any, device: torch.device, dtype: str, pr
         "ops": len(timed.nodes),
         "forward_ms": round(forward_s * 1e3, 4),
         "backward_ms": round(backward_s * 1e3, 4),
+        "weight_ms": round(timed.weight_s * 1e3, 4),
         "forward_roofline_ms": round(predicted_forward * 1e3, 4),
         "backward_roofline_ms": round(predicted_backward * 1e3, 4),
         "forward_ratio": round(forward_s / predicted_forward, 3),
@@ -155,7 +156,7 @@ def _profiled_kinds(block: Any, device: torch.device) -> dict[tuple[str, str], f
     for _ in range(2):
         found = {(kind, phase): 0.0 for kind in KINDS for phase in ("forward", "backward")}
         phases = block.phases()
-        for phase in ("forward", "backward"):
+        for phase in ("forward", "backward", "backward"):  # the backward in two phases: B, then W
             with profile(activities=activities) as profiler:
                 next(phases)
                 _synchronize(device)

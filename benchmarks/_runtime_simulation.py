@@ -1,10 +1,16 @@
 """The simulator's step for ``benchmarks/runtime.py``'s hf_ftpipe runners, priced by a measured cost table.
 
 As ``benchmarks/simulator.py`` does with ``--profile alone`` (what ``cost_table="measured"`` does): the
-model is profiled once here (`hf_ftpipe.profile_model` at the run's micro-batch shape and a rank's
-torch threads, nothing else running), and `hf_ftpipe.simulate` prices each runner's split, placement
-and schedule with that table over the ``cpu`` profile's link (gloo over loopback). The issue's target:
-each new schedule's simulated step within 10% of the measured one.
+model is profiled here (`hf_ftpipe.profile_traced` at the run's micro-batch shape and a rank's torch
+threads, nothing else of the benchmark running), and `hf_ftpipe.simulate` prices each runner's split,
+placement and schedule with that table over the ``cpu`` profile's link (gloo over loopback). The
+issue's target: each new schedule's simulated step within 10% of the measured one.
+
+Each simulated runner gets a table of its own, timed right before each of its launches: on cores
+shared with other jobs the load moves within minutes, and one table timed before a run of half an
+hour priced the same runner 11% over its step in one run and 11% under in the next. Its simulated
+step is set beside the step of its own launch (`_runtime_report.median_rows` takes the median of
+the ratios over rounds).
 """
 
 from __future__ import annotations
@@ -15,19 +21,30 @@ from typing import Any
 from _gpt2_split import Setup, build_model, first_microbatch, make_batch, simulation_plan
 from _runtime_ranks import flushes, runner_schedule
 
+PROFILE_REPEATS = 10
+"""Timed runs per block (the median is kept): a layer takes tens of ms on a CPU thread, so ten cost a
+second or two, and the one timed layer prices all eight."""
 
-def measured_costs(setup: Setup) -> Any:
-    """The `CostTable` (each op's forward and backward seconds on one micro-batch) of a profile taken here."""
+
+def traced_model(setup: Setup) -> Any:
+    """The model traced once at the run's micro-batch shape, for every profile of this benchmark."""
+    from hf_ftpipe.graph import capture_model
+
+    return capture_model(build_model(setup), first_microbatch(setup, make_batch(setup, 0)))
+
+
+def measured_costs(setup: Setup, traced: Any | None = None) -> Any:
+    """The `CostTable` (each op's forward and backward seconds on one micro-batch) of a profile taken here,
+    now, of ``traced`` (`traced_model`; traced here when not given)."""
     import torch
 
-    from hf_ftpipe import profile_model
+    from hf_ftpipe.trainer.measured_costs import profile_traced
 
+    traced = traced if traced is not None else traced_model(setup)
     threads = torch.get_num_threads()
     torch.set_num_threads(setup.threads_per_rank)  # what each rank runs with
     try:
-        model = build_model(setup)
-        microbatch = first_microbatch(setup, make_batch(setup, 0))
-        return profile_model(model, microbatch, warmup=2, repeats=max(3, setup.stage_repeats), show_progress=False)
+        return profile_traced(traced, warmup=2, repeats=PROFILE_REPEATS, show_progress=False)
     finally:
         torch.set_num_threads(threads)
 

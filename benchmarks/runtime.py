@@ -33,8 +33,9 @@ runner runs N rounds, round-robin; a row is its round of median speed and a rati
 the rounds' ratios (each within one round). Targets: hf_ftpipe gpipe/1f1b ≥ torch's; async ≥ 1.15×
 torch GPipe at 4 micro-batches on 2 stages with ≥ 90% efficiency and peak memory within 10% of the
 prediction; (issue 28) our best synchronous schedule ≥ torch's best, zbv ≥ 1.15× our gpipe, every
-new schedule's peak memory within 10% of the prediction and its simulated step (``sim ms``, a cost
-table profiled before the runs; ``--no-simulate`` skips it) within 10% of the measured one.
+new schedule's peak memory within 10% of the prediction and its simulated step (``sim ms``, priced
+by a cost table profiled right before each of its launches; ``--no-simulate`` skips it) within 10%
+of the measured one (the median over rounds of the ratio within each).
 
 ``hf_ftpipe/gradient_accumulation`` is 1F1B with gradient accumulation: 4 batches of a quarter of
 the micro-batches each per optimizer step, run as one flush (``PipelineEngine(batches_per_step=4)``,
@@ -72,7 +73,7 @@ from _gpt2_split import (  # noqa: E402
 from _rank_processes import run_ranks  # noqa: E402
 from _runtime_ranks import ACCUMULATION_STEPS, RUNNER_SPLITS, run_rank, runner_schedule, runner_setup  # noqa: E402
 from _runtime_report import MB, checks, failed_row, make_row, median_rows, print_notes, print_table  # noqa: E402
-from _runtime_simulation import measured_costs, simulated_step_ms, simulates  # noqa: E402
+from _runtime_simulation import measured_costs, simulated_step_ms, simulates, traced_model  # noqa: E402
 
 RUNNERS = (
     "hf_ftpipe/gpipe",
@@ -257,9 +258,9 @@ def main() -> int:
             splits[runner_setup_.num_stages] = check_split(runner_setup_)
         schedule = predicted_schedule(runner)
         predicted[runner] = (schedule, predict_memory(runner_setup_, splits[runner_setup_.num_stages], schedule))
-    table = None
+    traced = None
     if args.simulate and any(simulates(runner) for runner in args.runners):
-        table = measured_costs(setup)  # before the runs, nothing else of this benchmark running
+        traced = traced_model(setup)  # profiled before each simulated launch, nothing else of this benchmark running
     runs: dict[str, list[dict[str, Any]]] = {runner: [] for runner in args.runners}
     for repeat in range(args.repeats):  # round-robin, so a busy spell of the machine hits every runner alike
         for runner in args.runners:
@@ -269,8 +270,12 @@ def main() -> int:
                 runs[runner].append(failed_row(runner, reason))
                 continue
             try:
+                table = measured_costs(setup, traced) if traced is not None and simulates(runner) else None
                 ranks = run_ranks(runner_setups[runner], run_rank, runner, args.timeout_s)
                 row = make_row(runner_setups[runner], runner, ranks, predicted[runner])
+                if table is not None:
+                    split = splits[runner_setups[runner].num_stages]
+                    row["simulated_step_ms"] = simulated_step_ms(runner_setups[runner], runner, split, table)
             except Exception as error:
                 row = failed_row(runner, str(error))
             runs[runner].append(row)
@@ -282,10 +287,6 @@ def main() -> int:
     for row in rows:
         row.update(num_ranks=setup.num_ranks, device=setup.device, num_microbatches=setup.num_microbatches)
         row.update(microbatch_size=setup.microbatch_size, num_stages=runner_setups[row["runner"]].num_stages)
-        if table is not None and row["error"] is None and simulates(row["runner"]):
-            runner_setup_ = runner_setups[row["runner"]]
-            split = splits[runner_setup_.num_stages]
-            row["simulated_step_ms"] = simulated_step_ms(runner_setup_, row["runner"], split, table)
     verdicts = checks(rows)
     if args.json:
         print(json.dumps(rows, indent=1))

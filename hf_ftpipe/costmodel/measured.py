@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from hf_ftpipe import _strict_json
 from hf_ftpipe._cache import cache_root
+from hf_ftpipe.costmodel.memory_rules import defers_weight_gradient
 from hf_ftpipe.costmodel.op_time import NodeCost, node_costs
 from hf_ftpipe.costmodel.profiles import GPUProfile
 from hf_ftpipe.errors import CostTableError
@@ -98,6 +99,8 @@ class _Timed(Protocol):
     forward_s: float
     backward_s: float
     timed_as: str
+    weight_s: float
+    """The part of ``backward_s`` in the products' weight gradients (a split backward's ``W``); 0: not timed."""
 
 
 class Timings(Protocol):
@@ -119,7 +122,9 @@ class CostTable:
     blocks: list[BlockTime]
     shares: dict[str, list[float]]
     """Every op → ``[forward share, backward share]`` of its block's measured time: its share of the
-    block's roofline time, so each block's add up to 1."""
+    block's roofline time, so each block's add up to 1; in the backward, the products that defer
+    their weight gradients (`defers_weight_gradient`) share twice the block's measured ``W`` where it
+    was timed, the other ops the rest (see `from_timings`)."""
     repeats: int
     """Timed runs per block (the median is kept), after ``warmup`` untimed ones."""
     warmup: int
@@ -158,17 +163,22 @@ class CostTable:
     ) -> CostTable:
         """The table of ``timings`` of ``graph``'s blocks; each op's share of its block is its share of
         the block's roofline time on ``profile`` (the local device's: only ratios within a block matter),
-        equal shares where the roofline gives the block none."""
+        equal shares where the roofline gives the block none.
+
+        The backward is shared in two groups where the block's ``W`` was timed (``weight_s``): the
+        products that defer their weight gradients take twice ``W`` (a product's backward is two
+        equal matrix products, its input's gradient and its weight's: the simulator's ``W`` is half
+        of it, `hf_ftpipe.simulator.pipeline_costs`, so it prices the ``W`` measured), the other ops
+        the rest, each group by the roofline. The roofline alone gave GPT-2's products on one CPU
+        thread half the share they took: it prices a matrix product at a peak the CPU does not reach.
+        """
         roofline = node_costs(graph, profile, timings.dtype)
         shares = {}
         for block in timings.blocks:
             forward = math.fsum(roofline[n].forward_s for n in block.nodes)
-            backward = math.fsum(roofline[n].backward_s for n in block.nodes)
+            backward = _backward_shares(graph, block, {n: roofline[n].backward_s for n in block.nodes})
             for n in block.nodes:
-                shares[n] = [
-                    roofline[n].forward_s / forward if forward > 0 else 1.0 / len(block.nodes),
-                    roofline[n].backward_s / backward if backward > 0 else 1.0 / len(block.nodes),
-                ]
+                shares[n] = [roofline[n].forward_s / forward if forward > 0 else 1.0 / len(block.nodes), backward[n]]
         return cls(
             key=CostKey.of(graph, dtype=timings.dtype, device=timings.device),
             blocks=[BlockTime(b.name, list(b.nodes), b.forward_s, b.backward_s, b.timed_as) for b in timings.blocks],
@@ -231,6 +241,24 @@ def cache_path(key: CostKey) -> Path:
     """Where the table for ``key`` is cached: ``$HF_HOME/hf_ftpipe/costs/<model class>-<key digest>.json``."""
     model = "".join(c if c.isalnum() or c in "-_." else "_" for c in key.model_class) or "model"
     return cache_root() / "costs" / f"{model}-{key.digest()}.json"
+
+
+def _backward_shares(graph: CostGraph, block: _Timed, roofline: dict[str, float]) -> dict[str, float]:
+    """Each op of ``block`` → its share of the block's backward (see `CostTable.from_timings`): the
+    deferring products 2·W / backward of it between them, the others the rest, each by ``roofline``."""
+    weight = getattr(block, "weight_s", 0.0)  # timings of a profiler before the split backward: none
+    products = [n for n in block.nodes if defers_weight_gradient(graph, n)]
+    others = [n for n in block.nodes if n not in set(products)]
+    if weight <= 0 or block.backward_s <= 0 or not products or not others:
+        return _by(block.nodes, roofline, 1.0)
+    products_share = min(1.0, 2 * weight / block.backward_s)
+    return {**_by(products, roofline, products_share), **_by(others, roofline, 1.0 - products_share)}
+
+
+def _by(nodes: Sequence[str], weights: dict[str, float], total: float) -> dict[str, float]:
+    """``total`` shared among ``nodes`` in proportion to ``weights`` (equally where they add up to 0)."""
+    whole = math.fsum(weights[n] for n in nodes)
+    return {n: total * (weights[n] / whole if whole > 0 else 1.0 / len(nodes)) for n in nodes}
 
 
 def _input_shapes(graph: CostGraph) -> dict[str, list[int]]:

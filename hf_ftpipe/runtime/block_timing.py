@@ -8,6 +8,12 @@ runs first, the median of the timed ones kept. Blocks with equal signatures (the
 stack) are timed once, so a full-size model is profiled in a handful of blocks. Only the timed
 blocks' weights are made, randomly, on the device: the model itself may live on the meta device.
 
+The backward runs split, as ``zb-h1`` and ``zbv`` run it (`hf_ftpipe.runtime.split_backward`):
+``B``, then ``W`` (the weight gradients of the products with a weight), timed apart. Their sum is
+the whole backward's work; ``W`` is what those schedules defer, and no share of the block's time
+by op says how large it is: the roofline's shares gave GPT-2's products on a CPU thread about
+half the backward, where ``W`` alone measured 40-45% of it.
+
 The timings are plain data, as the runtime does not import the cost model:
 ``hf_ftpipe.costmodel.CostTable.from_timings`` makes the table of them (``hf_ftpipe.profile_model``
 does both). The timing core (`median_times`) is shared with TeraPipe's slice timing
@@ -32,6 +38,7 @@ from hf_ftpipe.graph.trace import TracedModel
 from hf_ftpipe.plan.blocks import Block, blocks_of
 from hf_ftpipe.plan.keys import params_dtype
 from hf_ftpipe.runtime.shapes import ShapeBook
+from hf_ftpipe.runtime.split_backward import DeferredWeightGradient, collecting, defer_weight_gradients
 from hf_ftpipe.runtime.stage import StageSpec, build_stage_module, plan_stages
 
 __all__ = [
@@ -98,6 +105,8 @@ class TimedBlock(NamedTuple):
     forward_s: float
     backward_s: float
     timed_as: str
+    weight_s: float = 0.0
+    """The part of ``backward_s`` spent in the products' weight gradients (a split backward's ``W``)."""
 
 
 @dataclass(frozen=True)
@@ -155,14 +164,15 @@ def time_blocks(
             f"{len(first)} to time (the rest repeat one), {warmup} warm-up + {repeats} timed runs each",
             file=sys.stderr,
         )
-    timed: dict[str, tuple[float, float]] = {}
+    timed: dict[str, tuple[float, float, float]] = {}
     bar = progress(len(first), "profiling") if show_progress else None
     autocast = dtype != weights_dtype
     for signature, block in first.items():
         runner = BlockRunner(traced, block, device)
         with torch.autocast(device.type, dtype=getattr(torch, dtype)) if autocast else contextlib.nullcontext():
-            forward_s, backward_s = median_times(runner.phases, warmup=warmup, repeats=repeats, device=device)
-        timed[signature] = (forward_s, backward_s if runner.has_backward else 0.0)
+            forward_s, input_s, weight_s = median_times(runner.phases, warmup=warmup, repeats=repeats, device=device)
+        weight_s = weight_s if runner.weight_gradients else 0.0  # no product: W is an empty loop
+        timed[signature] = (forward_s, input_s + weight_s, weight_s) if runner.has_backward else (forward_s, 0.0, 0.0)
         del runner  # its weights: the next block's may not fit beside them
         if bar is not None:
             bar.update(1)
@@ -173,8 +183,9 @@ def time_blocks(
             TimedBlock(
                 block.name,
                 block.nodes,
-                *timed[block.signature],
+                *timed[block.signature][:2],
                 timed_as="" if first[block.signature] is block else first[block.signature].name,
+                weight_s=timed[block.signature][2],
             )
             for block in blocks
         ],
@@ -199,7 +210,8 @@ def dtype_name(dtype: str) -> str:
 
 
 class BlockRunner:
-    """One block built as a stage with random weights and inputs on ``device``, run as forward then backward."""
+    """One block built as a stage with random weights and inputs on ``device``, run as forward, then its
+    backward split as a zero-bubble schedule splits it: input gradients (``B``), then weight gradients (``W``)."""
 
     def __init__(self, traced: TracedModel, block: Block, device: torch.device) -> None:
         graph = traced.cost_graph
@@ -212,9 +224,12 @@ class BlockRunner:
         spec = plan_stages(graph, node_stage)[used.index(1)]
         tensors = weights_for(traced, inside, device)
         self.module = build_stage_module(traced.graph_module, spec, traced.canonical_names, tensors, device)
+        defer_weight_gradients(self.module)  # the same values; the products' weight gradients wait for W
         self.inputs = _inputs(traced, graph, spec, device)
         self.params = [p for p in self.module.parameters() if p.requires_grad]
         self.has_backward = any(graph.node(n)["requires_grad"] for n in block.nodes)
+        self.weight_gradients = 0
+        """The products whose weight gradients the last backward deferred to ``W``."""
 
     def phases(self) -> Iterator[None]:
         for p in self.params:  # each micro-batch's gradients start from none, as the first one's do
@@ -223,8 +238,14 @@ class BlockRunner:
         outputs = self.module(*leaves)
         yield
         roots = [y for y in outputs if isinstance(y, torch.Tensor) and y.requires_grad]
+        deferred: list[DeferredWeightGradient] = []
         if roots:
-            torch.autograd.backward(roots, [torch.ones_like(y) for y in roots])
+            with collecting() as deferred:
+                torch.autograd.backward(roots, [torch.ones_like(y) for y in roots])
+        self.weight_gradients = len(deferred)
+        yield
+        for weight_gradient in deferred:
+            weight_gradient.apply()
         yield
 
 

@@ -1,20 +1,26 @@
-"""The measured cost table: JSON round trip, every defect a clear error, a foreign table refused, and
-the plans made from it (a slow block moves the partition boundary)."""
+"""The measured cost table: JSON round trip, every defect a clear error, a foreign table refused, the
+plans made from it (a slow block moves the partition boundary), and a timed ``W`` pricing the split backward."""
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from cost_tables import roofline_table, tiny_gpt2_traced
 
-from hf_ftpipe.costmodel import get_profile
+from hf_ftpipe.costmodel import get_profile, node_costs
 from hf_ftpipe.costmodel.measured import CostTable, cache_path
+from hf_ftpipe.costmodel.memory_rules import defers_weight_gradient
 from hf_ftpipe.errors import CostTableError, PartitionError
 from hf_ftpipe.partitioners.registry import run_partitioner
+from hf_ftpipe.plan.blocks import blocks_of
+from hf_ftpipe.plan.partition import Partition
 from hf_ftpipe.plan.request import PlanRequest
+from hf_ftpipe.runtime.block_timing import BlockTimings, TimedBlock
+from hf_ftpipe.simulator import pipeline_costs
 
 # Links so fast that the tiny model's plan is cut by compute alone, as a large model's is.
 PROFILE = replace(get_profile("a100-80gb", count=2), link_latency_s=0.0, link_bandwidth_bytes_per_s=1e18)
@@ -96,6 +102,46 @@ def test_a_slow_block_moves_the_partition_boundary(graph) -> None:
     assert 1 <= _stage0_blocks(measured, slow) < _stage0_blocks(roofline, slow)
     assert measured.predicted.stages[0].forward_s == pytest.approx(
         sum(c.forward_s for n, c in slow.node_costs().items() if measured.node_stage[n] == 0)
+    )
+
+
+def test_a_timed_weight_gradient_sets_the_products_share_of_the_backward(graph) -> None:
+    # Every block: forward 1 s, backward 2 s; W (the products' dW, a split backward's) timed at 0.7 s in
+    # each layer, 0.3 s after them (lm_head), none in the embeddings (no product). A product's backward
+    # is two equal matrix products (dx, dW), so a layer's 4 Conv1D products share 2 × 0.7 = 1.4 s of its
+    # 2 s and its other ops (layer norms, attention, GELU) 0.6 s, each group by the roofline's
+    # proportions; the simulator's W (half the products') is the W timed.
+    weight_s = {"transformer": 0.0, "transformer.ln_f": 0.3}
+    timings = BlockTimings(
+        blocks=[TimedBlock(b.name, b.nodes, 1.0, 2.0, "", weight_s.get(b.name, 0.7)) for b in blocks_of(graph)],
+        dtype="float32",
+        device="cpu",
+        warmup=0,
+        repeats=1,
+    )
+    table = CostTable.from_timings(graph, timings, PROFILE)
+    costs = table.node_costs(graph)
+    roofline = node_costs(graph, PROFILE, "float32")
+    layer = next(b for b in blocks_of(graph) if b.name == "transformer.h.0").nodes
+    products = [n for n in layer if defers_weight_gradient(graph, n)]
+    others = [n for n in layer if n not in products]
+    assert [str(graph.node(n)["op"]) for n in products] == ["aten.addmm.default"] * 4
+    assert math.fsum(costs[n].backward_s for n in products) == pytest.approx(1.4)
+    assert math.fsum(costs[n].backward_s for n in others) == pytest.approx(0.6)
+    first, last = products[0], products[-1]  # c_attn (d → 3d) and the MLP's c_proj (4d → d)
+    assert costs[first].backward_s / costs[last].backward_s == pytest.approx(
+        roofline[first].backward_s / roofline[last].backward_s
+    )
+    assert math.fsum(costs[n].forward_s for n in layer) == pytest.approx(1.0)  # the forward as before
+    plan = Partition(node_stage=dict.fromkeys(graph.graph, 0), stage_device=[0], partitioner="test", key=None)
+    pipeline = pipeline_costs(plan, graph, PROFILE, costs=costs, schedule="zb-h1", num_microbatches=2)
+    assert pipeline.weight_s == pytest.approx([4 * 0.7 + 0.3])
+    assert pipeline.backward_s == pytest.approx([6 * 2.0])
+    # No W timed (no product there, or timings of a profiler before the split backward): the roofline's shares.
+    embeddings = next(b for b in blocks_of(graph) if b.name == "transformer").nodes
+    total = math.fsum(roofline[n].backward_s for n in embeddings)
+    assert [costs[n].backward_s for n in embeddings] == pytest.approx(
+        [2.0 * roofline[n].backward_s / total for n in embeddings]
     )
 
 

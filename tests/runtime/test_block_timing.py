@@ -25,6 +25,9 @@ def test_profile_times_one_block_per_layer_type() -> None:
     assert [b.timed_as for b in layers] == ["", "transformer.h.0", "transformer.h.0", "transformer.h.0"]
     assert len({(b.forward_s, b.backward_s) for b in layers}) == 1
     assert all(b.forward_s > 0 and b.backward_s > 0 for b in table.blocks)
+    # W, the products' weight gradients, timed apart inside the backward: none in the embeddings
+    assert timings.blocks[0].weight_s == 0.0
+    assert all(0 < b.weight_s < b.backward_s for b in timings.blocks[1:])  # the layers' Conv1D, lm_head
     assert (table.key.device, table.key.dtype, table.key.graph_digest) == ("cpu", "float32", traced.cost_graph.digest)
     costs = table.node_costs(traced.cost_graph)
     assert math.fsum(c.total_s for c in costs.values()) == pytest.approx(

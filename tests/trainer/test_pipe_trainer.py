@@ -91,7 +91,8 @@ def test_quickstart_prints_the_accuracy_the_readme_quotes_and_saves_a_loadable_m
 
     printed = re.search(r"eval accuracy: (\d\.\d+)", result.stdout)
     assert printed, result.stdout[-3000:]
-    quoted, torch_versions, transformers_versions = _readme_quickstart_accuracy()
+    quoted, torch_versions, transformers_versions, per_kernels = _readme_quickstart_accuracy()
+    quoted = per_kernels.get(torch.backends.cpu.get_cpu_capability(), quoted)
     if torch.__version__.split("+")[0] in torch_versions and transformers.__version__ in transformers_versions:
         assert printed.group(1) == quoted, f"README.md quotes {quoted}; the demo printed {printed.group(0)}"
     else:  # other versions may draw other random numbers
@@ -100,15 +101,17 @@ def test_quickstart_prints_the_accuracy_the_readme_quotes_and_saves_a_loadable_m
     assert model.config.d_model == 64
 
 
-def _readme_quickstart_accuracy() -> tuple[str, set[str], set[str]]:
-    """The accuracy README.md's Quickstart quotes, and the torch and transformers versions it was measured on."""
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
+def _readme_quickstart_accuracy() -> tuple[str, set[str], set[str], dict[str, str]]:
+    """The accuracy README.md's Quickstart quotes, the torch and transformers versions it was measured on,
+    and the accuracies it quotes for CPU kernels that round differently (capability → accuracy)."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8").replace("\n", " ")
     quoted = re.search(
-        r"`eval accuracy: (\d\.\d+)` after [^;]*?on torch ([\d.]+) with transformers ([\d.]+(?: and [\d.]+)*);",
-        readme.replace("\n", " "),
+        r"`eval accuracy: (\d\.\d+)` after [^;]*?on torch ([\d.]+) with transformers ([\d.]+(?: and [\d.]+)*);", readme
     )
     assert quoted, "README.md's Quickstart quotes `eval accuracy: X` after ..., on torch V with transformers V [and V];"
-    return quoted.group(1), {quoted.group(2)}, set(quoted.group(3).split(" and "))
+    other = r"`eval accuracy: (\d\.\d+)` where torch's CPU kernels are its (\w+) ones"
+    per_kernels = {kernels: accuracy for accuracy, kernels in re.findall(other, readme)}
+    return quoted.group(1), {quoted.group(2)}, set(quoted.group(3).split(" and ")), per_kernels
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,10 @@ checkpoint, and lingers: the other rank stops at once, naming it and what it was
 that fails reading one: `test_checkpoint_faults.py`).
 
 The jobs (`stall_job.py`, `accelerate launch`, 2 ranks) run at once: most of their time is spent
-waiting, for the timeout and for the launcher's grace period before it kills the stopped rank.
+waiting for the timeout. The launcher then sends the stopped rank SIGTERM, which stays pending while
+the rank is stopped, and kills it after a grace period of 30 s (torch's ``_stop_workers`` takes no
+shorter one): once the test sees the SIGTERM pending, it continues the rank, which then ends on the
+launcher's own signal (the launcher reports it) without the grace being waited out.
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ class Outcome:
     """From the stalling rank's stop (or failure) until every other rank had exited."""
     stalled_pid: int
     folder: Path
+    asked_to_end: bool
+    """The launcher sent the stopped rank SIGTERM (seen pending before the test continued it)."""
 
 
 def _alive(pid: int) -> bool:
@@ -51,13 +56,25 @@ def _alive(pid: int) -> bool:
     return not Path(f"/proc/{pid}/stat").read_text().split(") ")[-1].startswith("Z")
 
 
+def _asked_to_end(pid: int) -> bool:
+    """Whether a SIGTERM is pending for ``pid`` (a stopped process receives it only once continued)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    pending = next(int(line.split()[1], 16) for line in status.splitlines() if line.startswith("ShdPnd:"))
+    return bool(pending & (1 << (signal.SIGTERM - 1)))
+
+
 def _watch(folders: dict[str, Path], launched: dict[str, subprocess.Popen]) -> dict[str, Outcome]:
     """Watch every job at once: when its stalling rank stopped, when every other rank had exited,
-    and what its launcher printed."""
+    whether the launcher asked the stopped rank to end (which then continues it), and what the
+    launcher printed."""
     deadline = time.monotonic() + LAUNCHER_DEADLINE_S
     stopped_at: dict[str, float] = {}
     others_gone_at: dict[str, float] = {}
-    while len(others_gone_at) < len(launched) and time.monotonic() < deadline:
+    asked_to_end: set[str] = set()
+    while any(p.poll() is None for p in launched.values()) and time.monotonic() < deadline:
         for where, folder in folders.items():
             if where not in stopped_at and (folder / "stopped").exists():
                 stopped_at[where] = time.monotonic()
@@ -65,6 +82,11 @@ def _watch(folders: dict[str, Path], launched: dict[str, subprocess.Popen]) -> d
                 others = [int((folder / f"pid{r}").read_text()) for r in range(2) if r != STALLING_RANK]
                 if not any(_alive(pid) for pid in others):
                     others_gone_at[where] = time.monotonic()
+            if where in others_gone_at and where in STALLS and where not in asked_to_end:
+                stalled_pid = int((folder / f"pid{STALLING_RANK}").read_text())
+                if _asked_to_end(stalled_pid):
+                    asked_to_end.add(where)
+                    os.kill(stalled_pid, signal.SIGCONT)  # it ends on the launcher's SIGTERM now, not after 30 s
             if launched[where].poll() is not None and where not in stopped_at:
                 pytest.fail(f"{where}: the job ended before its rank stopped:\n{launched[where].stdout.read()[-6000:]}")
         time.sleep(0.1)
@@ -78,7 +100,9 @@ def _watch(folders: dict[str, Path], launched: dict[str, subprocess.Popen]) -> d
             pytest.fail(f"{where}: the launcher did not end within {LAUNCHER_DEADLINE_S} s:\n{output[-6000:]}")
         waited = others_gone_at.get(where, float("inf")) - stopped_at.get(where, 0.0)
         stalled_pid = int((folders[where] / f"pid{STALLING_RANK}").read_text())
-        outcomes[where] = Outcome(output, launcher.returncode, waited, stalled_pid, folders[where])
+        outcomes[where] = Outcome(
+            output, launcher.returncode, waited, stalled_pid, folders[where], where in asked_to_end
+        )
     return outcomes
 
 
@@ -108,6 +132,8 @@ def test_other_ranks_stop_in_time_naming_the_silent_rank_and_nothing_is_left_beh
     stopping = [line.split(reason, 1)[1] for line in outcome.output.splitlines() if reason in line]
     assert stopping, outcome.output[-6000:]
     assert f"rank {STALLING_RANK}" in stopping[0], stopping[0]
+    assert outcome.asked_to_end, f"the launcher never sent the stopped rank SIGTERM:\n{outcome.output[-6000:]}"
+    assert f"Signal 15 (SIGTERM) received by PID {outcome.stalled_pid}" in outcome.output, outcome.output[-6000:]
     assert not _alive(outcome.stalled_pid), f"rank {STALLING_RANK} (pid {outcome.stalled_pid}) is still alive"
 
 

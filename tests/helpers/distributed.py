@@ -59,11 +59,27 @@ def _entry(fn: Callable, rank: int, world_size: int, rendezvous: str, queue: Any
             dist.destroy_process_group()
 
 
+PRELOADED = (
+    "torch",
+    "torch.distributed",
+    "transformers",
+    "transformers.trainer",
+    "hf_ftpipe.runtime",
+    "hf_ftpipe.graph.trace",
+    "hf_ftpipe.partitioners",
+    "hf_ftpipe.trainer.pipe_trainer",
+    "pytest",
+)
+"""What the fork server imports once for every rank. transformers.trainer pulls in modeling_utils
+and training_args, which every rank building a model or arguments would otherwise import again
+(seconds per rank). ``hf_ftpipe`` loads its modules on first use: its runtime, tracing (torch.export,
+sympy, networkx), partitioners and trainer are named here, and pytest, which every test module a
+rank's function lives in imports (together about a second of CPU per rank, on every launch)."""
+
+
 def _context() -> Any:
     context = mp.get_context("forkserver")
-    # transformers.trainer pulls in modeling_utils and training_args, which every rank building a
-    # model or arguments would otherwise import again (seconds per rank).
-    context.set_forkserver_preload(["torch", "torch.distributed", "transformers", "transformers.trainer", "hf_ftpipe"])
+    context.set_forkserver_preload(list(PRELOADED))
     return context
 
 

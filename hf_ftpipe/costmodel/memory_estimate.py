@@ -52,7 +52,7 @@ from hf_ftpipe.costmodel.options import (
 )
 from hf_ftpipe.errors import PartitionError
 from hf_ftpipe.graph.cost_graph import CostGraph
-from hf_ftpipe.schedules.rules import held_at_peaks, held_before_backwards, in_flight
+from hf_ftpipe.schedules.rules import State, held_at_peaks, held_before_backwards, in_flight
 
 __all__ = ["StageMemory", "estimate_memory", "nodes_by_stage"]
 
@@ -93,7 +93,7 @@ class StageMemory:
         """Per stage: gradients only its ``W`` creates, charged with the weights but absent before
         its first ``W`` of a step (``Trainer`` frees gradients between steps; with accumulation they persist)."""
         # Not yet under recomputation: the walk prices the recomputed V about as measured on a small GPT-2
-        # (within 6%, tests/runtime/test_memory_prediction.py), but T5-3B's zbv V plan at 11-16 GiB where
+        # (within 7%, tests/runtime/test_memory_prediction.py), but T5-3B's zbv V plan at 11-16 GiB where
         # seq-dp's per-stage rule (`partitioners/chain.py`) planned 9.9: the partitioner must learn the
         # walk before the estimate can use it (open, issue 28).
         ordered = token_slices is None and not options.recompute
@@ -183,7 +183,7 @@ class StageMemory:
         parts["memory_bytes"] = sum(parts.values())
         return parts
 
-    def _held(self, state: tuple[tuple[int, int, int], ...]) -> int:
+    def _held(self, state: State) -> int:
         """What a GPU holds in ``state`` (`held_at_peaks`): activations, what ``W`` reads, less the
         deferred gradients of stages that have run no ``W`` yet."""
         return sum(

@@ -71,6 +71,6 @@ class MicrobatchState:
         self._actions_left.pop(m, None)
         self.data.pop(m, None)
         self.shapes.pop(m, None)
-        for store in (self.outputs, self.received, self.grads):
+        for store in (self.outputs, self.received, self.grads, self._reads):
             for key in [k for k in store if k[1] == m]:
                 del store[key]

@@ -16,6 +16,7 @@ from hf_ftpipe.errors import PartitionError
 from hf_ftpipe.schedules.registry import schedule_traits
 
 __all__ = [
+    "State",
     "awaiting_weight_gradients",
     "gradients_persist",
     "held_at_peaks",
@@ -167,10 +168,11 @@ def held_before_backwards(
     """The moments a backward runs: per GPU, for each of its ``B`` actions, the stage and what the
     GPU holds just before it (`held_at_peaks`'s states). ``None`` where `held_at_peaks` is.
 
-    A backward's working memory sits on the state before it, not after: a recomputed stage rebuilds
-    its micro-batch's activations inside ``B``, and what ``W`` reads is made of them, so the state
-    after ``B`` (its micro-batch awaiting ``W``) plus the rebuilt activations counts ``W``'s inputs
-    twice. zb-h1 on [0, 1], M = 4: GPU 1 runs 1B2 holding one micro-batch and two awaiting ``W``.
+    A backward's working memory sits on the state before it, not after: the state after ``B`` has
+    let the micro-batch's activations go and, for a recomputed stage, counts what ``W`` reads, which
+    ``B`` builds from the activations it rebuilds (the estimate does not walk recomputed plans yet:
+    `hf_ftpipe.costmodel.memory_estimate`). zb-h1 on [0, 1], M = 4: GPU 1 runs 1B2 holding one
+    micro-batch and two awaiting ``W``.
     """
     if held_at_peaks(schedule, stage_device, num_microbatches) is None:
         return None

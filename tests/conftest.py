@@ -1,7 +1,8 @@
 """Shared test set-up: one thread per process, so multi-rank tests do not oversubscribe 2 cores; a
 temporary HF_HOME per session, module and test, so no test reads or writes the user's Hugging Face
 cache (PipeTrainer caches the plans it computes there) and no test picks up a plan another cached;
-and the slowest files first, so that no long file starts last on one worker while the other idles."""
+and the slowest files first, so that no long file starts last on one worker while the other idles,
+with files that share a session's launch on one worker."""
 
 import atexit
 import os
@@ -9,10 +10,11 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
-from suite_order import slowest_files_first
+from suite_order import shared_launch_scheduling, slowest_files_first
 
 torch.set_num_threads(1)
 
@@ -27,6 +29,13 @@ def pytest_configure(config: pytest.Config) -> None:
     # which `pytest_collection_modifyitems` sets.
     if hasattr(config.option, "loadscopereorder"):
         config.option.loadscopereorder = False
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under `--dist loadfile`, files that share a session fixture's launch are one unit of work
+    (`suite_order.SHARED_LAUNCHES`); other modes are xdist's own (None)."""
+    return shared_launch_scheduling(config, log) if config.getvalue("dist") == "loadfile" else None
 
 
 @pytest.hookimpl(trylast=True)

@@ -14,7 +14,9 @@ HERE = Path(__file__).resolve().parent
 
 @pytest.fixture(scope="session")
 def t5_examples_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One 2-process launch of t5_examples_job.py; each case's results in OUT/<case>/."""
+    """One 2-process launch of t5_examples_job.py; each case's results in OUT/<case>/. A session fixture
+    runs once per xdist worker: a new file that reads it goes in `suite_order.SHARED_LAUNCHES`, so that
+    `--dist loadfile` runs it on the worker of the others."""
     out = tmp_path_factory.mktemp("t5_examples")
     start = time.monotonic()
     job = accelerate_launch(

@@ -1,10 +1,12 @@
 """The order whole test files start in (tests/conftest.py): the slowest first, so that with the suite
-on two workers (``--dist loadfile``) no long file starts last on one worker while the other idles."""
+on two workers (``--dist loadfile``) no long file starts last on one worker while the other idles;
+and files that share a session's launch go to one worker together, so that it runs once."""
 
 from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -12,6 +14,7 @@ SLOWEST_FILES = (
     "trainer/test_any_batch.py",
     "trainer/test_pipe_trainer.py",
     "trainer/test_checkpoint.py",
+    "examples/test_run_glue.py",
     "runtime/test_memory_prediction.py",
     "faults/test_stalled_rank.py",
     "runtime/test_engine.py",
@@ -24,7 +27,6 @@ SLOWEST_FILES = (
     "hub/test_trainer_hub.py",
     "trainer/test_lora.py",
     "trainer/test_parity.py",
-    "examples/test_run_glue.py",
     "trainer/test_fp16.py",
     "faults/test_same_batch.py",
     "faults/test_infeasible_plan.py",
@@ -49,3 +51,28 @@ def slowest_files_first(items: list[pytest.Item], tests: Path) -> list[pytest.It
         range(len(items)), key=lambda i: (slowest.get(files[i], len(slowest)), -counts[files[i]], first[files[i]])
     )
     return [items[i] for i in order]
+
+
+SHARED_LAUNCHES = {"examples/test_run_summarization.py": "examples/test_run_glue.py"}
+"""A file → the file whose worker runs it too, because both read a session fixture's launch
+(tests/examples/conftest.py's T5 examples job, 70-100 s): a session fixture runs once per worker, so
+with the two files on different workers the job was launched twice. Paths are relative to tests/."""
+
+
+def work_unit(file: str) -> str:
+    """The unit of work `--dist loadfile` hands a worker for ``file`` (a test's file, as its node id
+    names it from the repository, ``tests/...``): the file, or the file it shares a launch with."""
+    folder, _, relative = file.rpartition("tests/")
+    shared = SHARED_LAUNCHES.get(relative)
+    return f"{folder}tests/{shared}" if shared else file
+
+
+def shared_launch_scheduling(config: pytest.Config, log: Any) -> Any:
+    """xdist's `LoadFileScheduling` with the files of `SHARED_LAUNCHES` in the unit of their partner's."""
+    from xdist.scheduler import LoadFileScheduling
+
+    class SharedLaunchScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(super()._split_scope(nodeid))
+
+    return SharedLaunchScheduling(config, log)

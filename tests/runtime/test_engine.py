@@ -1,7 +1,7 @@
 """The flushing schedules (GPipe, 1F1B) across real gloo processes equal single-process training,
 loss by loss and weight by weight, on contiguous and Mixed-Pipe placements.
 
-The flushing and loss-weight cases of a model share a launch and its trace (each case on a deep copy
+The flushing, autocast and loss-weight cases of a model share a launch and its trace (each case on a deep copy
 of it: the initial weights of a launch of its own); each case is asserted by its own test."""
 
 from __future__ import annotations
@@ -130,15 +130,18 @@ def test_eval_step_returns_loss_and_logits_on_every_rank() -> None:
 
 def recompute_run(rank: int, world_size: int, schedule: str):
     """The same training with and without recomputation, dropout on: equal only if the recomputed
-    forward repeats the original one exactly (random state included)."""
+    forward repeats the original one exactly (random state included). Both run on a deep copy of one
+    trace: the same initial weights, for one export's time."""
+    data = batches("gpt2")
+    traced = capture_model(
+        tiny_model("gpt2", dropout=0.2), {name: value[:MICROBATCH] for name, value in data[0].items()}
+    )
     runs = []
     for recompute in (False, True):
-        model = tiny_model("gpt2", dropout=0.2)
-        data = batches("gpt2")
-        traced = capture_model(model, {name: value[:MICROBATCH] for name, value in data[0].items()})
-        placement = contiguous_placement(traced.cost_graph, [0, 1])
+        copied = copy.deepcopy(traced)
+        placement = contiguous_placement(copied.cost_graph, [0, 1])
         engine = PipelineEngine(
-            traced, placement, num_microbatches=NUM_MICROBATCHES, schedule=schedule, recompute=recompute
+            copied, placement, num_microbatches=NUM_MICROBATCHES, schedule=schedule, recompute=recompute
         )
         optimizer = torch.optim.SGD(engine.parameters(), lr=LR)
         engine.attach_optimizer(optimizer)
@@ -163,47 +166,74 @@ def test_recomputation_changes_nothing_but_memory(schedule: str) -> None:
             torch.testing.assert_close(value, plain_state[name], atol=0, rtol=0, msg=name)
 
 
-def autocast_pipeline_run(
-    rank: int, world_size: int, kind: str, stage_device: list[int], dtype: torch.dtype, loss_scale: float
-):
-    model = tiny_model(kind)
+AUTOCAST = [
+    ("gpt2", [0, 1], torch.bfloat16, 1.0, 1e-5),
+    # T5's shared embedding feeds stages on both ranks: the bfloat16 gradients of values read on
+    # several ranks are summed in another order than autograd's, which rounds differently.
+    ("t5", [0, 1, 0], torch.bfloat16, 1.0, 3e-3),
+    # float16: the loss's gradient seeded with the loss scale, as PipeTrainer's fp16 does.
+    ("gpt2", [0, 1], torch.float16, 1024.0, 1e-5),
+]
+"""(kind, stage_device, dtype, loss_scale, atol); one launch per model runs its cases."""
+
+
+def autocast_pipeline_run(rank: int, world_size: int, kind: str):
+    """This rank's losses, weights and logits for each of the model's `AUTOCAST` cases, each on a deep
+    copy of one trace (the initial weights of a launch of its own)."""
     data = batches(kind)
-    traced = capture_model(model, {name: value[:MICROBATCH] for name, value in data[0].items()})
-    engine = PipelineEngine(
-        traced,
-        contiguous_placement(traced.cost_graph, stage_device),
-        num_microbatches=NUM_MICROBATCHES,
-        autocast_dtype=dtype,
-    )
-    engine.loss_scale = loss_scale
-    optimizer = torch.optim.SGD(engine.parameters(), lr=LR)
-    losses = []
-    for batch in data:
-        optimizer.zero_grad()
-        losses.append(engine.train_step(batch).item())
-        for param in engine.parameters():
-            param.grad.div_(loss_scale)
-        optimizer.step()
-    logits = engine.eval_step(data[0], output_names=("logits",))["logits"]
-    return losses, engine.state_dict(), logits
+    traced = capture_model(tiny_model(kind), {name: value[:MICROBATCH] for name, value in data[0].items()})
+    results = {}
+    for k, stage_device, dtype, loss_scale, _ in AUTOCAST:
+        if k != kind:
+            continue
+        copied = copy.deepcopy(traced)
+        engine = PipelineEngine(
+            copied,
+            contiguous_placement(copied.cost_graph, stage_device),
+            num_microbatches=NUM_MICROBATCHES,
+            autocast_dtype=dtype,
+        )
+        engine.loss_scale = loss_scale
+        optimizer = torch.optim.SGD(engine.parameters(), lr=LR)
+        losses = []
+        for batch in data:
+            optimizer.zero_grad()
+            losses.append(engine.train_step(batch).item())
+            for param in engine.parameters():
+                param.grad.div_(loss_scale)
+            optimizer.step()
+        logits = engine.eval_step(data[0], output_names=("logits",))["logits"]
+        results[tuple(stage_device), dtype] = (losses, engine.state_dict(), logits)
+    return results
+
+
+@pytest.fixture(scope="module")
+def autocast_results() -> Callable[[str], list[dict]]:
+    """Each rank's results of a model's `AUTOCAST` cases, launched once per model."""
+    done: dict[str, list[dict]] = {}
+
+    def results(kind: str) -> list[dict]:
+        if kind not in done:
+            done[kind] = values_or_raise(run_ranks(autocast_pipeline_run, 2, kind, deadline_s=240.0))
+        return done[kind]
+
+    return results
 
 
 @pytest.mark.parametrize(
     ("kind", "stage_device", "dtype", "loss_scale", "atol"),
-    [
-        ("gpt2", [0, 1], torch.bfloat16, 1.0, 1e-5),
-        # T5's shared embedding feeds stages on both ranks: the bfloat16 gradients of values read on
-        # several ranks are summed in another order than autograd's, which rounds differently.
-        ("t5", [0, 1, 0], torch.bfloat16, 1.0, 3e-3),
-        # float16: the loss's gradient seeded with the loss scale, as PipeTrainer's fp16 does.
-        ("gpt2", [0, 1], torch.float16, 1024.0, 1e-5),
-    ],
+    AUTOCAST,
     ids=["bf16-gpt2-0-1", "bf16-t5-0-1-0", "fp16-gpt2-0-1"],
 )
 def test_autocast_equals_single_process_autocast(
-    kind: str, stage_device: list[int], dtype: torch.dtype, loss_scale: float, atol: float
+    autocast_results: Callable[[str], list[dict]],
+    kind: str,
+    stage_device: list[int],
+    dtype: torch.dtype,
+    loss_scale: float,
+    atol: float,
 ) -> None:
-    results = values_or_raise(run_ranks(autocast_pipeline_run, 2, kind, stage_device, dtype, loss_scale))
+    results = [figures[tuple(stage_device), dtype] for figures in autocast_results(kind)]
     reference_losses, reference_state = reference_run(kind, autocast_dtype=dtype, loss_scale=loss_scale)
     model = tiny_model(kind)
     model.load_state_dict(reference_state)

@@ -1,10 +1,15 @@
-"""A small PipeTrainer job on a tiny GPT-2, started by `accelerate launch` from the tests.
+"""Small PipeTrainer jobs on a tiny GPT-2, started by `accelerate launch` from the tests.
 
-Each rank writes the weights of its own stages to ``OUTPUT/rank{r}.pt`` so the test can check
-that the saved checkpoint holds exactly what the pipeline trained.
+``pipe_job.py RUNS_JSON`` trains each run of the JSON list in turn, in the same processes (one
+launch instead of one per run: a launch's imports and first trace cost more than a run). A run is
+``{"output_dir": ..., "weights_path": ..., "schedule": ...}`` (the last two optional). Each run
+plans with a plan cache of its own, ``OUTPUT/hf_home``, as a launch of its own would: no run reuses
+the plan of the one before. Each rank writes the weights of its own stages to ``OUTPUT/rank{r}.pt``
+so the test can check that the saved checkpoint holds exactly what the pipeline trained.
 """
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -18,7 +23,7 @@ from models import tiny_batch, tiny_model
 
 
 def main(output_dir: str, weights_path: str | None = None, schedule: str = "gpipe") -> None:
-    weights_path = weights_path or None
+    os.environ["HF_HOME"] = str(Path(output_dir) / "hf_home")
     args = PipeTrainingArguments(
         pipeline_schedule=schedule,
         weights_path=weights_path,
@@ -54,4 +59,5 @@ def main(output_dir: str, weights_path: str | None = None, schedule: str = "gpip
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    for run in json.loads(sys.argv[1]):
+        main(**run)

@@ -26,12 +26,24 @@ JOB = str(REPO / "tests" / "trainer" / "pipe_job.py")
 
 
 @pytest.fixture(scope="module")
-def gpipe_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The job with its defaults (gpipe, weights from the model's initialisation), launched once for
-    the tests that read it."""
-    folder = tmp_path_factory.mktemp("gpipe")
-    launch(JOB, str(folder))
-    return folder
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One launch of the job's runs that the tests read: its defaults (gpipe, weights from the model's
+    initialisation) in ``gpipe``, async in ``async``, and in ``empty`` the defaults on a model built
+    without weights, from ``initial``, the model's initialisation saved."""
+    root = tmp_path_factory.mktemp("runs")
+    tiny_model("gpt2").save_pretrained(root / "initial")
+    jobs = [
+        {"output_dir": str(root / "gpipe")},
+        {"output_dir": str(root / "async"), "schedule": "async"},
+        {"output_dir": str(root / "empty"), "weights_path": str(root / "initial")},
+    ]
+    launch(JOB, json.dumps(jobs))
+    return root
+
+
+@pytest.fixture(scope="module")
+def gpipe_run(runs: Path) -> Path:
+    return runs / "gpipe"
 
 
 def test_checkpoint_loads_with_plain_transformers_and_holds_the_pipeline_weights(gpipe_run: Path) -> None:
@@ -49,14 +61,13 @@ def test_checkpoint_loads_with_plain_transformers_and_holds_the_pipeline_weights
     assert trained <= set(stage_weights) | {"lm_head.weight"}  # lm_head is tied to transformer.wte
 
 
-def test_async_job_trains_and_saves_the_drained_weights_with_tied_copies_reconciled(tmp_path: Path) -> None:
-    launch(JOB, str(tmp_path), "", "async")
-
-    result = json.loads((tmp_path / "result.json").read_text())
+def test_async_job_trains_and_saves_the_drained_weights_with_tied_copies_reconciled(runs: Path) -> None:
+    folder = runs / "async"
+    result = json.loads((folder / "result.json").read_text())
     assert len(result["losses"]) == 6 and all(math.isfinite(loss) for loss in result["losses"])
     assert math.isfinite(result["metrics"]["eval_loss"])
-    saved = AutoModelForCausalLM.from_pretrained(tmp_path).state_dict()
-    rank0, rank1 = torch.load(tmp_path / "rank0.pt"), torch.load(tmp_path / "rank1.pt")
+    saved = AutoModelForCausalLM.from_pretrained(folder).state_dict()
+    rank0, rank1 = torch.load(folder / "rank0.pt"), torch.load(folder / "rank1.pt")
     for name, value in {**rank0, **rank1}.items():
         torch.testing.assert_close(saved[name], value, atol=0, rtol=0, msg=name)
     tied = "transformer.wte.weight"  # one copy per rank, updated apart, equal again after the drain
@@ -64,16 +75,12 @@ def test_async_job_trains_and_saves_the_drained_weights_with_tied_copies_reconci
     assert not torch.equal(rank0[tied], tiny_model("gpt2").state_dict()[tied])
 
 
-def test_model_built_without_weights_loads_each_stage_from_the_checkpoint(tmp_path: Path, gpipe_run: Path) -> None:
-    initial = tmp_path / "initial"
-    tiny_model("gpt2").save_pretrained(initial)
-    launch(JOB, str(tmp_path / "empty"), str(initial))
-
+def test_model_built_without_weights_loads_each_stage_from_the_checkpoint(runs: Path, gpipe_run: Path) -> None:
     full = json.loads((gpipe_run / "result.json").read_text())
-    empty = json.loads((tmp_path / "empty" / "result.json").read_text())
+    empty = json.loads((runs / "empty" / "result.json").read_text())
     assert empty["losses"] == full["losses"]
     expected = AutoModelForCausalLM.from_pretrained(gpipe_run).state_dict()
-    for name, value in AutoModelForCausalLM.from_pretrained(tmp_path / "empty").state_dict().items():
+    for name, value in AutoModelForCausalLM.from_pretrained(runs / "empty").state_dict().items():
         torch.testing.assert_close(value, expected[name], atol=0, rtol=0, msg=name)
 
 

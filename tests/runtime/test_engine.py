@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -70,17 +71,22 @@ def flushing_run(rank: int, world_size: int, kind: str):
     return train_cases(kind, [(batch, None) for batch in batches(kind)], cases)
 
 
-@pytest.fixture(scope="module")
-def flushing_results() -> Callable[[str], list[dict]]:
-    """Each rank's results of a model's `FLUSHING` cases, launched once per model."""
+def launched_once_per_model(run: Callable[..., Any]) -> Callable[[str], list[dict]]:
+    """Each rank's results of ``run`` on 2 ranks for a model, launched the first time a test asks."""
     done: dict[str, list[dict]] = {}
 
     def results(kind: str) -> list[dict]:
         if kind not in done:
-            done[kind] = values_or_raise(run_ranks(flushing_run, 2, kind, deadline_s=240.0))
+            done[kind] = values_or_raise(run_ranks(run, 2, kind, deadline_s=240.0))
         return done[kind]
 
     return results
+
+
+@pytest.fixture(scope="module")
+def flushing_results() -> Callable[[str], list[dict]]:
+    """Each rank's results of a model's `FLUSHING` cases, launched once per model."""
+    return launched_once_per_model(flushing_run)
 
 
 @pytest.mark.parametrize(
@@ -210,14 +216,7 @@ def autocast_pipeline_run(rank: int, world_size: int, kind: str):
 @pytest.fixture(scope="module")
 def autocast_results() -> Callable[[str], list[dict]]:
     """Each rank's results of a model's `AUTOCAST` cases, launched once per model."""
-    done: dict[str, list[dict]] = {}
-
-    def results(kind: str) -> list[dict]:
-        if kind not in done:
-            done[kind] = values_or_raise(run_ranks(autocast_pipeline_run, 2, kind, deadline_s=240.0))
-        return done[kind]
-
-    return results
+    return launched_once_per_model(autocast_pipeline_run)
 
 
 @pytest.mark.parametrize(

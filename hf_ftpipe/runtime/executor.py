@@ -11,6 +11,7 @@ from __future__ import annotations
 import traceback
 from collections import Counter
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
@@ -22,11 +23,11 @@ from hf_ftpipe.errors import PipelineError
 from hf_ftpipe.runtime.deliveries import Deliveries
 from hf_ftpipe.runtime.executor_context import ExecutorContext, LossFunction
 from hf_ftpipe.runtime.messages import Transfer
-from hf_ftpipe.runtime.split_backward import collecting, defer_weight_gradients
+from hf_ftpipe.runtime.split_backward import collecting, defer_weight_gradients, whole_products
 from hf_ftpipe.runtime.stage import StageSpec
 from hf_ftpipe.runtime.state import MicrobatchState
 from hf_ftpipe.schedules.actions import Action
-from hf_ftpipe.schedules.lowering import Comm, Op
+from hf_ftpipe.schedules.lowering import Comm, Op, whole_backwards
 
 __all__ = ["Executor", "LossFunction"]
 
@@ -53,6 +54,8 @@ class Executor:
         """What ``async`` and ``2bw`` step inside the pipeline (`RankWeights.attach_optimizer`)."""
         self.max_grad_norm: float | None = None
         self._outbox: dict[str, torch.Tensor] = {}
+        self._whole: set[tuple[int, int, int | None]] = set()
+        """The split backwards of the program running that run whole (`whole_backwards`): their W has nothing left."""
         self._local_readers = Counter(value for s in context.local_stages for value in context.specs[s].received)
         """How many of this rank's stages read each value their forwards receive."""
         self.reset()
@@ -77,6 +80,7 @@ class Executor:
         or on the rank that holds the loss stage (those RECVs the lowering puts last)."""
         losses: list[tuple[int, torch.Tensor]] = []
         loss_receives: list[Comm] = []
+        self._whole = whole_backwards(program) if training and self.context.traits.split_backward else set()
         i = 0
         while i < len(program):
             op = program[i]
@@ -181,7 +185,7 @@ class Executor:
         autocast = torch.autocast(
             self.context.device.type, dtype=self.context.autocast_dtype, enabled=self.context.autocast_dtype is not None
         )
-        with torch.set_grad_enabled(training), autocast:
+        with torch.set_grad_enabled(training), autocast, self._products(action):
             if training and self.context.recompute:  # keep the inputs only; run the forward again in backward
                 outputs = checkpoint(run, *args, use_reentrant=False)
             else:
@@ -258,12 +262,13 @@ class Executor:
                     grads.append(grad.to(tensor.dtype))  # autocast may have made a bfloat16 output
         if roots:
             self._point_slice(action)  # a recomputed forward reads the sequence's keys and values
-            if self.context.traits.split_backward:  # B: input gradients now; the products' weight gradients at W
-                with collecting() as deferred:
+            if self.context.traits.split_backward and not self._runs_whole(action):
+                with collecting() as deferred:  # B: input gradients now; the products' weight gradients at W
                     torch.autograd.backward(roots, grads)
                 self.state.deferred[(spec.stage_index, m)] = deferred
             else:
-                torch.autograd.backward(roots, grads)
+                with self._products(action):
+                    torch.autograd.backward(roots, grads)
         self.context.slicing.backward_done(spec.stage_index, action.microbatch_index, action.slice_index)
         if self.context.streaming_weights is not None:
             self.context.streaming_weights.backward_done(spec.stage_index, m)
@@ -272,6 +277,14 @@ class Executor:
                 grad = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
                 key = (value, m)
                 self.state.grads[key] = grad if key not in self.state.grads else self.state.grads[key] + grad
+
+    def _runs_whole(self, action: Action) -> bool:
+        return (action.stage_index, action.microbatch_index, action.slice_index) in self._whole
+
+    def _products(self, action: Action) -> AbstractContextManager[None]:
+        """How ``action``'s stage runs its products: as the plain ops where its backward runs whole
+        (forward, backward and a recomputed forward alike), else as the module has them."""
+        return whole_products() if self._runs_whole(action) else nullcontext()
 
     def _seed(self, m: int) -> float:
         """The gradient of the step's loss with respect to micro-batch ``m``'s loss."""

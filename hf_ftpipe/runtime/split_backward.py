@@ -20,6 +20,12 @@ Autocast: the product casts x, W and b as autocast would (float32 to the autocas
 with autocast off, so dW comes out in the dtype one process computes it in and is converted to the
 weight's dtype as autograd converts it. Float16 loss scaling: the gradients are the scaled ones, as
 any backward's. A weight that does not train (frozen, or a buffer) gets no W.
+
+A micro-batch whose ``W`` would follow its ``B`` at once (`hf_ftpipe.schedules.lowering.whole_backwards`)
+runs its forward and its backward within `whole_products`: the swapped products are then the plain
+aten ops, autograd computes every gradient in one backward, and the micro-batch pays nothing for a
+split it does not use (the custom autograd function a deferred product runs through costs a few
+percent of a stage's time on CPU).
 """
 
 from __future__ import annotations
@@ -32,11 +38,14 @@ from typing import Any
 import torch
 from torch import fx
 
-__all__ = ["DeferredWeightGradient", "collecting", "defer_weight_gradients"]
+__all__ = ["DeferredWeightGradient", "collecting", "defer_weight_gradients", "whole_products"]
 
 _collected: list[DeferredWeightGradient] | None = None
 """Where a product's backward hands its weight gradient during a ``B``; ``None`` computes it at once.
 A module global, not a thread-local: on a GPU autograd runs the backward in its own thread."""
+
+_deferring = True
+"""Whether the swapped products defer (``False`` within `whole_products`: they are the plain ops)."""
 
 
 @dataclass
@@ -92,6 +101,18 @@ def collecting() -> Iterator[list[DeferredWeightGradient]]:
         _collected = outer
 
 
+@contextmanager
+def whole_products() -> Iterator[None]:
+    """Within it, the swapped products are the plain aten ops: a forward run here, and its backward
+    (also run here: a recomputed forward must record what the first one did), is an ordinary one."""
+    global _deferring
+    outer, _deferring = _deferring, False
+    try:
+        yield
+    finally:
+        _deferring = outer
+
+
 def defer_weight_gradients(module: fx.GraphModule) -> None:
     """Swap, in place, every product of ``module``'s graph with one of its weights (a ``get_attr``)
     for one whose weight gradient is deferred; a module done before is left as it is. Computes the
@@ -115,11 +136,15 @@ def _is_attribute(args: tuple[Any, ...], index: int) -> bool:
 
 @torch.compiler.disable  # the backward's hand-over is a side effect a compiled graph cannot keep
 def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    if not _deferring:
+        return torch.ops.aten.linear.default(x, weight, bias)
     return _DeferredProduct.apply(x, weight, bias, True)
 
 
 @torch.compiler.disable
 def _addmm(bias: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    if not _deferring:
+        return torch.ops.aten.addmm.default(bias, x, weight)
     return _DeferredProduct.apply(x, weight, bias, False)
 
 

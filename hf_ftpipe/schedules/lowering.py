@@ -14,7 +14,9 @@ Every rank lowers the same global order, so both ends of every message derive it
   point-to-point messages between two ranks by order alone; gloo by tag, which this fixes too).
 
 A ``W`` (the weight gradients of a split backward) is local: it has no message. The ``B`` before it
-sends the input gradient exactly as a whole backward does.
+sends the input gradient exactly as a whole backward does. A ``W`` that its rank reaches from its
+``B`` without sending anything in between gains nothing from waiting (`whole_backwards`): moving it
+up to its ``B`` delays no message, so the runtime runs that ``B`` whole and its ``W`` is empty.
 
 A RECV prints as ``RECV_F0:h<0`` (the forward value ``h`` of micro-batch 0, from rank 0) and a
 SEND as ``SEND_B0:h>0`` (its gradient, to rank 0)::
@@ -46,7 +48,7 @@ from typing import Literal
 
 from hf_ftpipe.schedules.actions import Action
 
-__all__ = ["Comm", "Dataflow", "Lowering", "Op", "Route", "chain_dataflow", "format_program"]
+__all__ = ["Comm", "Dataflow", "Lowering", "Op", "Route", "chain_dataflow", "format_program", "whole_backwards"]
 
 
 @dataclass(frozen=True)
@@ -128,6 +130,31 @@ def chain_dataflow(stage_rank: Sequence[int]) -> Dataflow:
 
 def format_program(program: Sequence[Op]) -> str:
     return " ".join(map(str, program))
+
+
+def whole_backwards(program: Sequence[Op]) -> set[tuple[int, int, int | None]]:
+    """``(stage, micro-batch, slice)`` of every ``B`` of ``program`` whose ``W`` follows with no SEND
+    between them (the ``B``'s own SENDs included).
+
+    Such a split buys nothing: whatever runs between them sends nothing, so running the ``W`` at once
+    makes no message leave later, and no rank wait longer, while it saves what a split costs (the
+    deferred products, and what ``W`` keeps until it runs). On the V, the first stage's backwards in
+    the cool-down are such: they send nothing, and the rank has only weight gradients left after them.
+    """
+    whole: set[tuple[int, int, int | None]] = set()
+    weights_ahead: set[tuple[int, int, int | None]] = set()
+    """The ``W`` of the program after the current position, with no SEND before them."""
+    for op in reversed(program):
+        if isinstance(op, Comm):
+            if op.kind == "SEND":
+                weights_ahead.clear()
+            continue
+        key = (op.stage_index, op.microbatch_index, op.slice_index)
+        if op.computation == "W":
+            weights_ahead.add(key)
+        elif op.computation == "B" and key in weights_ahead:
+            whole.add(key)
+    return whole
 
 
 class Lowering:

@@ -18,7 +18,7 @@ from hf_ftpipe.graph import capture_model
 from hf_ftpipe.runtime import PipelineEngine
 from hf_ftpipe.runtime.compiled_stages import CompileOptions, StageCompiler
 from hf_ftpipe.runtime.shapes import ShapeBook
-from hf_ftpipe.runtime.split_backward import collecting, defer_weight_gradients
+from hf_ftpipe.runtime.split_backward import collecting, defer_weight_gradients, whole_products
 from hf_ftpipe.runtime.stage import build_stage_module, plan_stages
 
 from distributed import run_ranks, values_or_raise
@@ -78,6 +78,20 @@ def test_b_then_w_gives_the_whole_backwards_gradients(stages, recompute: bool, d
     for name, grad in whole.items():
         torch.testing.assert_close(split[name], grad, atol=1e-6 if dtype is None else 1e-5, rtol=0, msg=name)
         assert split[name].stride() == grad.stride(), f"{name}: {split[name].stride()}, autograd's {grad.stride()}"
+
+
+@pytest.mark.parametrize("recompute", [False, True], ids=["fp32", "recompute"])
+def test_within_whole_products_a_deferring_module_runs_one_ordinary_backward(stages, recompute: bool) -> None:
+    """A micro-batch whose W would follow its B at once runs forward and backward within
+    `whole_products`: nothing is handed to W, and B alone gives the whole backward's gradients (also
+    with the forward recomputed inside the backward, which must record what the first forward did)."""
+    whole_module, split_module, args, loss_index = stages
+    whole, _, _, _ = gradients(whole_module, args, loss_index, recompute, None)
+    with whole_products():
+        split, missing_after_b, _, num_pending = gradients(split_module, args, loss_index, recompute, None)
+    assert num_pending == 0 and not missing_after_b
+    for name, grad in whole.items():
+        torch.testing.assert_close(split[name], grad, atol=0, rtol=0, msg=name)
 
 
 def test_a_compiled_stage_still_defers_its_products_weight_gradients_to_w(stages) -> None:

@@ -1,7 +1,15 @@
 """The lowering: each rank's program with its SENDs and RECVs, asserted literally, without processes."""
 
 from hf_ftpipe.schedules import make_schedule
-from hf_ftpipe.schedules.lowering import Comm, Dataflow, Lowering, Route, chain_dataflow, format_program
+from hf_ftpipe.schedules.lowering import (
+    Comm,
+    Dataflow,
+    Lowering,
+    Route,
+    chain_dataflow,
+    format_program,
+    whole_backwards,
+)
 
 # Stage 0 on rank 0 sends h to stage 1 on rank 1, which computes the loss and copies it to rank 0.
 CHAIN = Dataflow(
@@ -129,3 +137,17 @@ def test_both_ends_of_every_sliced_message_agree_on_a_mixed_placement() -> None:
 
 def _unit(comm: Comm) -> tuple[str, int, int | None, bool]:
     return comm.value, comm.microbatch_index, comm.slice_index, comm.backward
+
+
+def test_a_backward_runs_whole_where_nothing_is_sent_before_its_weight_gradients() -> None:
+    """zbv on the V: rank 0's stage 0 sends nothing backward, and after 0B2 its rank sends nothing
+    more, so 0B2 and 0B3 run whole; every other B is followed by a SEND before its W."""
+    stage_rank = [0, 1, 1, 0]
+    order = make_schedule("zbv", stage_rank, 4).global_order()
+    lowered = Lowering(chain_dataflow(stage_rank), stage_rank).lower(order)
+    assert whole_backwards(lowered[0]) == {(0, 2, None), (0, 3, None)}
+    assert whole_backwards(lowered[1]) == set()
+    lowered = Lowering(CHAIN, [0, 1]).lower(make_schedule("zb-h1", [0, 1], 4).global_order())
+    assert format_program(lowered[0]).endswith("0B3 0W3")
+    assert whole_backwards(lowered[0]) == {(0, 3, None)}  # 0B2 is followed by 0F3 and its SEND
+    assert whole_backwards(lowered[1]) == set()  # every B of the last stage sends h's gradient

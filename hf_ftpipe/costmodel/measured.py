@@ -227,14 +227,10 @@ class CostTable:
     def load(cls, path: str | os.PathLike, expected_key: CostKey | None = None) -> CostTable:
         """Read a file written by `save`; every defect (and a key other than ``expected_key``) is a
         `CostTableError` naming the file, the field and the fix."""
-        where = os.fspath(path)
-        table = _strict_json.read_versioned(
-            where, CostTable, format_name=FORMAT_NAME, format_version=FORMAT_VERSION, what="cost table",
-            error=CostTableError, max_bytes=MAX_FILE_BYTES, fix=_REPROFILE,
+        return _strict_json.read_versioned(
+            path, CostTable, format_name=FORMAT_NAME, format_version=FORMAT_VERSION, what="cost table",
+            error=CostTableError, max_bytes=MAX_FILE_BYTES, fix=_REPROFILE, expected_key=expected_key, made="measured",
         )  # fmt: skip
-        if expected_key is not None:
-            table.check_key(expected_key, where)
-        return table
 
 
 def cache_path(key: CostKey) -> Path:

@@ -67,7 +67,7 @@ class CostKey:
             model_fingerprint=graph.fingerprint,
             graph_digest=graph.digest,
             model_class=graph.model_class,
-            input_shapes=_input_shapes(graph),
+            input_shapes=graph.input_shapes,
             dtype=dtype,
             device=device,
         )
@@ -255,7 +255,3 @@ def _by(nodes: Sequence[str], weights: dict[str, float], total: float) -> dict[s
     """``total`` shared among ``nodes`` in proportion to ``weights`` (equally where they add up to 0)."""
     whole = math.fsum(weights[n] for n in nodes)
     return {n: total * (weights[n] / whole if whole > 0 else 1.0 / len(nodes)) for n in nodes}
-
-
-def _input_shapes(graph: CostGraph) -> dict[str, list[int]]:
-    return {name: list(info.shape) for name, info in graph.inputs.items() if info.shape is not None}

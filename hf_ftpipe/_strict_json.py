@@ -69,9 +69,12 @@ def read_versioned(
     max_bytes: int,
     fix: str,
     check: Callable[[Any], None] | None = None,
+    expected_key: Any = None,
+    made: str = "written",
 ) -> Any:
     """The ``cls`` that the file at ``path`` (a ``what`` of ``format_name`` in ``format_version``)
-    holds, checked by ``check``; every defect is an ``error`` naming the file, the field and ``fix``."""
+    holds, checked by ``check``; every defect is an ``error`` naming the file, the field and ``fix``.
+    With an ``expected_key``, a file ``made`` (fitted, measured) for another key is one too (`check_key`)."""
     where = os.fspath(path)
     data = read_json(where, error=error, what=what, max_bytes=max_bytes)
     try:
@@ -81,6 +84,8 @@ def read_versioned(
             check(value)
     except error as e:
         raise error(f"{where}: {e}; {fix}") from None
+    if expected_key is not None:
+        check_key(expected_key, value.key, where=where, made=made, error=error, fix=fix)
     return value
 
 

@@ -1,7 +1,7 @@
 """How an ``hf-ftpipe`` subcommand is added, and the arguments several subcommands share: one wording each.
 
 A subcommand is a parser of the ``hf-ftpipe`` subparsers that ``main`` runs as ``args.run(args)``
-(`add_command`). An argument that means the same in several commands (``--json``, the plan file,
+(`add_command`). An argument that means the same in several commands (``--json``, the model, the plan file,
 the schedule and its micro-batches, the compute dtype, token slices) is added here, so that its
 name, type and help cannot drift apart between them.
 """
@@ -17,6 +17,7 @@ __all__ = [
     "add_command",
     "add_dtype_option",
     "add_json_option",
+    "add_model_argument",
     "add_plan_argument",
     "add_schedule_options",
     "add_token_slices_option",
@@ -37,6 +38,17 @@ def add_command(
 def add_json_option(command: argparse.ArgumentParser, help: str = "print JSON instead of a table") -> None:
     """``--json``: print the result as JSON rather than for people."""
     command.add_argument("--json", action="store_true", help=help)
+
+
+def add_model_argument(command: argparse.ArgumentParser, kind: str = "") -> None:
+    """The positional ``model``, anything `hf_ftpipe.graph.sources.load_model_for_planning` reads;
+    ``kind`` (e.g. ``"a causal LM"``) narrows it for a command that takes only some models."""
+    command.add_argument(
+        "model",
+        help=(f"{kind}: " if kind else "")
+        + "a shipped short name (t5-3b, gpt2-xl, bert-large: offline), a folder with config.json, "
+        "a config JSON file, or a Hub model id",
+    )
 
 
 def add_plan_argument(command: argparse.ArgumentParser) -> None:

@@ -20,7 +20,13 @@ import time
 from typing import Any, get_args
 
 from hf_ftpipe.cli.layouts import add_layout_arguments, run_layouts, topology_of
-from hf_ftpipe.cli.options import add_command, add_dtype_option, add_json_option, add_schedule_options
+from hf_ftpipe.cli.options import (
+    add_command,
+    add_dtype_option,
+    add_json_option,
+    add_model_argument,
+    add_schedule_options,
+)
 from hf_ftpipe.cli.trace_arguments import add_trace_arguments, model_and_inputs
 
 __all__ = ["add_partition_commands"]
@@ -34,11 +40,7 @@ def add_partition_commands(commands: Any) -> None:
     partition = add_command(commands, "partition", _run_partition, "make a partition and print its summary")
     compare = add_command(commands, "compare", _run_compare, "run every partitioner and print them side by side")
     for command in (partition, compare):
-        command.add_argument(
-            "model",
-            help="a shipped short name (t5-3b, gpt2-xl, bert-large: offline), a folder with config.json, "
-            "a config JSON file, or a Hub model id",
-        )
+        add_model_argument(command)
         command.add_argument(
             "--gpus",
             type=int,

@@ -19,7 +19,7 @@ import sys
 import time
 from typing import Any
 
-from hf_ftpipe.cli.options import add_command, add_json_option
+from hf_ftpipe.cli.options import add_command, add_json_option, add_model_argument
 from hf_ftpipe.cli.trace_arguments import add_trace_arguments, model_and_inputs
 
 __all__ = ["add_profile_command"]
@@ -30,9 +30,7 @@ def add_profile_command(commands: Any) -> None:
     profile = add_command(
         commands, "profile", _run_profile, "time the model's blocks on this device and write a measured cost table"
     )
-    profile.add_argument(
-        "model", help="a shipped short name (t5-3b, gpt2-xl, bert-large), a folder with config.json, a config JSON"
-    )
+    add_model_argument(profile)
     profile.add_argument("--seq-len", type=int, required=True, help="input length in tokens")
     profile.add_argument("--batch-size", "--microbatch-size", type=int, required=True, help="samples per micro-batch")
     add_trace_arguments(profile)

@@ -20,7 +20,7 @@ import time
 import warnings
 from typing import Any
 
-from hf_ftpipe.cli.options import add_command, add_dtype_option, add_json_option
+from hf_ftpipe.cli.options import add_command, add_dtype_option, add_json_option, add_model_argument
 
 __all__ = ["add_slices_command"]
 
@@ -30,9 +30,7 @@ def add_slices_command(commands: Any) -> None:
     slices = add_command(
         commands, "slices", _run_slices, "choose TeraPipe token slices for a causal LM and predict the step time"
     )
-    slices.add_argument(
-        "model", help="a causal LM: a shipped short name (gpt2-xl), a folder with config.json, a config JSON file"
-    )
+    add_model_argument(slices, "a causal LM")
     slices.add_argument("--seq-len", type=int, required=True, help="sequence length in tokens")
     slices.add_argument("--gpus", type=int, required=True, help="pipeline stages, one per GPU")
     slices.add_argument("--gpu-profile", help="built-in GPU profile or a JSON file (default: the local device)")

@@ -163,16 +163,11 @@ class SliceLatency:
     def load(cls, path: str | os.PathLike, expected_key: LatencyKey | None = None) -> SliceLatency:
         """Read a file written by `save`; every defect (and a key other than ``expected_key``) is a
         `LatencyFormatError` naming the file, the field and the fix."""
-        where = os.fspath(path)
-        latency = _strict_json.read_versioned(
-            where, SliceLatency, format_name=FORMAT_NAME, format_version=FORMAT_VERSION, what="latency file",
+        return _strict_json.read_versioned(
+            path, SliceLatency, format_name=FORMAT_NAME, format_version=FORMAT_VERSION, what="latency file",
             error=LatencyFormatError, max_bytes=MAX_FILE_BYTES, fix=_REFIT, check=_check_key,
+            expected_key=expected_key, made="fitted",
         )  # fmt: skip
-        if expected_key is not None:
-            _strict_json.check_key(
-                expected_key, latency.key, where=where, made="fitted", error=LatencyFormatError, fix=_REFIT
-            )
-        return latency
 
 
 _REFIT = "fit the latency model again for this setup (or pass the file written for it)"

@@ -67,7 +67,7 @@ class CostKey:
             model_fingerprint=graph.fingerprint,
             graph_digest=graph.digest,
             model_class=graph.model_class,
-            input_shapes=_input_shapes(graph),
+            input_shapes=graph.input_shapes,
             dtype=dtype,
             device=device,
         )
@@ -227,14 +227,10 @@ class CostTable:
     def load(cls, path: str | os.PathLike, expected_key: CostKey | None = None) -> CostTable:
         """Read a file written by `save`; every defect (and a key other than ``expected_key``) is a
         `CostTableError` naming the file, the field and the fix."""
-        where = os.fspath(path)
-        table = _strict_json.read_versioned(
-            where, CostTable, format_name=FORMAT_NAME, format_version=FORMAT_VERSION, what="cost table",
-            error=CostTableError, max_bytes=MAX_FILE_BYTES, fix=_REPROFILE,
+        return _strict_json.read_versioned(
+            path, CostTable, format_name=FORMAT_NAME, format_version=FORMAT_VERSION, what="cost table",
+            error=CostTableError, max_bytes=MAX_FILE_BYTES, fix=_REPROFILE, expected_key=expected_key, made="measured",
         )  # fmt: skip
-        if expected_key is not None:
-            table.check_key(expected_key, where)
-        return table
 
 
 def cache_path(key: CostKey) -> Path:
@@ -259,7 +255,3 @@ def _by(nodes: Sequence[str], weights: dict[str, float], total: float) -> dict[s
     """``total`` shared among ``nodes`` in proportion to ``weights`` (equally where they add up to 0)."""
     whole = math.fsum(weights[n] for n in nodes)
     return {n: total * (weights[n] / whole if whole > 0 else 1.0 / len(nodes)) for n in nodes}
-
-
-def _input_shapes(graph: CostGraph) -> dict[str, list[int]]:
-    return {name: list(info.shape) for name, info in graph.inputs.items() if info.shape is not None}

@@ -115,6 +115,12 @@ class CostGraph:
         return graph_hash(self)[:16]
 
     @property
+    def input_shapes(self) -> dict[str, list[int]]:
+        """Each tensor input's planned shape, by name in sorted order: what the keys of a plan and of a
+        cost table record of the inputs (constants are left out)."""
+        return {name: list(info.shape) for name, info in sorted(self.inputs.items()) if info.shape is not None}
+
+    @property
     def num_nodes(self) -> int:
         return self.graph.number_of_nodes()
 

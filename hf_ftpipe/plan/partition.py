@@ -103,11 +103,10 @@ class PartitionKey:
         num_gpus: int,
     ) -> PartitionKey:
         """The key of ``graph`` (fingerprint, class, tensor input shapes) planned for this setup."""
-        shapes = {name: list(info.shape) for name, info in sorted(graph.inputs.items()) if info.shape is not None}
         return cls(
             model_fingerprint=graph.fingerprint,
             model_class=graph.model_class,
-            input_shapes=shapes,
+            input_shapes=graph.input_shapes,
             dtype=dtype,
             schedule=schedule,
             num_microbatches=num_microbatches,

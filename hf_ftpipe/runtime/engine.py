@@ -216,9 +216,11 @@ class PipelineEngine(RankWeights):
             else None
         )
         values = [*self.transfers, *(v for spec in self.specs for v in spec.model_outputs.values())]
-        self.per_shape = PerShapeStages.of(  # a sliced model's capture is never run per shape (token_slices.py)
-            traced, self.specs, placement.node_stage, self.modules, self.device, values, num_microbatches, per_shape
-        )
+        self.per_shape: PerShapeStages | None = None  # a sliced model's capture never has one (token_slices.py)
+        if traced.per_shape is not None:
+            self.per_shape = PerShapeStages(
+                traced, self.specs, placement.node_stage, self.modules, self.device, values, num_microbatches, per_shape
+            )
         self.inputs = StepInputs(
             self.graph,
             traced.shapes,

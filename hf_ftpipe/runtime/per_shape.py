@@ -96,14 +96,15 @@ class PerShapeStages:
     """A rank's stages at every shape traced so far, and the padding of micro-batches to those shapes.
 
     Args:
-        traced (`TracedModel`): the planned capture; its ``per_shape`` says how to capture others.
+        traced (`TracedModel`): the planned capture of a model whose export fixed a size; its
+            ``per_shape`` (never ``None`` here) says how to capture others.
         specs (`Sequence[StageSpec]`): the planned graph's stages.
         node_stage (`Mapping[str, int]`): the partition.
         modules (`Mapping[int, fx.GraphModule]`): this rank's planned stages (their weights are used).
         device (`torch.device`): where the stages run.
         values (`Iterable[str]`): the planned values whose shapes a micro-batch needs (`ShapeBook`).
         num_microbatches (`int`): micro-batches per mini-batch (for the planned-size errors).
-        options (`PerShapeOptions`): buckets, bound and pad token.
+        options (`PerShapeOptions`, *optional*): buckets, bound and pad token (default: `PerShapeOptions()`).
     """
 
     def __init__(
@@ -113,10 +114,9 @@ class PerShapeStages:
         node_stage: Mapping[str, int],
         modules: Mapping[int, fx.GraphModule],
         device: torch.device,
-        *,
         values: Iterable[str],
         num_microbatches: int,
-        options: PerShapeOptions,
+        options: PerShapeOptions | None = None,
     ) -> None:
         if traced.per_shape is None:
             raise PipelineError("internal: per-shape graphs for a model whose export fixed no size")
@@ -125,7 +125,7 @@ class PerShapeStages:
         self.specs, self.node_stage, self.modules, self.device = list(specs), node_stage, modules, device
         self.values = sorted(set(values))
         self.num_microbatches = num_microbatches
-        self.options = options
+        self.options = options or PerShapeOptions()
         self.fixed = self.capture.fixed
         self.paddable = tuple(dim == 1 for _, dim in self.fixed)
         self.planned_shape: Shape = tuple(self.graph.inputs[name].shape[dim] for name, dim in self.fixed)
@@ -134,32 +134,6 @@ class PerShapeStages:
         self._training = True
         self.padding: dict[int, int] = {}
         """The last split's padded lengths → the lengths they were (to cut evaluation outputs back)."""
-
-    @classmethod
-    def of(
-        cls,
-        traced: TracedModel,
-        specs: Sequence[StageSpec],
-        node_stage: Mapping[str, int],
-        modules: Mapping[int, fx.GraphModule],
-        device: torch.device,
-        values: Iterable[str],
-        num_microbatches: int,
-        options: PerShapeOptions | None = None,
-    ) -> PerShapeStages | None:
-        """Per-shape stages for ``traced`` where its export fixed a size (default options); else ``None``."""
-        if traced.per_shape is None:
-            return None
-        return cls(
-            traced,
-            specs,
-            node_stage,
-            modules,
-            device,
-            values=values,
-            num_microbatches=num_microbatches,
-            options=options or PerShapeOptions(),
-        )
 
     @property
     def traced_shapes(self) -> list[Shape]:

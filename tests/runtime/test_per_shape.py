@@ -69,8 +69,7 @@ def per_shape_stages(model: nn.Module, sample: dict, options: PerShapeOptions) -
     specs = plan_stages(traced.cost_graph, placement.node_stage)
     modules = build_rank_stages(traced, specs, [0, 1], None, CPU)
     values = [value for spec in specs for value in spec.sent]
-    stages = PerShapeStages.of(traced, specs, placement.node_stage, modules, CPU, values, 2, options)
-    assert stages is not None
+    stages = PerShapeStages(traced, specs, placement.node_stage, modules, CPU, values, 2, options)
     return stages, modules
 
 

@@ -24,6 +24,7 @@ __all__ = [
     "in_flight",
     "in_flight_limits",
     "proof_limits",
+    "stage_moments",
     "weight_versions",
 ]
 
@@ -170,13 +171,47 @@ def held_before_backwards(
 
     A backward's working memory sits on the state before it, not after: the state after ``B`` has
     let the micro-batch's activations go and, for a recomputed stage, counts what ``W`` reads, which
-    ``B`` builds from the activations it rebuilds (the estimate does not walk recomputed plans yet:
-    `hf_ftpipe.costmodel.memory_estimate`). zb-h1 on [0, 1], M = 4: GPU 1 runs 1B2 holding one
+    ``B`` builds from the activations it rebuilds. zb-h1 on [0, 1], M = 4: GPU 1 runs 1B2 holding one
     micro-batch and two awaiting ``W``.
     """
     if held_at_peaks(schedule, stage_device, num_microbatches) is None:
         return None
     return _counted(schedule, stage_device, num_microbatches)[3]
+
+
+def stage_moments(
+    schedule: str, stage_device: Sequence[int], num_microbatches: int
+) -> list[tuple[list[tuple[int, int]], list[tuple[int, int]]]] | None:
+    """Per stage, the walk's moments that can be its busiest, each stage on its own: the
+    (micro-batches holding activations, micro-batches awaiting ``W``) counts of its GPU's states
+    (`held_at_peaks`), and those as each of its backwards starts (`held_before_backwards`), only
+    those that no other moment of the list exceeds in both counts. ``None`` where `held_at_peaks` is.
+
+    What a partitioner prices a candidate stage with (`hf_ftpipe.partitioners.chain`), before it
+    knows its GPU's other stages: a stage at its own busiest moment of the order bounds what it
+    adds to its GPU at any moment, so a GPU whose stages each fit their share fits the walk. The
+    per-stage rules (`in_flight`, `awaiting_weight_gradients`) bound it only while a micro-batch's
+    activations outweigh what its ``W`` reads; under recomputation they keep only the stage's
+    inputs, and a stage holding W's inputs for every micro-batch passes the rules' figure (T5-3B's
+    ``zbv`` V by 2-6 GiB a GPU). The flag of a stage before its first ``W`` is left out: it takes
+    away, so leaving it out only errs high. zb-h1 on [0, 1], M = 4: stage 0 holds at most 2
+    micro-batches' activations, or 1 and 2 awaiting ``W``.
+    """
+    states = held_at_peaks(schedule, stage_device, num_microbatches)
+    moments = held_before_backwards(schedule, stage_device, num_microbatches)
+    if states is None or moments is None:
+        return None
+    result = []
+    for s, gpu in enumerate(stage_device):
+        held = _maximal({(state[s][0], state[s][1]) for state in states[gpu]})
+        before = _maximal({(state[s][0], state[s][1]) for t, state in moments[gpu] if t == s})
+        result.append((held, before))
+    return result
+
+
+def _maximal(counts: set[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The pairs of ``counts`` that no other pair reaches in both places, in order."""
+    return sorted(c for c in counts if not any(o != c and o[0] >= c[0] and o[1] >= c[1] for o in counts))
 
 
 def _counted(

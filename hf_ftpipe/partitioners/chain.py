@@ -15,6 +15,7 @@ import numpy as np
 
 from hf_ftpipe.costmodel.memory_rules import (
     StageRules,
+    defers_weight_gradient,
     operand_bytes,
     optimizer_state_bytes,
     saved_bytes,
@@ -25,7 +26,7 @@ from hf_ftpipe.costmodel.memory_rules import (
 from hf_ftpipe.costmodel.op_time import NodeCost
 from hf_ftpipe.costmodel.profiles import GPUProfile
 from hf_ftpipe.partitioners.contiguous import ContiguousPlanner, greedy_cuts
-from hf_ftpipe.schedules.rules import stage_moments
+from hf_ftpipe.schedules.rules import Moments, stage_moments
 
 __all__ = ["Chain"]
 
@@ -54,6 +55,9 @@ class _Tables:
     """Bytes of the values that leave the stage (read later, or outputs of the model)."""
     weight_kept: np.ndarray
     """What a split backward keeps of one micro-batch from B to W (`memory_rules.weight_gradient_bytes`)."""
+    deferred: np.ndarray
+    """Gradients only the stage's ``W`` creates, absent before its first ``W`` of a step (none
+    with gradient accumulation: `StageMemory.deferred_gradients`)."""
     largest_operand: np.ndarray
     """The largest ``operand_bytes`` of the stage's ops."""
 
@@ -89,7 +93,7 @@ class Chain:
         block_of_item = np.repeat(np.arange(num_blocks), np.diff(self.starts))
         block = {n: int(block_of_item[pos[n]]) for n in cut_order.order}
         self.num_blocks = num_blocks
-        self._walks: dict[int, list[tuple[list[tuple[int, int]], list[tuple[int, int]]]] | None] = {}
+        self._walks: dict[int, list[Moments] | None] = {}
 
         saved = np.zeros(num_blocks)
         weight_kept = np.zeros(num_blocks)
@@ -131,9 +135,15 @@ class Chain:
             for name in graph.node(n)["params"]:
                 uses.setdefault(name, set()).add(block[n])
         weights_t, grads_t, state_t = _Rectangles(num_blocks), _Rectangles(num_blocks), _Rectangles(num_blocks)
-        frozen_t = _Rectangles(num_blocks)
+        frozen_t, deferred_t = _Rectangles(num_blocks), _Rectangles(num_blocks)
+        only_deferred = {name: options.gradient_accumulation_steps == 1 for name in uses}
+        for n in cut_order.order:
+            for name in graph.node(n)["params"]:
+                only_deferred[name] = only_deferred[name] and defers_weight_gradient(graph, n)
         for name, blocks in uses.items():
             info = graph.params[name]
+            if info.requires_grad and only_deferred[name]:  # its stage holds every reader
+                deferred_t.add(0, min(blocks), max(blocks) + 1, num_blocks, info.bytes)
             state = optimizer_state_bytes(request.optimizer, info.shape, info.bytes)
             previous = -1
             versioned = weight_versions_of(info.requires_grad, info.is_buffer, 2) == 2  # frozen: one copy
@@ -168,6 +178,7 @@ class Chain:
             inputs=in_bytes.table(),
             kept=kept.table(),
             weight_kept=weight_kept_prefix[None, :] - weight_kept_prefix[:, None],
+            deferred=deferred_t.table(),
             largest_operand=largest_operand,
         )
 
@@ -197,7 +208,7 @@ class Chain:
         rules = self.rules(num_stages - stage_index, num_stages)
         return self._memory(rules, at, None if moments is None else moments[stage_index])
 
-    def _moments(self, num_stages: int) -> list[tuple[list[tuple[int, int]], list[tuple[int, int]]]] | None:
+    def _moments(self, num_stages: int) -> list[Moments] | None:
         """`stage_moments` of the plan's own placement, ``num_stages`` stages (one walk per count)."""
         if num_stages not in self._walks:
             request = self.request
@@ -210,9 +221,7 @@ class Chain:
         by the per-stage rules (the fit advice's figure for any number of stages; `memory` walks)."""
         return self._memory(self.rules(depth), (slice(None), slice(None)))
 
-    def _memory(
-        self, rules: StageRules, at: tuple, moments: tuple[list[tuple[int, int]], list[tuple[int, int]]] | None = None
-    ) -> np.ndarray:
+    def _memory(self, rules: StageRules, at: tuple, moments: Moments | None = None) -> np.ndarray:
         t = self.tables
         recompute = self.request.memory.recompute
         grads, saved = t.grads[at], t.saved[at]
@@ -227,11 +236,13 @@ class Chain:
         # The walk (`StageMemory.of_gpu`): what it holds at each moment, a backward's work on the
         # moment it starts from. Under recomputation W's inputs outweigh what a micro-batch keeps.
         held, before_backward = moments
+        deferred = t.deferred[at]
         peak = np.zeros_like(per_microbatch)
-        for activations, awaiting in held:
-            peak = np.maximum(peak, per_microbatch * activations + weight_kept * awaiting)
-        for activations, awaiting in before_backward:
-            peak = np.maximum(peak, per_microbatch * activations + weight_kept * awaiting + backward)
+        for activations, awaiting, before_w in held:
+            peak = np.maximum(peak, per_microbatch * activations + weight_kept * awaiting - deferred * before_w)
+        for activations, awaiting, before_w in before_backward:
+            moment = per_microbatch * activations + weight_kept * awaiting - deferred * before_w
+            peak = np.maximum(peak, moment + backward)
         return params + peak
 
     def piece_memory(self, depth: int) -> np.ndarray:

@@ -235,14 +235,11 @@ class Chain:
             return params + per_microbatch * rules.in_flight + weight_kept * rules.awaiting_weights + backward
         # The walk (`StageMemory.of_gpu`): what it holds at each moment, a backward's work on the
         # moment it starts from. Under recomputation W's inputs outweigh what a micro-batch keeps.
-        held, before_backward = moments
-        deferred = t.deferred[at]
-        peak = np.zeros_like(per_microbatch)
-        for activations, awaiting, before_w in held:
-            peak = np.maximum(peak, per_microbatch * activations + weight_kept * awaiting - deferred * before_w)
-        for activations, awaiting, before_w in before_backward:
-            moment = per_microbatch * activations + weight_kept * awaiting - deferred * before_w
-            peak = np.maximum(peak, moment + backward)
+        figures = np.stack([per_microbatch, weight_kept, -t.deferred[at]])  # [figure, *candidates]
+        held, before_backward = (np.array(m, dtype=np.float64).reshape(-1, 3) for m in moments)  # [moment, count]
+        peak = np.tensordot(held, figures, axes=1).max(axis=0)
+        if len(before_backward):
+            peak = np.maximum(peak, np.tensordot(before_backward, figures, axes=1).max(axis=0) + backward)
         return params + peak
 
     def piece_memory(self, depth: int) -> np.ndarray:

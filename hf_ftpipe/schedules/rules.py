@@ -196,7 +196,7 @@ def stage_moments(schedule: str, stage_device: Sequence[int], num_microbatches: 
     stage alone on its GPU is priced as the walk prices the GPU. The per-stage rules (`in_flight`,
     `awaiting_weight_gradients`) bound a stage only while a micro-batch's activations outweigh what
     its ``W`` reads; under recomputation they keep only the stage's inputs, and a stage holding
-    W's inputs for every micro-batch passes the rules' figure (T5-3B's ``zbv`` V by 2-7 GiB a GPU).
+    W's inputs for every micro-batch passes the rules' figure (T5-3B's ``zbv`` V by 3-9 GiB a GPU).
     zb-h1 on [0, 1], M = 4: stage 0 holds at most 2 micro-batches' activations and 1 awaiting
     ``W`` before its first ``W``, or 1 and 2 after it: ``[(1, 2, 0), (2, 1, 1)]``.
     """

@@ -14,7 +14,9 @@ coarsening first:
    inputs, and its distinct parameters from 2-D tables filled with rectangle sums (a value
    produced in block p and last read in block q leaves every stage with a ≤ p < b ≤ q).
 3. best[k][b] = min over a of max(best[k−1][a], cost(a, b)) over stages that fit memory as
-   stage k − 1 (its micro-batches in flight and weight versions depend on k). O(P · B²), exact
+   stage k − 1 (its micro-batches in flight and weight versions depend on k; where the schedule's
+   order is fixed by the plan, ``zb-h1``, ``zbv``, its busiest moment in that order:
+   ``Chain.memory``). O(P · B²), exact
    on the coarsened chain, and exact on the graph when no coarsening was needed. With GPUs of
    several kinds (``gpu_profiles``), cost(a, b) of stage k − 1 is its time on GPU k − 1 and
    it must fit that GPU's memory, so the split found is the best for those GPUs in that order.

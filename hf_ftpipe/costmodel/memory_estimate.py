@@ -92,11 +92,11 @@ class StageMemory:
         ]
         """Per stage: gradients only its ``W`` creates, charged with the weights but absent before
         its first ``W`` of a step (``Trainer`` frees gradients between steps; with accumulation they persist)."""
-        # Not yet under recomputation: the walk prices the recomputed V about as measured on a small GPT-2
-        # (within 7%, tests/runtime/test_memory_prediction.py), but T5-3B's zbv V plan at 11-16 GiB where
-        # seq-dp's per-stage rule (`partitioners/chain.py`) planned 9.9: the partitioner must learn the
-        # walk before the estimate can use it (open, issue 28).
-        ordered = token_slices is None and not options.recompute
+        # Under recomputation too: a micro-batch awaiting W keeps W's inputs, which there outweigh
+        # the stage's inputs it keeps in flight, so only the walk sees a stage holding W's inputs for
+        # every micro-batch (T5-3B's zbv V: 11-16 GiB a GPU where the per-stage rules said 7-9).
+        # The partitioners price each stage on the same walk (`schedules.rules.stage_moments`).
+        ordered = token_slices is None
         self.states = held_at_peaks(schedule, stage_device, num_microbatches) if ordered else None
         """Per GPU, what it holds after each action of a fixed order (`held_at_peaks`), or ``None``."""
         self.backward_moments = held_before_backwards(schedule, stage_device, num_microbatches) if ordered else None

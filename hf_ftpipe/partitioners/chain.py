@@ -1,22 +1,21 @@
 """Seq-dp's chain: the execution order cut into blocks, and every figure of a candidate stage [a, b).
 
-The tables of step 2 of ``seq_dp``'s algorithm and the dynamic program of step 3 over them, and
-what they say contiguous splits can do within a GPU's memory (``contiguous_fit``: the least memory
-a split needs, the fewest GPUs one fits), the figures of ``fit``'s advice.
+The tables of step 2 of ``seq_dp``'s algorithm and the dynamic program of step 3 over them. What
+they say contiguous splits can do within a GPU's memory is ``split_fit``'s.
 
-Above ``contiguous`` and below ``fit`` and the partitioners: it imports no partitioner.
+Above ``contiguous`` and below ``split_fit``, ``fit`` and the partitioners: it imports no partitioner.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 import numpy as np
 
 from hf_ftpipe.costmodel.memory_rules import (
     StageRules,
+    defers_weight_gradient,
     operand_bytes,
     optimizer_state_bytes,
     saved_bytes,
@@ -26,14 +25,10 @@ from hf_ftpipe.costmodel.memory_rules import (
 )
 from hf_ftpipe.costmodel.op_time import NodeCost
 from hf_ftpipe.costmodel.profiles import GPUProfile
-from hf_ftpipe.graph.cost_graph import CostGraph
 from hf_ftpipe.partitioners.contiguous import ContiguousPlanner, greedy_cuts
-from hf_ftpipe.plan.request import PlanOptions, PlanRequest
+from hf_ftpipe.schedules.rules import Moments, stage_moments
 
-if TYPE_CHECKING:
-    from typing_extensions import Unpack
-
-__all__ = ["Chain", "ContiguousFit", "contiguous_fit"]
+__all__ = ["Chain"]
 
 SEQ_DP = "seq-dp"
 """The partitioner whose chain this is: ``contiguous_fit``'s figures hold for it."""
@@ -60,6 +55,9 @@ class _Tables:
     """Bytes of the values that leave the stage (read later, or outputs of the model)."""
     weight_kept: np.ndarray
     """What a split backward keeps of one micro-batch from B to W (`memory_rules.weight_gradient_bytes`)."""
+    deferred: np.ndarray
+    """Gradients only the stage's ``W`` creates, absent before its first ``W`` of a step (none
+    with gradient accumulation: `StageMemory.deferred_gradients`)."""
     largest_operand: np.ndarray
     """The largest ``operand_bytes`` of the stage's ops."""
 
@@ -95,6 +93,7 @@ class Chain:
         block_of_item = np.repeat(np.arange(num_blocks), np.diff(self.starts))
         block = {n: int(block_of_item[pos[n]]) for n in cut_order.order}
         self.num_blocks = num_blocks
+        self._walks: dict[int, list[Moments] | None] = {}
 
         saved = np.zeros(num_blocks)
         weight_kept = np.zeros(num_blocks)
@@ -136,9 +135,15 @@ class Chain:
             for name in graph.node(n)["params"]:
                 uses.setdefault(name, set()).add(block[n])
         weights_t, grads_t, state_t = _Rectangles(num_blocks), _Rectangles(num_blocks), _Rectangles(num_blocks)
-        frozen_t = _Rectangles(num_blocks)
+        frozen_t, deferred_t = _Rectangles(num_blocks), _Rectangles(num_blocks)
+        only_deferred = {name: options.gradient_accumulation_steps == 1 for name in uses}
+        for n in cut_order.order:
+            for name in graph.node(n)["params"]:
+                only_deferred[name] = only_deferred[name] and defers_weight_gradient(graph, n)
         for name, blocks in uses.items():
             info = graph.params[name]
+            if info.requires_grad and only_deferred[name]:  # its stage holds every reader
+                deferred_t.add(0, min(blocks), max(blocks) + 1, num_blocks, info.bytes)
             state = optimizer_state_bytes(request.optimizer, info.shape, info.bytes)
             previous = -1
             versioned = weight_versions_of(info.requires_grad, info.is_buffer, 2) == 2  # frozen: one copy
@@ -173,6 +178,7 @@ class Chain:
             inputs=in_bytes.table(),
             kept=kept.table(),
             weight_kept=weight_kept_prefix[None, :] - weight_kept_prefix[:, None],
+            deferred=deferred_t.table(),
             largest_operand=largest_operand,
         )
 
@@ -193,14 +199,29 @@ class Chain:
         )
 
     def memory(self, stage_index: int, num_stages: int, b: int) -> np.ndarray:
-        """Bytes of the stages [a, b) for every a < b as stage ``stage_index`` of ``num_stages``."""
-        return self._memory(self.rules(num_stages - stage_index, num_stages), (slice(None, b), b))
+        """Bytes of the stages [a, b) for every a < b as stage ``stage_index`` of ``num_stages``,
+        each at its busiest moment of the schedule's order where the order is fixed by the plan
+        (`stage_moments`, on the request's placement: a V's two stages on a GPU, each priced on
+        its own, sum to at least what the estimate's walk gives that GPU)."""
+        moments = self._moments(num_stages)
+        at = (slice(None, b), b)
+        rules = self.rules(num_stages - stage_index, num_stages)
+        return self._memory(rules, at, None if moments is None else moments[stage_index])
+
+    def _moments(self, num_stages: int) -> list[Moments] | None:
+        """`stage_moments` of the plan's own placement, ``num_stages`` stages (one walk per count)."""
+        if num_stages not in self._walks:
+            request = self.request
+            stage_device = request.stage_devices(num_stages)
+            self._walks[num_stages] = stage_moments(request.schedule, stage_device, request.num_microbatches)
+        return self._walks[num_stages]
 
     def memory_table(self, depth: int) -> np.ndarray:
-        """Bytes of every stage [a, b) (entry [a, b], meaningful for a < b) at ``depth`` from the end."""
+        """Bytes of every stage [a, b) (entry [a, b], meaningful for a < b) at ``depth`` from the end,
+        by the per-stage rules (the fit advice's figure for any number of stages; `memory` walks)."""
         return self._memory(self.rules(depth), (slice(None), slice(None)))
 
-    def _memory(self, rules: StageRules, at: tuple) -> np.ndarray:
+    def _memory(self, rules: StageRules, at: tuple, moments: Moments | None = None) -> np.ndarray:
         t = self.tables
         recompute = self.request.memory.recompute
         grads, saved = t.grads[at], t.saved[at]
@@ -209,11 +230,20 @@ class Chain:
         created = 0.0 if rules.persist else np.maximum(0.0, grads - saved)
         backward = (saved if recompute else 0.0) + 2 * t.largest_operand[at] + created
         params = t.weights[at] * rules.versions + t.frozen[at] + t.state[at] + (grads if rules.persist else 0.0)
-        awaiting_w = t.weight_kept[at] * rules.awaiting_weights
-        return params + per_microbatch * rules.in_flight + awaiting_w + backward
+        weight_kept = t.weight_kept[at]
+        if moments is None:
+            return params + per_microbatch * rules.in_flight + weight_kept * rules.awaiting_weights + backward
+        # The walk (`StageMemory.of_gpu`): what it holds at each moment, a backward's work on the
+        # moment it starts from. Under recomputation W's inputs outweigh what a micro-batch keeps.
+        figures = np.stack([per_microbatch, weight_kept, -t.deferred[at]])  # [figure, *candidates]
+        held, before_backward = (np.array(m, dtype=np.float64).reshape(-1, 3) for m in moments)  # [moment, count]
+        peak = np.tensordot(held, figures, axes=1).max(axis=0)
+        if len(before_backward):
+            peak = np.maximum(peak, np.tensordot(before_backward, figures, axes=1).max(axis=0) + backward)
+        return params + peak
 
     def piece_memory(self, depth: int) -> np.ndarray:
-        """Bytes of each single-block stage [k, k + 1) at ``depth`` from the end."""
+        """Bytes of each single-block stage [k, k + 1) at ``depth`` from the end (per-stage rules)."""
         blocks = np.arange(self.num_blocks)
         return self._memory(self.rules(depth), (blocks, blocks + 1))
 
@@ -303,75 +333,3 @@ class _Rectangles:
 def _comm_s(num_bytes: np.ndarray, profile: GPUProfile) -> np.ndarray:
     """``comm_time_s`` of every entry: one message, nothing for zero bytes."""
     return np.where(num_bytes > 0, profile.link_latency_s + num_bytes / profile.link_bandwidth_bytes_per_s, 0.0)
-
-
-@dataclass(frozen=True)
-class ContiguousFit:
-    """What contiguous splits can do within a GPU's usable memory (``contiguous_fit``)."""
-
-    least_peak_bytes: float | None
-    """The least memory of the fullest GPU over the splits into ``profile.count`` stages (None:
-    fewer cut points than GPUs)."""
-    num_gpus: int | None
-    """The fewest GPUs (one stage each) a split fits; None: no number of them."""
-    fits_count: bool = False
-    """A split onto ``profile.count`` GPUs fits."""
-    piece: list[str] = field(default_factory=list)
-    """When no number fits: the ops of a piece of the chain (ops that seq-dp never separates) that
-    overflows a GPU of its own."""
-    piece_bytes: float = 0.0
-    piece_in_flight: int = 0
-    """Micro-batches that piece holds in flight there."""
-    piece_anywhere: bool = False
-    """The piece overflows wherever it stands: ``piece_in_flight`` is the fewest it can hold."""
-
-
-def contiguous_fit(
-    graph: CostGraph,
-    profile: GPUProfile,
-    *,
-    max_blocks: int = 512,
-    least_peak: bool = True,
-    **options: Unpack[PlanOptions],
-) -> ContiguousFit:
-    """The least memory a split onto ``profile.count`` GPUs needs on its fullest GPU, and the fewest
-    of these GPUs a split fits: seq-dp's own chain and memory rules, so ``partition_seq_dp`` succeeds
-    on ``num_gpus`` of them and fails on one fewer. A tenth of a second or so on GPT2-XL (2000
-    ops), where running every partitioner at growing GPU counts took 40 s. ``least_peak=False``
-    skips the first figure (``least_peak_bytes`` is None), the slowest on many GPUs."""
-    request = PlanRequest(profile=profile, num_stages=1, **(options | {"key": None}))
-    planner = ContiguousPlanner.of(SEQ_DP, graph, request)
-    chain = Chain(planner, max_blocks)
-    least = None
-    if least_peak and profile.count <= chain.num_blocks:
-        chain.solve(profile.count, float("inf"), by_memory=True)
-        least = chain.optimum
-    capacity = request.usable_bytes
-    num_gpus = chain.fewest_stages(capacity)
-    if num_gpus is not None:
-        fits_count = num_gpus == profile.count or (
-            num_gpus < profile.count <= chain.num_blocks and chain.solve(profile.count, capacity) is not None
-        )
-        return ContiguousFit(least, num_gpus, fits_count)
-    # The piece to blame: one that overflows wherever it stands, holding the fewest micro-batches
-    # it can; else (1F1B-like schedules hold more the deeper a stage is) the worst piece of the split
-    # into one piece per GPU, which does not fit either, or it would have been found.
-    num_blocks, m = chain.num_blocks, request.num_microbatches
-    depths = range(1, min(num_blocks, m) + 1)  # depth d > M keeps what depth M does
-    by_depth = np.array([chain.piece_memory(d) for d in depths])  # [depth - 1, piece]
-    k = int(np.argmax(by_depth.min(axis=0)))
-    anywhere = bool(by_depth[:, k].min() > capacity)
-    if anywhere:
-        depth = int(np.argmin(by_depth[:, k])) + 1
-    else:
-        one_each = by_depth[np.minimum(num_blocks - np.arange(num_blocks), m) - 1, np.arange(num_blocks)]
-        k = int(np.argmax(one_each))
-        depth = min(num_blocks - k, m)
-    return ContiguousFit(
-        least,
-        None,
-        piece=planner.cut_order.cuttable[chain.starts[k] : chain.starts[k + 1]],
-        piece_bytes=float(by_depth[depth - 1, k]),
-        piece_in_flight=chain.rules(depth).in_flight,
-        piece_anywhere=anywhere,
-    )

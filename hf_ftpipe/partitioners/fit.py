@@ -17,7 +17,7 @@ are for a memory-aware partitioner, and a change is named for it only after runn
 that change (``FitAdvice.blind_partitioner``), so that following the advice works.
 
 The figures come from seq-dp's chain and the memory rules every partitioner prices plans with
-(``chain.contiguous_fit``): ``partition_seq_dp`` succeeds on the GPU count named and fails on one
+(``split_fit.contiguous_fit``): ``partition_seq_dp`` succeeds on the GPU count named and fails on one
 fewer. They take a fraction of a second on GPT2-XL, where running every partitioner at growing
 GPU counts took most of a minute and still named counts that did not fit.
 
@@ -43,9 +43,9 @@ from hf_ftpipe.costmodel.estimate import MemoryOptions, usable_capacity
 from hf_ftpipe.costmodel.profiles import GPUProfile, list_profiles
 from hf_ftpipe.errors import Caller, PartitionError, PlanDoesNotFitError
 from hf_ftpipe.graph.cost_graph import CostGraph
-from hf_ftpipe.partitioners.chain import ContiguousFit, contiguous_fit
 from hf_ftpipe.partitioners.contiguous import ContiguousPlanner
 from hf_ftpipe.partitioners.registry import run_partitioner
+from hf_ftpipe.partitioners.split_fit import ContiguousFit, contiguous_fit
 from hf_ftpipe.plan.partition import Partition
 from hf_ftpipe.plan.request import PlanRequest
 

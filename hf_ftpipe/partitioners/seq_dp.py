@@ -14,7 +14,9 @@ coarsening first:
    inputs, and its distinct parameters from 2-D tables filled with rectangle sums (a value
    produced in block p and last read in block q leaves every stage with a ≤ p < b ≤ q).
 3. best[k][b] = min over a of max(best[k−1][a], cost(a, b)) over stages that fit memory as
-   stage k − 1 (its micro-batches in flight and weight versions depend on k). O(P · B²), exact
+   stage k − 1 (its micro-batches in flight and weight versions depend on k; where the schedule's
+   order is fixed by the plan, ``zb-h1``, ``zbv``, its busiest moment in that order:
+   ``Chain.memory``). O(P · B²), exact
    on the coarsened chain, and exact on the graph when no coarsening was needed. With GPUs of
    several kinds (``gpu_profiles``), cost(a, b) of stage k − 1 is its time on GPU k − 1 and
    it must fit that GPU's memory, so the split found is the best for those GPUs in that order.
@@ -35,17 +37,18 @@ from hf_ftpipe._units import format_bytes
 from hf_ftpipe.costmodel.profiles import GPUProfile
 from hf_ftpipe.errors import PartitionError, PlanDoesNotFitError
 from hf_ftpipe.graph.cost_graph import CostGraph
-from hf_ftpipe.partitioners.chain import SEQ_DP, Chain, ContiguousFit, contiguous_fit
+from hf_ftpipe.partitioners.chain import SEQ_DP, Chain
 from hf_ftpipe.partitioners.contiguous import ContiguousPlanner
 from hf_ftpipe.partitioners.fit import FitAdvice, check_memory
 from hf_ftpipe.partitioners.registry import register_partitioner
+from hf_ftpipe.partitioners.split_fit import ContiguousFit, contiguous_fit
 from hf_ftpipe.plan.partition import Partition
 from hf_ftpipe.plan.request import PlanOptions, PlanRequest
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-# ContiguousFit and contiguous_fit live in `chain` (fit's figures, below this module); still importable from here.
+# ContiguousFit and contiguous_fit live in `split_fit` (fit's figures, below this module); still importable from here.
 __all__ = ["ContiguousFit", "contiguous_fit", "partition_seq_dp"]
 
 NAME = SEQ_DP
@@ -82,7 +85,7 @@ def partition_seq_dp(
     capacity = planner.stage_capacities if planner.gpu_costs is not None else planner.stage_capacity
     cuts = chain.solve(planner.num_stages, capacity)
     if cuts is None:
-        raise _infeasible(chain, planner, planner.stage_capacity)
+        raise _infeasible(chain, planner)
     if chain.num_blocks < len(planner.cut_order.cuttable):
         chain, cuts = _refine(planner, chain, cuts, capacity, max_blocks)
     return check_memory(planner, planner.partition([chain.starts[b] for b in cuts]))
@@ -111,7 +114,7 @@ def _refine(
     return chain, cuts
 
 
-def _infeasible(chain: Chain, planner: ContiguousPlanner, capacity: int) -> PlanDoesNotFitError:
+def _infeasible(chain: Chain, planner: ContiguousPlanner) -> PlanDoesNotFitError:
     """The error when no split fits: the split that needs the least memory, which the error keeps
     (a comparison shows its figures); what would fit is the advice's."""
     cuts = chain.solve(planner.num_stages, float("inf"), by_memory=True)
@@ -120,9 +123,10 @@ def _infeasible(chain: Chain, planner: ContiguousPlanner, capacity: int) -> Plan
     assert leanest.predicted is not None  # ContiguousPlanner.partition always predicts
     need = max(g.memory_bytes for g in leanest.predicted.gpus)
     request = planner.request
+    halves = ", half of it per stage in a V" if request.placement == "v" else ""
     reason = (
-        f"seq-dp: no contiguous split into {planner.num_stages} stages fits the {format_bytes(capacity)} usable per "
-        f"GPU ({format_bytes(request.profile.memory_bytes)} less {request.memory.headroom * 100:g}% headroom): "
-        f"the best split needs {format_bytes(need)} on its fullest GPU"
+        f"seq-dp: no contiguous split into {planner.num_stages} stages fits the {format_bytes(request.usable_bytes)} "
+        f"usable per GPU ({format_bytes(request.profile.memory_bytes)} less {request.memory.headroom * 100:g}% "
+        f"headroom{halves}): the best split needs {format_bytes(need)} on its fullest GPU"
     )
     return PlanDoesNotFitError(reason, FitAdvice(graph=planner.graph, request=request, plans=((NAME, leanest),)))

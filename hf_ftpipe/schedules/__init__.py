@@ -14,6 +14,7 @@ from hf_ftpipe.schedules.rules import (
     held_before_backwards,
     in_flight,
     in_flight_limits,
+    stage_moments,
     weight_versions,
 )
 
@@ -38,5 +39,6 @@ __all__ = [
     "in_flight_limits",
     "make_schedule",
     "schedule_traits",
+    "stage_moments",
     "weight_versions",
 ]

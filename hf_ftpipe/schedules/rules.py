@@ -16,6 +16,7 @@ from hf_ftpipe.errors import PartitionError
 from hf_ftpipe.schedules.registry import schedule_traits
 
 __all__ = [
+    "Moments",
     "State",
     "awaiting_weight_gradients",
     "gradients_persist",
@@ -24,6 +25,7 @@ __all__ = [
     "in_flight",
     "in_flight_limits",
     "proof_limits",
+    "stage_moments",
     "weight_versions",
 ]
 
@@ -170,13 +172,54 @@ def held_before_backwards(
 
     A backward's working memory sits on the state before it, not after: the state after ``B`` has
     let the micro-batch's activations go and, for a recomputed stage, counts what ``W`` reads, which
-    ``B`` builds from the activations it rebuilds (the estimate does not walk recomputed plans yet:
-    `hf_ftpipe.costmodel.memory_estimate`). zb-h1 on [0, 1], M = 4: GPU 1 runs 1B2 holding one
+    ``B`` builds from the activations it rebuilds. zb-h1 on [0, 1], M = 4: GPU 1 runs 1B2 holding one
     micro-batch and two awaiting ``W``.
     """
     if held_at_peaks(schedule, stage_device, num_microbatches) is None:
         return None
     return _counted(schedule, stage_device, num_microbatches)[3]
+
+
+Moments = tuple[list[tuple[int, int, int]], list[tuple[int, int, int]]]
+"""A stage's `State` triples at the moments that can be its busiest, and as its backwards start."""
+
+
+def stage_moments(schedule: str, stage_device: Sequence[int], num_microbatches: int) -> list[Moments] | None:
+    """Per stage, the walk's moments that can be its busiest, each stage on its own: its triples
+    (`State`) in its GPU's states (`held_at_peaks`), and as each of its backwards starts
+    (`held_before_backwards`), less those another triple of the list beats in every place (more
+    activations, more awaiting ``W``, no later first ``W``). ``None`` where `held_at_peaks` is.
+
+    What a partitioner prices a candidate stage with (`hf_ftpipe.partitioners.chain`), before it
+    knows its GPU's other stages: a stage at its own busiest moment of the order bounds what it
+    adds to its GPU at any moment, so a GPU whose stages each fit their share fits the walk, and a
+    stage alone on its GPU is priced as the walk prices the GPU. The per-stage rules (`in_flight`,
+    `awaiting_weight_gradients`) bound a stage only while a micro-batch's activations outweigh what
+    its ``W`` reads; under recomputation they keep only the stage's inputs, and a stage holding
+    W's inputs for every micro-batch passes the rules' figure (T5-3B's ``zbv`` V by 3-9 GiB a GPU).
+    zb-h1 on [0, 1], M = 4: stage 0 holds at most 2 micro-batches' activations and 1 awaiting
+    ``W`` before its first ``W``, or 1 and 2 after it: ``[(1, 2, 0), (2, 1, 1)]``.
+    """
+    states = held_at_peaks(schedule, stage_device, num_microbatches)
+    moments = held_before_backwards(schedule, stage_device, num_microbatches)
+    if states is None or moments is None:
+        return None
+    return [
+        (
+            _maximal({state[s] for state in states[gpu]}),
+            _maximal({state[s] for t, state in moments[gpu] if t == s}),
+        )
+        for s, gpu in enumerate(stage_device)
+    ]
+
+
+def _maximal(triples: set[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+    """The triples of ``triples`` that no other one beats in every place, in order."""
+
+    def beats(o: tuple[int, int, int], c: tuple[int, int, int]) -> bool:
+        return o != c and o[0] >= c[0] and o[1] >= c[1] and o[2] <= c[2]
+
+    return sorted(c for c in triples if not any(beats(o, c) for o in triples))
 
 
 def _counted(

@@ -8,7 +8,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hf_ftpipe.errors import PartitionError
-from hf_ftpipe.schedules import gradients_persist, in_flight, weight_versions
+from hf_ftpipe.schedules import (
+    awaiting_weight_gradients,
+    gradients_persist,
+    held_at_peaks,
+    in_flight,
+    stage_moments,
+    weight_versions,
+)
 
 
 @pytest.mark.parametrize("schedule", ["1f1b", "async", "2bw"])
@@ -109,3 +116,29 @@ def test_gradients_persist(schedule, stage_device, num_microbatches, accumulatio
         for s in range(len(stage_device))
     ]
     assert got == expected
+
+
+def test_stage_moments_are_each_stage_s_busiest_states_in_the_walk():
+    # zb-h1 on [0, 1], M = 4: stage 0 holds 2 micro-batches' activations and 1 awaiting W before
+    # its first W, or 1 and 2 after it; its backwards start from (1, 1) after or (2, 1) before.
+    assert stage_moments("zb-h1", [0, 1], 4)[0] == ([(1, 2, 0), (2, 1, 1)], [(1, 1, 0), (2, 1, 1)])
+    # zbv's first stage at some moment holds all 4 micro-batches awaiting W, none in flight: what
+    # the per-stage rules (4 in flight, none awaiting W) miss where W's inputs outweigh the stage's
+    # inputs (recomputation).
+    moments = stage_moments("zbv", [0, 1, 1, 0], 4)
+    assert (0, 4, 1) in moments[0][0]
+    assert (in_flight("zbv", 0, [0, 1, 1, 0], 4), awaiting_weight_gradients("zbv", 0, [0, 1, 1, 0], 4)) == (4, 0)
+    assert stage_moments("1f1b", [0, 1], 4) is None  # priced by the per-stage rules
+
+
+@pytest.mark.parametrize(
+    ("schedule", "stage_device", "m"),
+    [("zb-h1", [0, 1, 2], 5), ("zbv", [0, 1, 2, 2, 1, 0], 6), ("interleaved-1f1b", [0, 1, 0, 1], 4)],
+)
+def test_every_state_of_the_walk_is_reached_or_beaten_by_a_stage_moment(schedule, stage_device, m):
+    moments = stage_moments(schedule, stage_device, m)
+    for gpu, states in enumerate(held_at_peaks(schedule, stage_device, m)):
+        for state in states:
+            for s, (a, w, before_w) in enumerate(state):
+                if stage_device[s] == gpu:
+                    assert any(x >= a and y >= w and f <= before_w for x, y, f in moments[s][0]), (s, state)

@@ -245,13 +245,18 @@ class PipeTrainingArguments(TrainingArguments):
         check_data_parallel_size(self.data_parallel_size, traits, launched_world_size())
         if self.data_parallel_size == "auto":
             check_auto_replicas(self)
-        for name in ("per_device_train_batch_size", "per_device_eval_batch_size"):
-            size = getattr(self, name)
-            if size % self.num_microbatches:
-                raise ValueError(
-                    f"`{name}={size}` is not a multiple of `num_microbatches={self.num_microbatches}`; "
-                    f"use e.g. {name}={max(1, size // self.num_microbatches) * self.num_microbatches}"
-                )
+        # Training splits each mini-batch into equal micro-batches, the shares its loss weights assume.
+        # Evaluation takes eval batches of any size: a batch of fewer rows than num_microbatches runs as
+        # that many micro-batches of one row, others as unequal ones (`microbatch_rows`), as a short last
+        # batch always did, so per_device_eval_batch_size is free, as in Trainer.
+        size = self.per_device_train_batch_size
+        if size % self.num_microbatches:
+            raise ValueError(
+                f"`per_device_train_batch_size={size}` is not a multiple of `num_microbatches="
+                f"{self.num_microbatches}`; use e.g. per_device_train_batch_size="
+                f"{max(1, size // self.num_microbatches) * self.num_microbatches} (`per_device_eval_batch_size` "
+                "may be any size)"
+            )
         if self.gradient_accumulation_steps > 1 and not traits.flushes:
             raise ValueError(
                 f"`gradient_accumulation_steps={self.gradient_accumulation_steps}` with pipeline_schedule="

@@ -86,10 +86,11 @@ class PipeDataLoading:
 
     def _first_batch(self, dataloader: Any) -> dict[str, Any]:
         """The batch the pipeline is traced on (only its shapes matter): looked at, not consumed, so
-        the data's random state does not advance."""
+        neither the data's random state nor a collator's own generator advances (`Trainer` collates no
+        such batch: its first batch must be masked with the same draws)."""
         if self.engine is not None:
             return {}
-        with self.data_randomness.forked():
+        with self.data_randomness.forked(self.data_collator, getattr(dataloader, "collate_fn", None)):
             batch = next(iter(dataloader), None)
         if batch is None:
             raise PipelineError(f"{_samples_of(dataloader)}, so there is no batch to trace the pipeline on")

@@ -21,10 +21,19 @@ and a checkpoint saves those states with the current one; on resume the first co
 from the saved states and the current state is put back after them. With
 ``dataloader_num_workers > 0`` the workers collate from seeds of their own, and a resumed run is
 not exact (as in `Trainer`).
+
+A collator may also hold a generator of its own (transformers 5's `DataCollatorForLanguageModeling(...,
+seed=...)`, which run_mlm.py passes ``seed=training_args.seed``): it makes it on its first call and
+advances it with every call, so the global states do not cover it. A look at a batch that is not
+trained on (`forked`: the batch the pipeline is traced on, the longest rows it is planned for) also
+puts back what the collator holds (`_CollatorState`), else every later batch would be masked with
+the draws of another one, unlike under `Trainer`, which collates no batch but those it uses.
 """
 
 from __future__ import annotations
 
+import copy
+import inspect
 import random
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -74,15 +83,18 @@ class DataRandomness:
             _set_global_states(*saved)
 
     @contextmanager
-    def forked(self) -> Iterator[None]:
-        """Like `active`, but the data states do not advance (a look at a batch that is not trained on)."""
+    def forked(self, *collators: Any) -> Iterator[None]:
+        """Like `active`, but the data states do not advance (a look at a batch that is not trained on),
+        nor do the generators ``collators`` (the collate functions the look may call) hold of their own."""
         kept = self._states, list(self._pending), list(self._replay), self._after_replay
+        collator_state = _CollatorState(collators)
         try:
             with self.active():
                 self._collecting = False
                 yield
         finally:
             self._states, self._pending, self._replay, self._after_replay = kept
+            collator_state.restore()
 
     def collating(self, collate: Callable[[list], Any]) -> Callable[[list], Any]:
         """``collate`` (the training data loader's ``collate_fn``), noting the state each collation starts from."""
@@ -141,6 +153,77 @@ class _NotedCollate:
         batch = self.collate(samples)
         self.randomness._end_collation()
         return batch
+
+
+class _CollatorState:
+    """The attributes of some collate functions, and the states of the generators among them, as they are
+    now; `restore` puts them back. A collator that makes its generator on first use (``None`` until
+    then) gets ``None`` back, so it makes it again from its seed, as if never called; one that already
+    has it gets its state back. Collators it wraps (``RemoveColumnsCollator.data_collator``,
+    `_NotedCollate.collate`, a user's wrapper) are followed; tokenizers, processors and models are not
+    collators and are left as they are."""
+
+    def __init__(self, collators: tuple[Any, ...]) -> None:
+        self._attributes: list[tuple[Any, dict[str, Any]]] = []
+        self._generators: list[tuple[Any, Any]] = []
+        seen: set[int] = set()
+        for collator in collators:
+            self._note(collator, seen, depth=3)
+
+    def _note(self, part: Any, seen: set[int], depth: int) -> None:
+        if depth == 0 or id(part) in seen or not _may_be_collator(part):
+            return
+        seen.add(id(part))
+        attributes = dict(vars(part))
+        self._attributes.append((part, attributes))
+        for value in attributes.values():
+            state = _generator_state(value)
+            if state is not None:
+                self._generators.append((value, state))
+            else:
+                self._note(value, seen, depth - 1)
+
+    def restore(self) -> None:
+        for generator, state in self._generators:
+            _set_generator_state(generator, state)
+        for part, attributes in self._attributes:
+            now = vars(part)
+            for name in [name for name in now if name not in attributes]:
+                del now[name]
+            now.update(attributes)
+
+
+def _may_be_collator(value: Any) -> bool:
+    """A callable object with attributes that is not a tokenizer, processor, model or function."""
+    from transformers.utils import PushToHubMixin
+
+    if not callable(value) or not hasattr(value, "__dict__") or isinstance(value, type):
+        return False
+    return not isinstance(value, PushToHubMixin | torch.nn.Module) and not inspect.isroutine(value)
+
+
+def _generator_state(value: Any) -> Any:
+    """The state of a torch, numpy or Python generator; ``None`` for anything else."""
+    if isinstance(value, torch.Generator):
+        return value.get_state()
+    if isinstance(value, np.random.Generator):
+        return copy.deepcopy(value.bit_generator.state)
+    if isinstance(value, np.random.RandomState):
+        return value.get_state()
+    if isinstance(value, random.Random):
+        return value.getstate()
+    return None
+
+
+def _set_generator_state(generator: Any, state: Any) -> None:
+    if isinstance(generator, torch.Generator):
+        generator.set_state(state)
+    elif isinstance(generator, np.random.Generator):
+        generator.bit_generator.state = state
+    elif isinstance(generator, np.random.RandomState):
+        generator.set_state(state)
+    else:
+        generator.setstate(state)
 
 
 def _to_tensors(states: _States) -> dict[str, torch.Tensor]:

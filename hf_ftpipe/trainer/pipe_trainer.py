@@ -219,7 +219,8 @@ class PipeTrainer(PipeTrainingSteps, PipeEvaluation, PipeCheckpointing, PipeData
         usable = [self._remove_unused_columns(d, "planning") for d in datasets if isinstance(d, Dataset)]
         longest = None
         if usable and self.args.plan_max_length is None and columns:
-            with self.data_randomness.forked():  # a random collator must not draw from the run's generators
+            # A random collator must not draw from the run's generators, nor advance its own.
+            with self.data_randomness.forked(self.data_collator):
                 longest = longest_rows(usable, self.data_collator, columns)
         return planned_microbatch(batch, rows, longest, self.args.plan_max_length)
 

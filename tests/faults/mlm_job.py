@@ -12,6 +12,8 @@ Three runs in one launch, each a fresh PipeTrainer on a tiny BERT with Hugging F
 - ``seeds``: each rank shuffles with its own ``data_seed``; the error each rank raised.
 - ``small_eval``: an evaluation set of one sample, fewer than a micro-batch: `evaluate()` before
   `train()` (the pipeline is traced on it), then after.
+- ``seeded``: run_mlm.py's collator with ``seed=`` (a generator of its own), `evaluate()`, `train()`,
+  `evaluate()`, `predict()`, with eval batches of 3 rows against 4 micro-batches.
 
 Each rank writes ``OUTPUT/rank{r}.json``.
 """
@@ -29,7 +31,19 @@ from transformers import DataCollatorForLanguageModeling
 from hf_ftpipe import PipeTrainer, PipeTrainingArguments
 from hf_ftpipe.errors import PipelineError
 
-from mlm_runs import DIGEST_STEPS, LOSS_STEPS, arguments, dataset, evaluate_train_evaluate, model, tokenizer
+from mlm_runs import (
+    DIGEST_STEPS,
+    LOSS_STEPS,
+    SEEDED_EVAL_ROWS,
+    SEEDED_OVERRIDES,
+    arguments,
+    dataset,
+    evaluate_train_evaluate,
+    evaluate_train_predict,
+    model,
+    seeded_collator,
+    tokenizer,
+)
 
 
 class RecordingTrainer(PipeTrainer):
@@ -45,13 +59,15 @@ class RecordingTrainer(PipeTrainer):
         return loss
 
 
-def make_trainer(output_dir: str, dropout: float, steps: int, **overrides: Any) -> RecordingTrainer:
+def make_trainer(
+    output_dir: str, dropout: float, steps: int, collator: Any = None, eval_rows: int = 1, **overrides: Any
+) -> RecordingTrainer:
     return RecordingTrainer(
         model=model(dropout),
         args=PipeTrainingArguments(**arguments(output_dir, steps, **overrides)),
         train_dataset=dataset(),
-        eval_dataset=dataset(rows=1),
-        data_collator=DataCollatorForLanguageModeling(tokenizer(), mlm_probability=0.25),
+        eval_dataset=dataset(rows=eval_rows),
+        data_collator=collator or DataCollatorForLanguageModeling(tokenizer(), mlm_probability=0.25),
     )
 
 
@@ -75,6 +91,10 @@ def main(output_dir: str) -> None:
     except PipelineError as error:
         seeds_error = str(error)
     small_eval = evaluate_train_evaluate(make_trainer(output_dir, dropout=0.0, steps=LOSS_STEPS))
+    seeded = make_trainer(
+        output_dir, 0.0, LOSS_STEPS, collator=seeded_collator(), eval_rows=SEEDED_EVAL_ROWS, **SEEDED_OVERRIDES
+    )
+    seeded_run = evaluate_train_predict(seeded)
     record = {
         "digests": digests,
         "worker_digests": worker_digests,
@@ -82,6 +102,7 @@ def main(output_dir: str) -> None:
         "resumed_log_history": resumed.state.log_history,
         "seeds_error": seeds_error,
         "small_eval": small_eval,
+        "seeded": seeded_run,
     }
     (Path(output_dir) / f"rank{rank}.json").write_text(json.dumps(record))
 

@@ -10,7 +10,7 @@ import torch
 import transformers
 from datasets import Dataset
 from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
+from transformers import DataCollatorForLanguageModeling, PreTrainedTokenizerFast
 
 from models import VOCAB, tiny_model
 
@@ -18,6 +18,9 @@ SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 LENGTH = 16
 DIGEST_STEPS = 100
 LOSS_STEPS = 12
+SEEDED_EVAL_ROWS = 7
+SEEDED_OVERRIDES = {"num_microbatches": 4, "per_device_eval_batch_size": 3}
+"""The seeded run's: eval batches of 3 rows, then 1, against 4 micro-batches (fewer than them, and not a multiple)."""
 
 
 def tokenizer() -> PreTrainedTokenizerFast:
@@ -69,3 +72,26 @@ def evaluate_train_evaluate(trainer: Any) -> list[float]:
     before = trainer.evaluate()["eval_loss"]
     trainer.train()
     return [before, trainer.evaluate()["eval_loss"]]
+
+
+def seeded_collator() -> DataCollatorForLanguageModeling:
+    """run_mlm.py's collator under transformers 5 (``seed=training_args.seed``): it masks from a generator of
+    its own, made on its first call and advanced by every call, not from the global generators."""
+    return DataCollatorForLanguageModeling(tokenizer(), mlm_probability=0.25, seed=0)
+
+
+def evaluate_train_predict(trainer: Any) -> dict[str, Any]:
+    """The seeded run, shared with the plain `Trainer` reference: every number depends on which of the
+    collator's draws masked which batch."""
+    before = trainer.evaluate()["eval_loss"]
+    trainer.train()
+    after = trainer.evaluate()["eval_loss"]
+    prediction = trainer.predict(trainer.eval_dataset)
+    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    return {
+        "eval_losses": [before, after],
+        "losses": losses,
+        "test_loss": prediction.metrics["test_loss"],
+        "predictions": prediction.predictions.tolist(),
+        "label_ids": prediction.label_ids.tolist(),
+    }

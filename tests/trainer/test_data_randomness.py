@@ -5,8 +5,10 @@ from __future__ import annotations
 import random
 
 import numpy as np
+import pytest
 import torch
-from transformers import set_seed
+from transformers import DataCollatorForLanguageModeling, set_seed
+from transformers.trainer_utils import RemoveColumnsCollator
 
 from hf_ftpipe.trainer.data_randomness import DataRandomness
 
@@ -39,6 +41,31 @@ def test_forked_draws_do_not_advance_the_data_state() -> None:
         looked = draws()
     with data.active():
         assert draws() == looked
+
+
+def _seeded_collator(return_tensors: str) -> DataCollatorForLanguageModeling:
+    from mlm_runs import tokenizer
+
+    return DataCollatorForLanguageModeling(tokenizer(), mlm_probability=0.5, seed=5, return_tensors=return_tensors)
+
+
+@pytest.mark.parametrize("return_tensors", ["pt", "np"])
+def test_a_forked_look_leaves_a_collators_own_generator_where_it_was(return_tensors: str) -> None:
+    # run_mlm.py's seeded collator masks from a generator it makes on its first call (torch's or numpy's).
+    # Before: the look at the batch the pipeline is traced on made and advanced it, so the first trained
+    # batch was masked with the second batch's draws.
+    rows = [{"input_ids": list(range(5, 45))} for _ in range(4)]
+    reference = _seeded_collator(return_tensors)
+    expected = [reference(rows)["labels"].tolist() for _ in range(2)]
+
+    collator, data = _seeded_collator(return_tensors), DataRandomness(0)
+    wrapped = RemoveColumnsCollator(collator, signature_columns=["input_ids"])  # as a data loader holds it
+    with data.forked(wrapped):
+        wrapped(rows)  # before its first call: the generator is made here
+    first = collator(rows)["labels"].tolist()
+    with data.forked(collator):
+        collator(rows)  # after: it exists and is advanced here
+    assert [first, collator(rows)["labels"].tolist()] == expected
 
 
 def test_state_dict_round_trip_resumes_the_same_sequence() -> None:

@@ -146,6 +146,19 @@ def test_arguments_name_the_problem_and_the_fix(tmp_path: Path, overrides: dict,
     assert message in str(error.value)
 
 
+@pytest.mark.parametrize("eval_batch", [2, 3, 6])
+def test_an_eval_batch_size_fewer_than_or_not_a_multiple_of_the_microbatches_is_taken(
+    tmp_path: Path, eval_batch: int
+) -> None:
+    # Before: refused ("not a multiple of `num_microbatches=4`") where Trainer takes it; evaluation runs a
+    # batch of fewer rows in fewer micro-batches (the numbers: tests/faults/test_same_batch.py).
+    args = PipeTrainingArguments(
+        output_dir=str(tmp_path), use_cpu=True, report_to="none", num_microbatches=4,
+        per_device_train_batch_size=8, per_device_eval_batch_size=eval_batch,
+    )  # fmt: skip
+    assert args.per_device_eval_batch_size == eval_batch
+
+
 def test_a_schedule_file_is_taken_for_the_micro_batches_of_one_flush(tmp_path: Path) -> None:
     from hf_ftpipe.schedules import make_schedule
 

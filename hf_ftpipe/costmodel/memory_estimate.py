@@ -32,7 +32,6 @@ from collections.abc import Mapping, Sequence
 
 from hf_ftpipe.costmodel.memory_rules import (
     backward_bytes,
-    defers_weight_gradient,
     kept_output_bytes,
     kv_buffer_bytes,
     largest_operand_bytes,
@@ -42,6 +41,7 @@ from hf_ftpipe.costmodel.memory_rules import (
     stage_rules,
     weight_gradient_bytes,
     weight_versions_of,
+    weights_only_w_computes,
 )
 from hf_ftpipe.costmodel.options import (
     MemoryOptions,
@@ -86,10 +86,8 @@ class StageMemory:
         """Per stage: what a split backward keeps of one micro-batch from its B to its W."""
         self.per_microbatch: list[int] = []
         """Per stage: what it keeps of one micro-batch from its forward to its backward."""
-        self.deferred_gradients = [
-            _deferred_gradient_bytes(graph, nodes) if options.gradient_accumulation_steps == 1 else 0
-            for nodes in stage_nodes
-        ]
+        only_w = weights_only_w_computes(graph) if options.gradient_accumulation_steps == 1 else set()
+        self.deferred_gradients = [_deferred_gradient_bytes(graph, nodes, only_w) for nodes in stage_nodes]
         """Per stage: gradients only its ``W`` creates, charged with the weights but absent before
         its first ``W`` of a step (``Trainer`` frees gradients between steps; with accumulation they persist)."""
         # Under recomputation too: a micro-batch awaiting W keeps W's inputs, which there outweigh
@@ -194,21 +192,13 @@ class StageMemory:
         )
 
 
-def _deferred_gradient_bytes(graph: CostGraph, nodes: Sequence[str]) -> int:
-    """Bytes of the trainable weights that only deferred products of ``nodes`` read
-    (`defers_weight_gradient`): their gradients come from ``W`` alone."""
-    deferred = {name for n in nodes if defers_weight_gradient(graph, n) for name in graph.node(n)["params"]}
-    read_elsewhere = {
-        name
-        for n in graph.graph.nodes
-        if n not in nodes or not defers_weight_gradient(graph, n)
-        for name in graph.node(n)["params"]
-    }
-    return sum(
-        graph.params[name].bytes
-        for name in deferred - read_elsewhere
-        if name in graph.params and graph.params[name].requires_grad
-    )
+def _deferred_gradient_bytes(graph: CostGraph, nodes: Sequence[str], only_w: set[str]) -> int:
+    """Bytes of the weights of ``only_w`` (`weights_only_w_computes`) that ``nodes`` read and no
+    other op does: their gradients come from this stage's ``W`` alone."""
+    inside = set(nodes)
+    read_here = {name for n in nodes for name in graph.node(n)["params"]}
+    read_elsewhere = {name for n in graph.graph.nodes if n not in inside for name in graph.node(n)["params"]}
+    return sum(graph.params[name].bytes for name in (read_here & only_w) - read_elsewhere)
 
 
 def estimate_memory(

@@ -54,6 +54,7 @@ __all__ = [
     "stage_rules",
     "weight_gradient_bytes",
     "weight_versions_of",
+    "weights_only_w_computes",
 ]
 
 _ATTENTION_OP = "aten.scaled_dot_product_attention"
@@ -163,6 +164,19 @@ def defers_weight_gradient(graph: CostGraph, node: str) -> bool:
         return False
     params = (graph.params[name] for name in graph.node(node)["params"] if name in graph.params)
     return any(info.requires_grad and len(info.shape) >= 2 for info in params)
+
+
+def weights_only_w_computes(graph: CostGraph) -> set[str]:
+    """The trainable weights every reader of which is a product that defers its weight gradient
+    (`defers_weight_gradient`): their gradients come from ``W`` alone, so they do not exist before
+    the first ``W`` of a step on the stage that holds every reader."""
+    only_deferred: dict[str, bool] = {}
+    for n in graph.graph.nodes:
+        defers = defers_weight_gradient(graph, n)
+        for name in graph.node(n)["params"]:
+            only_deferred[name] = only_deferred.get(name, True) and defers
+    trainable = {name for name, info in graph.params.items() if info.requires_grad}
+    return {name for name, only in only_deferred.items() if only} & trainable
 
 
 def weight_gradient_bytes(graph: CostGraph, nodes: Iterable[str]) -> int:

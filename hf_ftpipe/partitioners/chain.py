@@ -15,13 +15,13 @@ import numpy as np
 
 from hf_ftpipe.costmodel.memory_rules import (
     StageRules,
-    defers_weight_gradient,
     operand_bytes,
     optimizer_state_bytes,
     saved_bytes,
     stage_rules,
     weight_gradient_bytes,
     weight_versions_of,
+    weights_only_w_computes,
 )
 from hf_ftpipe.costmodel.op_time import NodeCost
 from hf_ftpipe.costmodel.profiles import GPUProfile
@@ -136,13 +136,10 @@ class Chain:
                 uses.setdefault(name, set()).add(block[n])
         weights_t, grads_t, state_t = _Rectangles(num_blocks), _Rectangles(num_blocks), _Rectangles(num_blocks)
         frozen_t, deferred_t = _Rectangles(num_blocks), _Rectangles(num_blocks)
-        only_deferred = {name: options.gradient_accumulation_steps == 1 for name in uses}
-        for n in cut_order.order:
-            for name in graph.node(n)["params"]:
-                only_deferred[name] = only_deferred[name] and defers_weight_gradient(graph, n)
+        only_w = weights_only_w_computes(graph) if options.gradient_accumulation_steps == 1 else set()
         for name, blocks in uses.items():
             info = graph.params[name]
-            if info.requires_grad and only_deferred[name]:  # its stage holds every reader
+            if name in only_w:  # the stage holds every reader
                 deferred_t.add(0, min(blocks), max(blocks) + 1, num_blocks, info.bytes)
             state = optimizer_state_bytes(request.optimizer, info.shape, info.bytes)
             previous = -1

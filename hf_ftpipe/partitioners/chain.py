@@ -252,7 +252,41 @@ class Chain:
         blocks and its depth from the end, so the block positions from which the rest of the chain
         splits into d fitting stages follow from those for d − 1, one depth at a time. d stages
         fit exactly when ``solve(d, capacity)`` finds a split.
+
+        Where the schedule's order prices a stage at its busiest moment (`memory`: zb-h1's split
+        backward) rather than by its depth, the rules are a guess that errs either way: zb-h1 keeps
+        W's inputs beside the activations in flight, which they leave out (GPT2-XL, 8 GiB GPUs,
+        recomputed: 6 by the rules, 8 by the walk), and sums the busiest of each where the walk
+        finds them apart. Then ``solve`` decides: from the guess down while one fewer fits, else
+        up (from 1 when the rules found no count). A stage's moments depend only on its distances
+        from the two ends, each counted up to M, so past 2M + 1 stages cutting a middle stage in two
+        leaves every other stage as it was: the counts there are searched by halves, once the split
+        into one block a stage says any fits (exact unless the only cuts bring a wider value across).
         """
+        guess = self._fewest_by_rules(capacity)
+        if self._moments(1) is None:  # priced by depth alone: the rules are exact
+            return guess
+
+        def fits(count: int) -> bool:
+            return self.solve(count, capacity) is not None
+
+        if guess is not None and fits(guess):
+            while guess > 1 and fits(guess - 1):
+                guess -= 1
+            return guess
+        start = 1 if guess is None else guess + 1
+        scanned = min(self.num_blocks, max(start, 2 * self.request.num_microbatches + 1))
+        first = next((d for d in range(start, scanned + 1) if fits(d)), None)
+        if first is not None or scanned == self.num_blocks or not fits(self.num_blocks):
+            return first
+        low, high = scanned, self.num_blocks  # low does not fit, high does
+        while high - low > 1:
+            middle = (low + high) // 2
+            low, high = (low, middle) if fits(middle) else (middle, high)
+        return high
+
+    def _fewest_by_rules(self, capacity: float) -> int | None:
+        """`fewest_stages` by the per-stage rules (`memory_table`)."""
         num_blocks = self.num_blocks
         ahead = np.triu(np.ones((num_blocks + 1, num_blocks + 1), dtype=bool), k=1)  # stages [a, b), a < b
         reach = np.zeros(num_blocks + 1, dtype=bool)

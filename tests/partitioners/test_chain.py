@@ -14,6 +14,7 @@ from hf_ftpipe.errors import PlanDoesNotFitError
 from hf_ftpipe.partitioners import partition_seq_dp
 from hf_ftpipe.partitioners.chain import Chain
 from hf_ftpipe.partitioners.contiguous import ContiguousPlanner
+from hf_ftpipe.partitioners.split_fit import contiguous_fit
 from hf_ftpipe.plan.request import PlanRequest
 
 from toy_graphs import UNIT, make_graph, param
@@ -111,3 +112,27 @@ def _node_stage(graph, bounds: list[int]) -> dict[str, int]:
     from hf_ftpipe.partitioners.contiguous import CutOrder
 
     return CutOrder.of(graph).node_stage(bounds)
+
+
+@pytest.mark.parametrize("widths", [[16, 64, 16, 64, 16, 64, 16, 16], [64, 16, 16, 64, 64, 16, 64, 16]])
+def test_the_fewest_gpus_named_for_zb_h1_are_the_fewest_seq_dp_fits(widths):
+    # zb-h1 keeps W's inputs beside what is in flight, which the per-stage rules leave out: the GPU
+    # count the advice names must be the count seq-dp plans on, at every capacity.
+    graph = _linears(widths)
+    counts = range(1, len(widths) + 1)
+    named = set()
+    for capacity in range(100, 1200, 20):
+        profile = replace(UNIT.with_count(2), memory_bytes=capacity)
+        fitting = [n for n in counts if _seq_dp_fits(graph, profile.with_count(n), "zb-h1")]
+        fewest = contiguous_fit(graph, profile, schedule="zb-h1", memory=RECOMPUTE, **SIZES).num_gpus
+        assert fewest == (fitting[0] if fitting else None), capacity
+        named.add(fewest)
+    assert len(named - {None}) >= 3  # several counts named, each the first that fits
+
+
+def _seq_dp_fits(graph, profile, schedule: str) -> bool:
+    try:
+        partition_seq_dp(graph, profile, schedule=schedule, memory=RECOMPUTE, **SIZES)
+    except PlanDoesNotFitError:
+        return False
+    return True

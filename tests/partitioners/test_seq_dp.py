@@ -175,7 +175,7 @@ CONTIGUOUS = ["seq-greedy", "uniform", "params", "seq-dp"]
 @settings(max_examples=60, deadline=None)
 @given(
     graph=random_dags(max_nodes=9),
-    schedule=st.sampled_from(["gpipe", "1f1b", "async", "2bw"]),
+    schedule=st.sampled_from(["gpipe", "1f1b", "async", "2bw", "zb-h1"]),
     recompute=st.booleans(),
     capacity=st.integers(100, 3000),
 )

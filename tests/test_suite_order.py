@@ -1,6 +1,7 @@
 """The files the suite starts first (tests/helpers/suite_order.py) exist: a slow file renamed and
 not renamed there would start wherever its number of tests puts it. The files that share the session's
-T5 examples launch are one unit of work: on two workers it would be launched twice."""
+T5 examples launch are one unit of work: on two workers it would be launched twice; so are the files
+that plan on the full-size models' traces (tests/helpers/planning_graphs.py), each traced once."""
 
 from __future__ import annotations
 
@@ -31,3 +32,14 @@ def test_the_files_of_the_shared_t5_examples_launch_are_one_unit_of_work() -> No
     units = {work_unit(f"tests/{file}") for file in readers}
     assert units == {"tests/examples/test_run_glue.py"}, f"{readers} run on the workers of {units}"
     assert work_unit("tests/trainer/test_lora.py") == "tests/trainer/test_lora.py"
+
+
+def test_the_files_of_the_shared_planning_graphs_are_one_unit_of_work() -> None:
+    readers = sorted(
+        path.relative_to(TESTS).as_posix()
+        for path in TESTS.rglob("test_*.py")
+        if re.search(r"^from planning_graphs import", path.read_text(encoding="utf-8"), flags=re.MULTILINE)
+    )
+    assert len(readers) > 1, readers
+    units = {work_unit(f"tests/{file}") for file in readers}
+    assert units == {"tests/test_docs.py"}, f"{readers} trace the full-size models on the workers of {units}"

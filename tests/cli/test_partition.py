@@ -2,7 +2,9 @@
 
 T5-3B is traced once for the session (planning_graphs: several seconds); every command line reuses
 that graph. The two commands of docs/planning.md ("Planning from the command line") run here as
-the page writes them.
+the page writes them, and so does its Python plan of the same setup ("Inspecting a plan before
+spending GPU hours"), on that graph: its `trace_model` call gets the session's trace of the same
+model at the same shapes instead of tracing again.
 """
 
 from __future__ import annotations
@@ -17,11 +19,14 @@ from pathlib import Path
 
 import pytest
 
+import hf_ftpipe
 from hf_ftpipe.cli import parser as cli
+from hf_ftpipe.graph import load_model_for_planning
+from hf_ftpipe.graph.cost_graph import CostGraph
 from hf_ftpipe.partitioners.registry import available_partitioners
 from hf_ftpipe.plan import Partition, validate_partition
 
-from doc_blocks import page_command
+from doc_blocks import expected_output, missing_output, page_block, page_command
 from planning_graphs import cli_traces, planning_graph
 
 # FTPipe's BoolQ setting: micro-batch 4, input 512, target 4, on 8 RTX 2080 Ti.
@@ -160,3 +165,28 @@ def test_partition_asked_for_a_v_placement_puts_two_stages_on_each_gpu() -> None
     # 16 stages in a V on 8 GPUs: GPU g runs stages g and 15 − g; the GPU's check sums the two.
     assert summary["num_stages"] == 16 and [g["stages"] for g in summary["gpus"]] == [[g, 15 - g] for g in range(8)]
     assert summary["max_memory_fraction"] <= 0.9
+
+
+def test_the_pages_python_plan_runs_as_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    block = page_block("docs/planning.md", "graph = trace_model(model, microbatch)")
+    shipped = load_model_for_planning("t5-3b").config.to_dict()
+    traced: list[dict[str, tuple[int, ...]]] = []
+
+    def trace_model(model: object, microbatch: dict) -> CostGraph:
+        """The session's trace of what the page traces: the shipped T5-3B on meta, at its shapes."""
+        assert type(model).__name__ == "T5ForConditionalGeneration" and model.config.to_dict() == shipped
+        assert all(p.is_meta for p in model.parameters())
+        traced.append({name: tuple(value.shape) for name, value in microbatch.items()})
+        return planning_graph("t5-3b", 4, 512, 4)
+
+    monkeypatch.setattr(hf_ftpipe, "trace_model", trace_model)
+    monkeypatch.chdir(tmp_path)
+    exec(compile(block.text, block.where, "exec"), {"__name__": "__main__"})
+    assert traced == [{"input_ids": (4, 512), "labels": (4, 4)}]
+    printed = capsys.readouterr().out
+    missing = missing_output(expected_output(block), printed)
+    assert not missing, f"{block.where} did not print these lines of the page:\n" + "\n".join([*missing, printed])
+    plan = Partition.from_json(tmp_path / "t5-3b-8x2080ti.json")
+    assert plan.partitioner == "seq-dp" and plan.key.num_gpus == 8

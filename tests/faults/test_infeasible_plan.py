@@ -3,7 +3,8 @@
 Every partitioner fails; the report must answer in seconds, with one figure for the memory per
 GPU and one GPU count that agree with the partitioners' own estimate, and with fixes named as the
 reader names them: flags on the command line, keyword arguments in Python, `PipeTrainingArguments`
-fields for PipeTrainer. GPT2-XL is traced once (meta device, shipped config; several seconds).
+fields for PipeTrainer. GPT2-XL is traced once (meta device, shipped config; several seconds), or
+measured at this shape from the session's capture of it (tests/helpers/planning_graphs.py).
 docs/planning.md shows this case; its command and the lines it prints are checked here.
 """
 
@@ -16,19 +17,15 @@ import time
 from collections.abc import Iterator
 from types import SimpleNamespace
 
-import huggingface_hub.constants
 import pytest
 import torch
 
 import hf_ftpipe.partitioners  # noqa: F401  (registers the partitioners)
 from hf_ftpipe._units import format_bytes
 from hf_ftpipe.cli import parser as cli
-from hf_ftpipe.cli.partition import _Request
 from hf_ftpipe.costmodel import MemoryOptions, estimate_memory, get_profile, usable_capacity
 from hf_ftpipe.errors import PartitionError, PlanDoesNotFitError
-from hf_ftpipe.graph import trace_model
 from hf_ftpipe.graph.cost_graph import CostGraph
-from hf_ftpipe.graph.sources import load_model_for_planning, sample_inputs_for
 from hf_ftpipe.partitioners import partition_auto, partition_seq_dp
 from hf_ftpipe.partitioners.contiguous import CutOrder
 from hf_ftpipe.partitioners.registry import available_partitioners
@@ -36,6 +33,7 @@ from hf_ftpipe.trainer import plan_sharing as planning
 from hf_ftpipe.trainer.arguments import PipeTrainingArguments
 
 from doc_blocks import argv, expected_output, missing_output, page_block
+from planning_graphs import cli_traces, planning_graph
 
 ARGV = ["gpt2-xl", "--gpus", "2", "--gpu-profile", "rtx2080ti", "--batch-size", "8", "--seq-len", "1024"]
 OPTIONS = {"num_microbatches": 4, "microbatch_size": 8}  # the CLI's defaults: gpipe, AdamW, 10% headroom
@@ -45,13 +43,10 @@ SECONDS = 10.0  # after the trace
 
 @pytest.fixture(scope="module")
 def graph() -> Iterator[CostGraph]:
-    """GPT2-XL traced once; `hf-ftpipe` commands get it instead of tracing again, offline."""
-    model = load_model_for_planning("gpt2-xl")
-    traced = trace_model(model, sample_inputs_for(model, 8, 1024, None))
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-        patch.setattr(_Request, "trace", lambda request: traced)
-        yield traced
+    """GPT2-XL's graph at the case's shape, as `hf-ftpipe` traces it; the commands get it instead of
+    tracing again, offline."""
+    with cli_traces():
+        yield planning_graph("gpt2-xl", 8, 1024)
 
 
 @pytest.fixture(scope="module")

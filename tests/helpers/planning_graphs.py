@@ -2,7 +2,8 @@
 
 A T5-3B export takes 6-20 s on 2 cores; measuring its graph at another shape under one. tests/cli (the
 `hf-ftpipe` commands), tests/hub (the shipped plans) and tests/test_docs.py (the documented GPU commands)
-plan the same models at several shapes: they share one capture per model (`measure_at`).
+plan the same models at several shapes: they share one capture per model (`measure_at`), on one
+worker (`suite_order.SHARED_LAUNCHES` makes the files that import this one unit of work).
 """
 
 from __future__ import annotations

@@ -53,10 +53,23 @@ def slowest_files_first(items: list[pytest.Item], tests: Path) -> list[pytest.It
     return [items[i] for i in order]
 
 
-SHARED_LAUNCHES = {"examples/test_run_summarization.py": "examples/test_run_glue.py"}
-"""A file → the file whose worker runs it too, because both read a session fixture's launch
-(tests/examples/conftest.py's T5 examples job, 70-100 s): a session fixture runs once per worker, so
-with the two files on different workers the job was launched twice. Paths are relative to tests/."""
+SHARED_LAUNCHES = {
+    "examples/test_run_summarization.py": "examples/test_run_glue.py",
+    **dict.fromkeys(
+        (
+            "hub/test_shipped_plans.py",
+            "faults/test_infeasible_plan.py",
+            "cli/test_partition.py",
+            "graph/test_full_size.py",
+        ),
+        "test_docs.py",
+    ),
+}
+"""A file → the file whose worker runs it too, because both read what one process makes once: a
+session fixture's launch (tests/examples/conftest.py's T5 examples job, 70-100 s), or the full-size
+models' traces (tests/helpers/planning_graphs.py: T5-3B, GPT2-XL and BERT-large, 10-35 s each, then
+measured at each file's shapes in seconds). Each runs once per worker, so with the files on different
+workers the job was launched, or a model traced, once on each. Paths are relative to tests/."""
 
 
 def work_unit(file: str) -> str:

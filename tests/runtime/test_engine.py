@@ -1,12 +1,13 @@
 """The flushing schedules (GPipe, 1F1B) across real gloo processes equal single-process training,
 loss by loss and weight by weight, on contiguous and Mixed-Pipe placements.
 
-The flushing, autocast and loss-weight cases of a model share a launch and its trace (each case on a deep copy
-of it: the initial weights of a launch of its own); each case is asserted by its own test."""
+The flushing, autocast, loss-weight and evaluation cases of a model share a launch and its trace (each case on
+a deep copy of it: the initial weights of a launch of its own); each case is asserted by its own test."""
 
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +21,10 @@ from distributed import run_ranks, values_or_raise
 from engine_runs import LR, MICROBATCH, NUM_MICROBATCHES, STEPS, batches, reference_run
 from models import tiny_batch, tiny_model
 from placements import contiguous_placement
+
+reference = functools.cache(reference_run)
+"""`reference_run` once per model and precision: the flushing and autocast tests of a model compare
+with the same single-process run (read only)."""
 
 
 def train_pipeline(
@@ -46,11 +51,12 @@ def train_pipeline(
 
 
 def train_cases(
-    kind: str, steps: list[tuple[dict[str, torch.Tensor], list[float] | None]], cases: list[tuple[tuple[int, ...], str]]
+    traced: TracedModel,
+    steps: list[tuple[dict[str, torch.Tensor], list[float] | None]],
+    cases: list[tuple[tuple[int, ...], str]],
 ) -> dict[tuple[tuple[int, ...], str], tuple]:
-    """`train_pipeline` for each (placement, schedule) of ``cases``, each on a deep copy of one
-    trace: the same initial weights, as a launch of its own would start from, for a trace's time."""
-    traced = capture_model(tiny_model(kind), {name: value[:MICROBATCH] for name, value in steps[0][0].items()})
+    """`train_pipeline` for each (placement, schedule) of ``cases``, each on a deep copy of
+    ``traced``: the same initial weights, as a launch of its own would start from."""
     return {case: train_pipeline(copy.deepcopy(traced), steps, *case) for case in cases}
 
 
@@ -66,27 +72,35 @@ FLUSHING = [
 """Every case on 2 ranks; one launch per model runs its cases."""
 
 
-def flushing_run(rank: int, world_size: int, kind: str):
-    cases = [(tuple(stage_device), schedule) for k, stage_device, schedule in FLUSHING if k == kind]
-    return train_cases(kind, [(batch, None) for batch in batches(kind)], cases)
-
-
-def launched_once_per_model(run: Callable[..., Any]) -> Callable[[str], list[dict]]:
-    """Each rank's results of ``run`` on 2 ranks for a model, launched the first time a test asks."""
-    done: dict[str, list[dict]] = {}
-
-    def results(kind: str) -> list[dict]:
-        if kind not in done:
-            done[kind] = values_or_raise(run_ranks(run, 2, kind, deadline_s=240.0))
-        return done[kind]
-
+def model_run(rank: int, world_size: int, kind: str) -> dict[str, Any]:
+    """This rank's results of every case of ``kind`` (`FLUSHING`, `AUTOCAST`, `WEIGHTED` for GPT-2,
+    the evaluation for T5), each on a deep copy of one trace: an export per model and rank, not per
+    group of cases (every group's first micro-batch has the same shapes)."""
+    data = batches(kind)
+    traced = capture_model(tiny_model(kind), {name: value[:MICROBATCH] for name, value in data[0].items()})
+    flushing = [(tuple(stage_device), schedule) for k, stage_device, schedule in FLUSHING if k == kind]
+    results = {
+        "flushing": train_cases(traced, [(batch, None) for batch in data], flushing),
+        "autocast": autocast_cases(traced, kind),
+    }
+    if kind == "gpt2":
+        results["weighted"] = train_cases(traced, weighted_batches(), WEIGHTED)
+    if kind == "t5":
+        results["eval"] = eval_steps(copy.deepcopy(traced))
     return results
 
 
 @pytest.fixture(scope="module")
-def flushing_results() -> Callable[[str], list[dict]]:
-    """Each rank's results of a model's `FLUSHING` cases, launched once per model."""
-    return launched_once_per_model(flushing_run)
+def model_results() -> Callable[[str], list[dict[str, Any]]]:
+    """Each rank's results of `model_run` for a model on 2 ranks, launched the first time a test asks."""
+    done: dict[str, list[dict[str, Any]]] = {}
+
+    def results(kind: str) -> list[dict[str, Any]]:
+        if kind not in done:
+            done[kind] = values_or_raise(run_ranks(model_run, 2, kind, deadline_s=240.0))
+        return done[kind]
+
+    return results
 
 
 @pytest.mark.parametrize(
@@ -95,10 +109,10 @@ def flushing_results() -> Callable[[str], list[dict]]:
     ids=lambda value: "-".join(map(str, value)) if isinstance(value, list) else str(value),
 )
 def test_flushing_schedules_equal_single_process(
-    flushing_results: Callable[[str], list[dict]], kind: str, stage_device: list[int], schedule: str
+    model_results: Callable[[str], list[dict]], kind: str, stage_device: list[int], schedule: str
 ) -> None:
-    results = [figures[tuple(stage_device), schedule] for figures in flushing_results(kind)]
-    reference_losses, reference_state = reference_run(kind)
+    results = [figures["flushing"][tuple(stage_device), schedule] for figures in model_results(kind)]
+    reference_losses, reference_state = reference(kind)
 
     for rank, (losses, _) in enumerate(results):
         assert losses == pytest.approx(reference_losses, abs=1e-5), f"rank {rank} losses"
@@ -111,16 +125,15 @@ def test_flushing_schedules_equal_single_process(
     assert trainable <= covered, f"parameters on no rank: {sorted(trainable - covered)}"
 
 
-def eval_run(rank: int, world_size: int):
-    model = tiny_model("t5")
+def eval_steps(traced: TracedModel) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """T5's evaluation outputs on ``traced``: the loss and logits, then position 2's logits alone."""
     batch = tiny_batch("t5", MICROBATCH * NUM_MICROBATCHES)
-    traced = capture_model(model, {name: value[:MICROBATCH] for name, value in batch.items()})
     engine = PipelineEngine(traced, contiguous_placement(traced.cost_graph, [0, 1]), num_microbatches=NUM_MICROBATCHES)
     return engine.eval_step(batch), engine.eval_step(batch, output_names=("loss", "logits"), position=2)
 
 
-def test_eval_step_returns_loss_and_logits_on_every_rank() -> None:
-    results = values_or_raise(run_ranks(eval_run, 2))
+def test_eval_step_returns_loss_and_logits_on_every_rank(model_results: Callable[[str], list[dict]]) -> None:
+    results = [figures["eval"] for figures in model_results("t5")]
     model = tiny_model("t5").eval()
     batch = tiny_batch("t5", MICROBATCH * NUM_MICROBATCHES)
     with torch.no_grad():
@@ -183,11 +196,10 @@ AUTOCAST = [
 """(kind, stage_device, dtype, loss_scale, atol); one launch per model runs its cases."""
 
 
-def autocast_pipeline_run(rank: int, world_size: int, kind: str):
+def autocast_cases(traced: TracedModel, kind: str) -> dict[tuple[tuple[int, ...], torch.dtype], tuple]:
     """This rank's losses, weights and logits for each of the model's `AUTOCAST` cases, each on a deep
-    copy of one trace (the initial weights of a launch of its own)."""
+    copy of ``traced`` (the initial weights of a launch of its own)."""
     data = batches(kind)
-    traced = capture_model(tiny_model(kind), {name: value[:MICROBATCH] for name, value in data[0].items()})
     results = {}
     for k, stage_device, dtype, loss_scale, _ in AUTOCAST:
         if k != kind:
@@ -213,32 +225,26 @@ def autocast_pipeline_run(rank: int, world_size: int, kind: str):
     return results
 
 
-@pytest.fixture(scope="module")
-def autocast_results() -> Callable[[str], list[dict]]:
-    """Each rank's results of a model's `AUTOCAST` cases, launched once per model."""
-    return launched_once_per_model(autocast_pipeline_run)
-
-
 @pytest.mark.parametrize(
     ("kind", "stage_device", "dtype", "loss_scale", "atol"),
     AUTOCAST,
     ids=["bf16-gpt2-0-1", "bf16-t5-0-1-0", "fp16-gpt2-0-1"],
 )
 def test_autocast_equals_single_process_autocast(
-    autocast_results: Callable[[str], list[dict]],
+    model_results: Callable[[str], list[dict]],
     kind: str,
     stage_device: list[int],
     dtype: torch.dtype,
     loss_scale: float,
     atol: float,
 ) -> None:
-    results = [figures[tuple(stage_device), dtype] for figures in autocast_results(kind)]
-    reference_losses, reference_state = reference_run(kind, autocast_dtype=dtype, loss_scale=loss_scale)
+    results = [figures["autocast"][tuple(stage_device), dtype] for figures in model_results(kind)]
+    reference_losses, reference_state = reference(kind, autocast_dtype=dtype, loss_scale=loss_scale)
     model = tiny_model(kind)
     model.load_state_dict(reference_state)
     with torch.no_grad(), torch.autocast("cpu", dtype=dtype):
         reference_logits = model.eval()(**batches(kind)[0]).logits
-    full_precision_losses, full_precision_state = reference_run(kind)
+    full_precision_losses, full_precision_state = reference(kind)
     assert reference_losses != pytest.approx(full_precision_losses, abs=atol), "autocast changed too little"
     for rank, (losses, state, logits) in enumerate(results):
         assert losses == pytest.approx(reference_losses, abs=atol), f"rank {rank} losses"
@@ -277,25 +283,16 @@ def weighted_batches() -> list[tuple[dict[str, torch.Tensor], list[float]]]:
 
 
 WEIGHTED = [((0, 1), "gpipe"), ((0, 1), "1f1b"), ((0, 1, 1, 0), "1f1b")]
-"""(placement, schedule) of the loss-weight cases, on 2 ranks, in one launch."""
-
-
-def weighted_run(rank: int, world_size: int):
-    return train_cases("gpt2", weighted_batches(), WEIGHTED)
-
-
-@pytest.fixture(scope="module")
-def weighted_results() -> list[dict]:
-    return values_or_raise(run_ranks(weighted_run, 2, deadline_s=240.0))
+"""(placement, schedule) of the loss-weight cases, on 2 ranks, in GPT-2's launch."""
 
 
 @pytest.mark.parametrize(("stage_device", "schedule"), WEIGHTED, ids=str)
 def test_loss_weights_give_the_token_mean_of_the_mini_batch(
-    weighted_results: list[dict], stage_device: tuple[int, ...], schedule: str
+    model_results: Callable[[str], list[dict]], stage_device: tuple[int, ...], schedule: str
 ) -> None:
     """The step's loss and gradients are those of the mean over the mini-batch's label tokens (what
     Trainer computes with num_items_in_batch), also when a micro-batch has no label token."""
-    results = [figures[stage_device, schedule] for figures in weighted_results]
+    results = [figures["weighted"][stage_device, schedule] for figures in model_results("gpt2")]
     model = tiny_model("gpt2")
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     reference_losses = []

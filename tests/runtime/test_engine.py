@@ -147,14 +147,23 @@ def test_eval_step_returns_loss_and_logits_on_every_rank(model_results: Callable
         torch.testing.assert_close(one_position["loss"], outputs["loss"], atol=0, rtol=0)
 
 
-def recompute_run(rank: int, world_size: int, schedule: str):
-    """The same training with and without recomputation, dropout on: equal only if the recomputed
-    forward repeats the original one exactly (random state included). Both run on a deep copy of one
-    trace: the same initial weights, for one export's time."""
+RECOMPUTED = ("gpipe", "async")
+"""The schedules of the recomputation cases, in one launch."""
+
+
+def recompute_run(rank: int, world_size: int) -> dict[str, list[tuple]]:
+    """For each schedule of `RECOMPUTED`, the same training with and without recomputation, dropout
+    on: equal only if the recomputed forward repeats the original one exactly (random state
+    included). Every run is on a deep copy of one trace: the same initial weights, for one export's time."""
     data = batches("gpt2")
     traced = capture_model(
         tiny_model("gpt2", dropout=0.2), {name: value[:MICROBATCH] for name, value in data[0].items()}
     )
+    return {schedule: recompute_runs(traced, data, schedule) for schedule in RECOMPUTED}
+
+
+def recompute_runs(traced: TracedModel, data: list[dict[str, torch.Tensor]], schedule: str) -> list[tuple]:
+    """This rank's losses and weights under ``schedule`` without, then with, recomputation."""
     runs = []
     for recompute in (False, True):
         copied = copy.deepcopy(traced)
@@ -176,9 +185,14 @@ def recompute_run(rank: int, world_size: int, schedule: str):
     return runs
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "async"])
-def test_recomputation_changes_nothing_but_memory(schedule: str) -> None:
-    for (plain_losses, plain_state), (losses, state) in values_or_raise(run_ranks(recompute_run, 2, schedule)):
+@pytest.fixture(scope="module")
+def recompute_results() -> list[dict[str, list[tuple]]]:
+    return values_or_raise(run_ranks(recompute_run, 2, deadline_s=240.0))
+
+
+@pytest.mark.parametrize("schedule", RECOMPUTED)
+def test_recomputation_changes_nothing_but_memory(recompute_results: list[dict], schedule: str) -> None:
+    for (plain_losses, plain_state), (losses, state) in (figures[schedule] for figures in recompute_results):
         assert losses == plain_losses
         assert not any(torch.isnan(torch.tensor(losses)))
         for name, value in state.items():

@@ -139,6 +139,8 @@ def test_incremental_cost_matches_estimate_and_refinement_never_worsens(case, se
         assert state.memory(g) == gpu.memory_bytes
     refine(state)
     after = predict()
+    for g, gpu in enumerate(after.gpus):  # each GPU's memory, kept between moves, is still the estimate's
+        assert state.memory(g) == gpu.memory_bytes
     assert after.step_time_s <= before.step_time_s * (1 + 1e-9)
     assert max(g.memory_bytes for g in after.gpus) <= max(
         usable_capacity(profile, memory), max(g.memory_bytes for g in before.gpus)

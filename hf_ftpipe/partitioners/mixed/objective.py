@@ -126,10 +126,16 @@ class IncrementalCost:
             )
             for u, attrs in g.nodes(data=True)
         }
-        # per atom: the ops whose messages its move changes (an ordered set: floating-point sums
-        # must not depend on PYTHONHASHSEED), and the other atoms it reads from and is read by
+        # per atom: the ops whose messages its move changes, those of no bytes left out (an ordered
+        # set: floating-point sums must not depend on PYTHONHASHSEED), and the other atoms it
+        # reads from and is read by
         self._producers = [
-            tuple(dict.fromkeys([*(u for n in nodes for u in g.predecessors(n)), *nodes])) for nodes in atoms
+            tuple(
+                u
+                for u in dict.fromkeys([*(u for n in nodes for u in g.predecessors(n)), *nodes])
+                if self._producer_of[u][1]
+            )
+            for nodes in atoms
         ]
         self._reads = [{atom_of[u] for n in nodes for u in g.predecessors(n)} - {a} for a, nodes in enumerate(atoms)]
         self._read_by = [{atom_of[v] for n in nodes for v in g.successors(n)} - {a} for a, nodes in enumerate(atoms)]

@@ -120,14 +120,22 @@ def test_incremental_cost_matches_estimate_and_refinement_never_worsens(case, se
     rng.shuffle(stage_device)
     again = 1.0 if recompute else 0.0  # a recomputed forward counts again
     weight = {n: c.total_s + again * c.forward_s for n, c in node_costs(graph, profile).items()}
-    state = IncrementalCost(
-        graph, profile, atoms, atom_stage, stage_device, weight,
-        optimizer="adamw", memory=memory, limit=[float(usable_capacity(profile, memory))] * num_gpus, **options,
-    )  # fmt: skip
+
+    def fresh(atom_stage: list[int]) -> IncrementalCost:
+        return IncrementalCost(
+            graph, profile, atoms, list(atom_stage), stage_device, weight,
+            optimizer="adamw", memory=memory, limit=[float(usable_capacity(profile, memory))] * num_gpus, **options,
+        )  # fmt: skip
+
+    state = fresh(atom_stage)
     for _ in range(10):
         a = rng.randrange(len(atoms))
         lo, hi = state.stage_range(a)
         state.move(a, rng.randint(lo, hi))
+        # the memory kept move by move (recomputed only where a move touched) is a new state's
+        assert [state.memory(g) for g in range(num_gpus)] == [
+            fresh(state.atom_stage).memory(g) for g in range(num_gpus)
+        ]
 
     def predict():
         node_stage = {n: state.atom_stage[state.atom_of[n]] for n in graph.graph}
@@ -139,6 +147,8 @@ def test_incremental_cost_matches_estimate_and_refinement_never_worsens(case, se
         assert state.memory(g) == gpu.memory_bytes
     refine(state)
     after = predict()
+    for g, gpu in enumerate(after.gpus):  # each GPU's memory, kept between moves, is still the estimate's
+        assert state.memory(g) == gpu.memory_bytes
     assert after.step_time_s <= before.step_time_s * (1 + 1e-9)
     assert max(g.memory_bytes for g in after.gpus) <= max(
         usable_capacity(profile, memory), max(g.memory_bytes for g in before.gpus)

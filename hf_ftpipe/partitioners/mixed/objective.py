@@ -19,7 +19,7 @@ up to date move by move like the rest.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from hf_ftpipe.costmodel.estimate import MemoryOptions, gpu_cost_s
 from hf_ftpipe.costmodel.memory_rules import (
@@ -101,10 +101,44 @@ class IncrementalCost:
         self.param_count: list[dict[str, int]] = [defaultdict(int) for _ in range(num_stages)]
         self.pair_fwd: dict[tuple[int, int], int] = defaultdict(int)
         self.pair_grad: dict[tuple[int, int], int] = defaultdict(int)
+        self._link = (profile.link_latency_s, profile.link_bandwidth_bytes_per_s)
+        self._channels = ((self.pair_fwd, self.fwd), (self.pair_grad, self.bwd))
+        self._memory: list[float | None] = [None] * num_gpus  # memory(g), until a move touches g
+        self._index_graph(graph, atoms)
         for a in range(len(atoms)):
             self._place(a, +1)
         for node in graph.graph:
             self._producer(node, +1)
+
+    def _index_graph(self, graph: CostGraph, atoms: Sequence[Sequence[str]]) -> None:
+        """What a move reads of the graph, looked up once: refinement tries some 10⁵ moves, and
+        networkx's views cost more than the arithmetic they feed."""
+        g, atom_of = graph.graph, self.atom_of
+        # per op: its atom, its output's bytes, whether it carries a gradient, the atoms reading it (first
+        # reader first, so that the set of their stages is built in the order the edges give)
+        self._producer_of = {
+            u: (
+                atom_of[u],
+                attrs["output_bytes"],
+                attrs["requires_grad"],
+                tuple(dict.fromkeys(atom_of[v] for v in g.successors(u))),
+                u in self.outputs,
+            )
+            for u, attrs in g.nodes(data=True)
+        }
+        # per atom: the ops whose messages its move changes, those of no bytes left out (an ordered
+        # set: floating-point sums must not depend on PYTHONHASHSEED), and the other atoms it
+        # reads from and is read by
+        self._producers = [
+            tuple(
+                u
+                for u in dict.fromkeys([*(u for n in nodes for u in g.predecessors(n)), *nodes])
+                if self._producer_of[u][1]
+            )
+            for nodes in atoms
+        ]
+        self._reads = [{atom_of[u] for n in nodes for u in g.predecessors(n)} - {a} for a, nodes in enumerate(atoms)]
+        self._read_by = [{atom_of[v] for n in nodes for v in g.successors(n)} - {a} for a, nodes in enumerate(atoms)]
 
     # -- queries ---------------------------------------------------------------------------------
 
@@ -121,22 +155,27 @@ class IncrementalCost:
         return self.overflow(), max(costs), sum(c * c for c in costs), sum(self.fwd) + sum(self.bwd)
 
     def memory(self, g: int) -> float:
+        cached = self._memory[g]
+        if cached is None:
+            cached = self._memory[g] = self._memory_of(g)
+        return cached
+
+    def _memory_of(self, g: int) -> float:
         stages = self.stages_of[g]
         per_microbatch = self.inputs if self.recompute else self.saved
         held = sum((self.kept[s] + per_microbatch[s]) * self.held[s] for s in stages)
-        backward = max(  # one backward at a time
-            (
+        backward = 0  # one backward at a time: the largest
+        for s in stages:
+            backward = max(
+                backward,
                 backward_bytes(
                     persist=self.persist[s],
                     largest_operand=self._largest_operand(s),
                     gradients=self.grads[s],
                     saved=self.saved[s],
                     recomputed=self.saved[s] if self.recompute else 0,
-                )
-                for s in stages
-            ),
-            default=0,
-        )
+                ),
+            )
         return self.weights[g] + held + backward
 
     def _largest_operand(self, s: int) -> int:
@@ -151,25 +190,20 @@ class IncrementalCost:
     def stage_range(self, a: int) -> tuple[int, int]:
         """Stages ``a`` may move to while the numbering stays topological: [last producer
         stage, first consumer stage]."""
-        g, lo, hi = self.graph.graph, 0, len(self.stage_device) - 1
-        for n in self.atoms[a]:
-            for u in g.predecessors(n):
-                b = self.atom_of[u]
-                if b != a:
-                    lo = max(lo, self.atom_stage[b])
-            for v in g.successors(n):
-                b = self.atom_of[v]
-                if b != a:
-                    hi = min(hi, self.atom_stage[b])
+        atom_stage, lo, hi = self.atom_stage, 0, len(self.stage_device) - 1
+        for b in self._reads[a]:
+            if atom_stage[b] > lo:
+                lo = atom_stage[b]
+        for b in self._read_by[a]:
+            if atom_stage[b] < hi:
+                hi = atom_stage[b]
         return lo, hi
 
     # -- the move --------------------------------------------------------------------------------
 
     def move(self, a: int, stage: int) -> None:
         """Put atom ``a`` in ``stage``; a second ``move`` back undoes it exactly."""
-        g = self.graph.graph
-        # An ordered set (a dict): floating-point sums must not depend on PYTHONHASHSEED.
-        producers = dict.fromkeys([*(u for n in self.atoms[a] for u in g.predecessors(n)), *self.atoms[a]])
+        producers = self._producers[a]
         for u in producers:
             self._producer(u, -1)
         self._place(a, -1)
@@ -181,6 +215,7 @@ class IncrementalCost:
     def _place(self, a: int, sign: int) -> None:
         s = self.atom_stage[a]
         d = self.stage_device[s]
+        self._memory[d] = None
         self.compute[d] += sign * self.atom_weight[a]
         self.saved[s] += sign * self.atom_saved[a]
         if sign > 0:
@@ -212,27 +247,36 @@ class IncrementalCost:
         return info.bytes * versions + self.state[p] + gradient
 
     def _producer(self, u: str, sign: int) -> None:
-        attrs = self.graph.graph.nodes[u]
-        size = attrs["output_bytes"]
+        atom, size, requires_grad, readers, is_output = self._producer_of[u]
         if size == 0:
             return
-        s = self.atom_stage[self.atom_of[u]]
-        d = self.stage_device[s]
-        targets = {self.atom_stage[self.atom_of[v]] for v in self.graph.graph.successors(u)} - {s}
-        if targets or u in self.outputs:
+        atom_stage, stage_device, stale = self.atom_stage, self.stage_device, self._memory
+        s = atom_stage[atom]
+        d = stage_device[s]
+        if len(readers) == 1:  # most values: one reader, no set to build
+            t = atom_stage[readers[0]]
+            targets: Collection[int] = () if t == s else (t,)
+        else:  # the sums below follow the set's order: build it exactly as ever
+            targets = {atom_stage[b] for b in readers} - {s}
+        if targets or is_output:
             self.kept[s] += sign * size
+            stale[d] = None
+        if not targets:
+            return
+        latency, bandwidth = self._link
+        # (pairs, per GPU): the forward message, and the gradient coming back for a trainable value
+        channels = self._channels if requires_grad else self._channels[:1]
+        change = sign * size
         for t in targets:
-            self.inputs[t] += sign * size
-            if self.stage_device[t] != d:
-                self._add(self.pair_fwd, self.fwd, s, t, sign * size)
-                if attrs["requires_grad"]:
-                    self._add(self.pair_grad, self.bwd, s, t, sign * size)
-
-    def _add(self, pairs: dict, per_gpu: list[float], s: int, t: int, size: int) -> None:
-        before = pairs[s, t]
-        after = before + size
-        pairs[s, t] = after
-        # comm_time_s inlined: this runs for every edge of every tried move.
-        latency, bandwidth = self.profile.link_latency_s, self.profile.link_bandwidth_bytes_per_s
-        delta = ((latency + after / bandwidth) if after else 0.0) - ((latency + before / bandwidth) if before else 0.0)
-        per_gpu[self.stage_device[s]] += delta
+            self.inputs[t] += change
+            stale[stage_device[t]] = None
+            if stage_device[t] != d:
+                for pairs, per_gpu in channels:
+                    # comm_time_s inlined: this runs for every edge of every tried move.
+                    before = pairs[s, t]
+                    after = before + change
+                    pairs[s, t] = after
+                    delta = ((latency + after / bandwidth) if after else 0.0) - (
+                        (latency + before / bandwidth) if before else 0.0
+                    )
+                    per_gpu[d] += delta

@@ -296,7 +296,12 @@ def make_schedule(
 
     ordered = {
         c.name: c
-        for c in (zero_bubble.ScheduleZeroBubbleH1, zero_bubble.ScheduleZBV, zero_bubble.ScheduleInterleaved1F1B)
+        for c in (
+            zero_bubble.ScheduleZeroBubbleH1,
+            zero_bubble.ScheduleZeroBubbleAuto,
+            zero_bubble.ScheduleZBV,
+            zero_bubble.ScheduleInterleaved1F1B,
+        )
     }
     if name in ordered:
         return ordered[name](stage_rank, num_microbatches, edges)

@@ -13,7 +13,7 @@ from typing import Literal, get_args
 
 __all__ = ["SCHEDULES", "SCHEDULE_NAMES", "ScheduleName", "ScheduleTraits", "schedule_traits"]
 
-ScheduleName = Literal["gpipe", "1f1b", "async", "2bw", "zb-h1", "zbv", "interleaved-1f1b"]
+ScheduleName = Literal["gpipe", "1f1b", "async", "2bw", "zb-h1", "zbv", "interleaved-1f1b", "zb-auto"]
 """The schedules, for type hints and argument parsers; `SCHEDULES` gives each one's traits."""
 
 
@@ -113,6 +113,13 @@ SCHEDULES: dict[str, ScheduleTraits] = {
             held_by_order=True,
             help="Megatron's interleaved 1F1B on a looped placement (stage s on GPU s mod P): a smaller "
             "bubble than 1f1b for the same update.",
+        ),
+        ScheduleTraits(
+            name="zb-auto",
+            split_backward=True,
+            help="zb-h1's list scheduler timed by the plan's own per-stage F, B and W times (measured ones with "
+            "`cost_table='measured'`), so that each GPU fills its idle time with what fits there; kept where the "
+            "simulator finds it faster than zb-h1's order and it needs no more memory; zb-h1's update.",
         ),
     )
 }

@@ -56,6 +56,7 @@ from hf_ftpipe.schedules.rules import awaiting_weight_gradients, in_flight_limit
 __all__ = [
     "ScheduleInterleaved1F1B",
     "ScheduleZBV",
+    "ScheduleZeroBubbleAuto",
     "ScheduleZeroBubbleH1",
     "SplitSimulation",
     "is_looped",
@@ -243,6 +244,16 @@ def zero_bubble_order(
     awaiting = [awaiting_weight_gradients("zb-h1", s, stage_rank, num_microbatches) for s in range(len(stage_rank))]
     kept = [h + a for h, a in zip(held, awaiting, strict=True)]
     return SplitSimulation(stage_rank, edges, held, kept, stage_costs).run(num_microbatches)
+
+
+class ScheduleZeroBubbleAuto(ScheduleZeroBubbleH1):
+    """``zb-auto`` where no stage times are known: zb-h1's order, which bounds its memory.
+
+    The partitioners and the memory rules price ``zb-auto`` as this order; the order that runs is
+    built once the plan is (`hf_ftpipe.simulator.auto_schedule`), from the plan's stage times.
+    """
+
+    name = "zb-auto"
 
 
 class ScheduleZBV(ScheduleZeroBubbleH1):

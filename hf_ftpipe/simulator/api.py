@@ -116,6 +116,10 @@ def simulate_costs(
     given by its `PipelineCosts` (the tests' toy pipelines)."""
     if num_microbatches < 1:
         raise PartitionError(f"`num_microbatches` must be at least 1, got {num_microbatches}")
+    if schedule == "zb-auto":  # the order built for these stages' times, as the trainer runs it
+        from hf_ftpipe.simulator.auto_schedule import auto_schedule  # it simulates with this function
+
+        return auto_schedule(costs, num_microbatches)[1]
     edges = sorted({(e.source, e.target) for e in costs.edges})
     try:
         order_maker = (

@@ -35,6 +35,7 @@ from hf_ftpipe.runtime import PipelineEngine, Watchdog
 from hf_ftpipe.runtime.microbatches import microbatch_rows
 from hf_ftpipe.runtime.weights import release_foreign_weights
 from hf_ftpipe.trainer.arguments import PipeTrainingArguments
+from hf_ftpipe.trainer.auto_order import engine_schedule
 from hf_ftpipe.trainer.checkpoint_folders import check_output_dir
 from hf_ftpipe.trainer.checkpoint_hooks import PipeCheckpointing
 from hf_ftpipe.trainer.compilation import stage_compile_options
@@ -181,7 +182,9 @@ class PipeTrainer(PipeTrainingSteps, PipeEvaluation, PipeCheckpointing, PipeData
             self.partition,
             num_microbatches=self.replicas.num_microbatches,  # one replica's (`hf_ftpipe.trainer.replicas`)
             data_parallel_size=self.replicas.data_parallel_size,
-            schedule=self.args.pipeline_schedule,
+            schedule=engine_schedule(
+                self.args, self.partition, whole.cost_graph, self.replicas.microbatches_per_step(self.args)
+            ),
             gradient_accumulation_steps=self.args.async_update_interval,
             batches_per_step=self.args.gradient_accumulation_steps,
             recompute=bool(self.args.activation_checkpointing),

@@ -10,6 +10,7 @@ loader's, not a ``max_steps``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from transformers import (
@@ -169,6 +170,19 @@ CASES = {
         schedule="zb-h1",
         schedule_file=True,
         args={"gradient_accumulation_steps": 2, "optim": "sgd", "learning_rate": 0.1},
+    ),
+    # zb-auto: zb-h1's list scheduler timed by the stage costs of the plan `auto` makes, its order written to
+    # output_dir and run from there; 10 rows in batches of 4, the last flush 1 micro-batch of 2 rows (the
+    # order less micro-batch 1's actions).
+    "gpt2-zb-auto": Case(
+        "gpt2",
+        "causal",
+        train_rows=10,
+        batch_size=4,
+        epochs=1,
+        steps=3,
+        schedule="zb-auto",
+        args={"optim": "sgd", "learning_rate": 0.1},
     ),
     # G = 2 without num_items_in_batch (no `labels`: answer positions): each batch's mean over G.
     "bert-qa-accumulate": Case(
@@ -363,6 +377,8 @@ def run(name: str, output_dir: str, trainer_class: type) -> dict[str, Any]:
             generate_on_every_rank(trainer, kind, output_dir)
     result["weights"] = {n: v.detach().clone() for n, v in trainer.model.state_dict().items()}
     result["token_slices"] = slicings.seen
+    order = Path(output_dir) / "zb-auto-order.txt"  # what zb-auto built and ran (hf_ftpipe.trainer.auto_order)
+    result["zb_auto_order"] = order.read_text(encoding="utf-8") if order.is_file() else None
     compiler = getattr(getattr(trainer, "engine", None), "compiler", None)
     result["compiled_graphs"] = None if compiler is None else compiler.graphs
     return result

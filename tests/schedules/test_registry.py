@@ -38,13 +38,14 @@ def test_traits_of_every_schedule() -> None:
         "zb-h1": (True, False, "single", False, False, True, False),
         "zbv": (True, False, "single", False, False, True, True),
         "interleaved-1f1b": (True, False, "single", False, False, False, False),
+        "zb-auto": (True, False, "single", False, False, True, False),
     }
 
 
 def test_names_are_written_once_and_derived_everywhere() -> None:
     assert (
         SCHEDULE_NAMES
-        == ("gpipe", "1f1b", "async", "2bw", "zb-h1", "zbv", "interleaved-1f1b")
+        == ("gpipe", "1f1b", "async", "2bw", "zb-h1", "zbv", "interleaved-1f1b", "zb-auto")
         == get_args(ScheduleName)
         == get_args(Schedule)
     )
@@ -56,7 +57,7 @@ def test_names_are_written_once_and_derived_everywhere() -> None:
 
 
 def test_update_every() -> None:
-    assert [SCHEDULES[name].update_every(4, 2) for name in SCHEDULE_NAMES] == [4, 4, 2, 4, 4, 4, 4]
+    assert [SCHEDULES[name].update_every(4, 2) for name in SCHEDULE_NAMES] == [4, 4, 2, 4, 4, 4, 4, 4]
 
 
 def test_rules_per_schedule_on_three_stages() -> None:
@@ -77,4 +78,5 @@ def test_rules_per_schedule_on_three_stages() -> None:
         "zb-h1": (3, 1, True),
         "zbv": (3, 1, True),
         "interleaved-1f1b": (3, 1, True),
+        "zb-auto": (3, 1, True),
     }

@@ -26,6 +26,7 @@ def test_on_unequal_stages_zb_auto_is_faster_than_zb_h1_and_runs_from_its_file(t
     path = tmp_path / "zb-auto.txt"
     path.write_text(str(schedule), encoding="utf-8")
     assert simulate_costs(costs, str(path), 8).step_time_s == 61  # what runs is what was simulated
+    assert simulate_costs(costs, "zb-auto", 8).step_time_s == 61  # the name simulates the order built for the costs
 
 
 def test_on_equal_stages_zb_auto_is_zb_h1s_order() -> None:
@@ -34,3 +35,13 @@ def test_on_equal_stages_zb_auto_is_zb_h1s_order() -> None:
     # Equal stages of F 1 s, B 1 s, W 1 s are zb-h1's unit costs: the same order, 13 s.
     assert str(schedule) == str(make_schedule("zb-h1", [0, 1], 4))
     assert result.step_time_s == 13
+
+
+def test_zb_auto_without_stage_costs_is_zb_h1s_order_which_prices_its_plans() -> None:
+    # What the partitioners and the memory rules walk for a `zb-auto` plan, before its costs are known.
+    schedule = make_schedule("zb-auto", [0, 1], 4)
+    assert schedule.name == "zb-auto" and schedule.traits.split_backward and schedule.traits.flushes
+    assert str(schedule) == (
+        "rank 0: 0F0 0F1 0B0 0F2 0B1 0W0 0B2 0F3 0W1 0W2 0B3 0W3\n"
+        "rank 1: 1F0 1B0 1F1 1B1 1F2 1B2 1W0 1W1 1F3 1B3 1W2 1W3"
+    )

@@ -17,6 +17,7 @@ GPT-2 under zb-h1, where `Trainer` counts ``num_items_in_batch``, the same from 
 order whose last flush runs 3 of its 4 micro-batches, BERT's classification head, whose forward takes
 ``**kwargs`` but a mean of its own, so that `Trainer` sums the window's batch means, and question
 answering, where it divides by G),
+the order ``zb-auto`` builds for GPT-2's plan from its stage costs (written to ``output_dir`` and run from there),
 label smoothing (T5 under zbv on a V placement, G = 2, with `Trainer`'s default fused
 AdamW; GPT-2 under 1f1b, G = 2),
 ``compute_loss_func`` (GPT-2) and a subclass's ``compute_loss`` override (BERT, G = 2), on the last
@@ -73,6 +74,11 @@ def test_pipe_trainer_matches_trainer_on_any_batch(pipeline_results: Path, tmp_p
         assert len(steps) == CASES[name].steps and all(s == list(fit_slices(given, sum(s))) for s in steps), steps
         assert len({sum(s) for s in steps}) > 1 and min(len(s) for s in steps) < len(given), steps
     assert_steps_close(pipe["history"], reference["history"])
+    if CASES[name].schedule == "zb-auto":  # the order built for the plan ran, every stage's W after its B
+        order = pipe["zb_auto_order"]
+        assert order is not None and order.count("W") == order.count("B") > 0, order
+    else:
+        assert pipe["zb_auto_order"] is None
     if CASES[name].pipe_args.get("torch_compile"):  # compiled once per mode and 1-row shape, not per length
         assert pipe["compiled_graphs"] == 4, pipe["compiled_graphs"]
     else:

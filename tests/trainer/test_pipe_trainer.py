@@ -187,5 +187,5 @@ def test_a_missing_schedule_file_names_both_choices(tmp_path: Path) -> None:
         PipeTrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", pipeline_schedule=missing)
     assert str(error.value) == (
         f"`pipeline_schedule={missing!r}`: pipeline schedule file {missing!r} does not exist; give an existing file "
-        "or a schedule's name, one of ['gpipe', '1f1b', 'async', '2bw', 'zb-h1', 'zbv', 'interleaved-1f1b']"
+        "or a schedule's name, one of ['gpipe', '1f1b', 'async', '2bw', 'zb-h1', 'zbv', 'interleaved-1f1b', 'zb-auto']"
     )

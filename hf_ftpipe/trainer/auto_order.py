@@ -1,0 +1,98 @@
+"""``pipeline_schedule="zb-auto"``: the order built for the run's plan, written where the user can read it.
+
+A ``zb-auto`` plan is made as a ``zb-h1`` one (the memory rules walk zb-h1's order,
+`hf_ftpipe.schedules.zero_bubble.ScheduleZeroBubbleAuto`). Once every rank holds the plan, each
+builds the same order from the plan's recorded stage times (`hf_ftpipe.simulator.plan_auto_schedule`:
+measured ones where the plan was priced by a cost table, ``cost_table="measured"``) and runs it as a
+schedule file (`hf_ftpipe.schedules.from_file`), so that a short last flush runs it less the missing
+micro-batches' actions, as any file's. It is kept only where the simulator finds it no slower than
+zb-h1's order and the memory model finds that it fits each GPU (its capacity less
+``partition_memory_headroom``, or what zb-h1's order needs there, whichever is more); otherwise
+zb-h1's order runs, and the log says why.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from hf_ftpipe.costmodel.memory_estimate import estimate_memory
+from hf_ftpipe.errors import PartitionError
+from hf_ftpipe.graph.cost_graph import CostGraph
+from hf_ftpipe.plan import Partition
+from hf_ftpipe.plan.validate import stage_graph
+from hf_ftpipe.schedules.orders import make_schedule
+from hf_ftpipe.simulator.api import plan_profile
+from hf_ftpipe.simulator.auto_schedule import plan_auto_schedule
+from hf_ftpipe.trainer.plan_sharing import memory_options, planned_optimizer
+from hf_ftpipe.trainer.run_log import get_logger
+
+if TYPE_CHECKING:
+    from hf_ftpipe.trainer.arguments import PipeTrainingArguments
+
+__all__ = ["ORDER_FILE", "engine_schedule"]
+
+logger = get_logger(__name__)
+
+ORDER_FILE = "zb-auto-order.txt"
+"""In ``output_dir``: the order ``zb-auto`` built and runs, one line per rank (`hf-ftpipe schedule`'s text)."""
+
+
+def engine_schedule(args: PipeTrainingArguments, partition: Partition, graph: CostGraph, num_microbatches: int) -> str:
+    """What the engine runs for ``args.pipeline_schedule``: the name itself, or for ``zb-auto`` the
+    path of the order built for ``partition`` over ``num_microbatches`` (one flush's), or ``zb-auto``
+    (zb-h1's order) where that order is not kept (see the module)."""
+    if args.pipeline_schedule != "zb-auto":
+        return args.pipeline_schedule
+    try:
+        built, simulated = plan_auto_schedule(partition, num_microbatches=num_microbatches)
+    except PartitionError as error:  # a plan without its recorded stage times
+        logger.warning("zb-auto: cannot build an order for this plan (%s); running zb-h1's", error)
+        return "zb-auto"
+    if built.name != "zb-auto":
+        logger.info("zb-auto: zb-h1's order simulates at least as fast on this plan; running it")
+        return "zb-auto"
+    path = Path(args.output_dir) / ORDER_FILE
+    _write_same(path, str(built))
+    edges = sorted(stage_graph(graph, partition.node_stage).edges)
+    try:  # built from the plan file's stage graph: checked against the graph's own before it runs
+        make_schedule(str(path), partition.stage_device, num_microbatches, edges)
+    except ValueError as error:
+        logger.warning("zb-auto: the order built for this plan does not fit its graph (%s); running zb-h1's", error)
+        return "zb-auto"
+    placed = (graph, partition.node_stage, partition.stage_device)
+    options = {
+        "optimizer": planned_optimizer(args),
+        "memory": memory_options(args),
+        "num_microbatches": num_microbatches,
+    }
+    needs = estimate_memory(*placed, schedule=str(path), **options)  # type: ignore[arg-type]
+    checked = estimate_memory(*placed, schedule="zb-auto", **options)  # type: ignore[arg-type]
+    limit = int(plan_profile(partition).memory_bytes * (1.0 - args.partition_memory_headroom))
+    over = [(gpu, need) for gpu, need in enumerate(needs) if need > max(limit, checked[gpu])]
+    if over:
+        gpu, need = over[0]
+        logger.warning(
+            "zb-auto: the order built for this plan needs %.1f MiB on GPU %d, more than its %.1f MiB less headroom "
+            "and the %.1f MiB of zb-h1's order; running zb-h1's",
+            need / 2**20,
+            gpu,
+            limit / 2**20,
+            checked[gpu] / 2**20,
+        )
+        return "zb-auto"
+    logger.info(
+        "zb-auto: an order built for the plan's stage times, simulated step %.1f ms; it runs from %s",
+        simulated.step_time_s * 1e3,
+        path,
+    )
+    return str(path)
+
+
+def _write_same(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` whole: every rank writes the same order, maybe to one shared folder."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.{os.getpid()}")
+    partial.write_text(text, encoding="utf-8")
+    os.replace(partial, path)

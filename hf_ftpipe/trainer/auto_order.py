@@ -13,9 +13,12 @@ zb-h1's order runs, and the log says why.
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+import torch.distributed as dist
 
 from hf_ftpipe.costmodel.memory_estimate import estimate_memory
 from hf_ftpipe.errors import PartitionError
@@ -48,10 +51,10 @@ def engine_schedule(args: PipeTrainingArguments, partition: Partition, graph: Co
     try:
         built, simulated = plan_auto_schedule(partition, num_microbatches=num_microbatches)
     except PartitionError as error:  # a plan without its recorded stage times
-        logger.warning("zb-auto: cannot build an order for this plan (%s); running zb-h1's", error)
+        _log(logging.WARNING, "zb-auto: cannot build an order for this plan (%s); running zb-h1's", error)
         return "zb-auto"
     if built.name != "zb-auto":
-        logger.info("zb-auto: zb-h1's order simulates at least as fast on this plan; running it")
+        _log(logging.INFO, "zb-auto: zb-h1's order simulates at least as fast on this plan; running it")
         return "zb-auto"
     path = Path(args.output_dir) / ORDER_FILE
     _write_same(path, str(built))
@@ -59,7 +62,11 @@ def engine_schedule(args: PipeTrainingArguments, partition: Partition, graph: Co
     try:  # built from the plan file's stage graph: checked against the graph's own before it runs
         make_schedule(str(path), partition.stage_device, num_microbatches, edges)
     except ValueError as error:
-        logger.warning("zb-auto: the order built for this plan does not fit its graph (%s); running zb-h1's", error)
+        _log(
+            logging.WARNING,
+            "zb-auto: the order built for this plan does not fit its graph (%s); running zb-h1's",
+            error,
+        )
         return "zb-auto"
     placed = (graph, partition.node_stage, partition.stage_device)
     options = {
@@ -73,7 +80,8 @@ def engine_schedule(args: PipeTrainingArguments, partition: Partition, graph: Co
     over = [(gpu, need) for gpu, need in enumerate(needs) if need > max(limit, checked[gpu])]
     if over:
         gpu, need = over[0]
-        logger.warning(
+        _log(
+            logging.WARNING,
             "zb-auto: the order built for this plan needs %.1f MiB on GPU %d, more than its %.1f MiB less headroom "
             "and the %.1f MiB of zb-h1's order; running zb-h1's",
             need / 2**20,
@@ -82,7 +90,8 @@ def engine_schedule(args: PipeTrainingArguments, partition: Partition, graph: Co
             checked[gpu] / 2**20,
         )
         return "zb-auto"
-    logger.info(
+    _log(
+        logging.INFO,
         "zb-auto: an order built for the plan's stage times, simulated step %.1f ms; it runs from %s",
         simulated.step_time_s * 1e3,
         path,
@@ -96,3 +105,9 @@ def _write_same(path: Path, text: str) -> None:
     partial = path.with_name(f".{path.name}.{os.getpid()}")
     partial.write_text(text, encoding="utf-8")
     os.replace(partial, path)
+
+
+def _log(level: int, message: str, *values: object) -> None:
+    """Log on rank 0 only: every rank makes the same choice from the same plan."""
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        logger.log(level, message, *values)

@@ -45,6 +45,9 @@ class Setup:
     stage_rank: tuple[int, ...] = ()
     """Stage → rank when a rank holds several stages (a V: ``(0, 1, 1, 0)``; looped: ``(0, 1, 0, 1)``);
     empty: one stage per rank, stage s on rank s."""
+    schedule_file: str = ""
+    """hf_ftpipe runners: a schedule file run instead of the runner's named schedule (``hf_ftpipe/zb-auto``:
+    the order built for the split's stage times, `_runtime_simulation.zb_auto_order`)."""
 
     @classmethod
     def of_arguments(cls, args: argparse.Namespace, **fields: Any) -> Setup:

@@ -38,6 +38,7 @@ RUNNER_SPLITS: dict[str, Split] = {
     "hf_ftpipe/gpipe-v": "v",
     "hf_ftpipe/1f1b-v": "v",
     "hf_ftpipe/zbv": "v",
+    "hf_ftpipe/zb-auto": "v",
     "hf_ftpipe/interleaved-1f1b": "looped",
     "torch/interleaved-1f1b": "looped",
     "torch/zbv": "v",
@@ -68,10 +69,10 @@ def runner_setup(setup: Setup, runner: str) -> Setup:
 
 
 def flushes(schedule: str) -> bool:
-    """Whether hf_ftpipe's ``schedule`` leaves the optimizer step to the caller (synchronous)."""
-    from hf_ftpipe.schedules.registry import SCHEDULES
+    """Whether hf_ftpipe's ``schedule`` (a name or a schedule file) leaves the optimizer step to the caller."""
+    from hf_ftpipe.schedules.registry import schedule_traits
 
-    return schedule == "gradient_accumulation" or SCHEDULES[schedule].flushes
+    return schedule == "gradient_accumulation" or schedule_traits(schedule).flushes
 
 
 def unique_bytes(tensors: Iterator[torch.Tensor]) -> int:
@@ -111,7 +112,7 @@ class HfFtpipeRunner:
         # gradient_accumulation: 1F1B over ACCUMULATION_STEPS batches of a quarter of the micro-batches each,
         # in one flush (the same samples per optimizer step as 1F1B over the whole batch).
         self.batches = ACCUMULATION_STEPS if schedule == "gradient_accumulation" else 1
-        self.schedule = "1f1b" if schedule == "gradient_accumulation" else schedule
+        self.schedule = "1f1b" if schedule == "gradient_accumulation" else setup.schedule_file or schedule
         self.synchronous = flushes(self.schedule)
         self.device = _device(setup, rank)
         self.traced = capture_model(model, first_microbatch(setup, make_batch(setup, 0)))

@@ -23,7 +23,7 @@ MAX_STEP_ERROR = 0.10
 MAX_ACCUMULATION_SLOWDOWN = 0.05
 PAIRED = ("gpipe", "1f1b")
 """Schedules both libraries run on one stage per rank, compared pairwise."""
-NEW_SCHEDULES = ("hf_ftpipe/zb-h1", "hf_ftpipe/zbv", "hf_ftpipe/interleaved-1f1b")
+NEW_SCHEDULES = ("hf_ftpipe/zb-h1", "hf_ftpipe/zbv", "hf_ftpipe/interleaved-1f1b", "hf_ftpipe/zb-auto")
 """Issue 28's schedules: their peak memory is checked against the prediction."""
 MB = 2**20
 

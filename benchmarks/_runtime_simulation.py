@@ -71,3 +71,24 @@ def simulated_step_ms(setup: Setup, runner: str, split: dict[str, Any], table: A
         print(f"no simulation for {runner}: {type(error).__name__}: {error}", file=sys.stderr)
         return None
     return round(1000 * result.step_time_s, 1)
+
+
+def zb_auto_order(setup: Setup, split: dict[str, Any], table: Any | None, folder: str) -> str:
+    """Write the order ``zb-auto`` builds for ``setup``'s split (`hf_ftpipe.simulator.auto_schedule`: zb-h1's
+    list scheduler timed by the stages' F, B and W) to a file in ``folder``; its path. Timed by ``table``
+    (profiled right before the launch, as the simulated step is), else by the ``cpu`` profile's roofline."""
+    from pathlib import Path
+
+    from hf_ftpipe.costmodel.profiles import BUILTIN_PROFILES
+    from hf_ftpipe.simulator import auto_schedule, pipeline_costs
+
+    graph = split["graph"]
+    plan = simulation_plan(setup, graph, split["node_stage"], "zb-auto")
+    profile = BUILTIN_PROFILES["cpu"].with_count(setup.num_ranks)
+    costs = None if table is None else table.node_costs(graph)
+    microbatches = setup.num_microbatches
+    pipeline = pipeline_costs(plan, graph, profile, costs=costs, schedule="zb-auto", num_microbatches=microbatches)
+    schedule, _ = auto_schedule(pipeline, microbatches)
+    path = Path(folder) / "zb-auto-order.txt"
+    path.write_text(str(schedule), encoding="utf-8")
+    return str(path)

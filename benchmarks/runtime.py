@@ -7,7 +7,10 @@ placement (stage s on rank s mod P), ScheduleZBVZeroBubble and ScheduleDualPipeV
 rank min(s, 2P − 1 − s): on 2 ranks [0, 1, 1, 0], a Mixed-Pipe plan's shape), hf_ftpipe's gpipe and 1f1b
 on the same V (``hf_ftpipe/gpipe-v``, ``hf_ftpipe/1f1b-v``: what the placement alone gives), and
 hf_ftpipe's zero-bubble schedules (issue 28) where this checkout has them: ``zb-h1`` one stage per
-rank, ``zbv`` on the V, ``interleaved-1f1b`` looped. Every runner trains the same
+rank, ``zbv`` on the V, ``interleaved-1f1b`` looped, and ``zb-auto`` on the V: the order zb-h1's list
+scheduler builds for the split's stage times (the cost table profiled right before its launch, else the
+``cpu`` profile's roofline), run from a file as ``PipeTrainer(pipeline_schedule="zb-auto")`` runs
+it. Every runner trains the same
 GPT-2 (8 layers, d_model 256, 4 heads, sequence 128, vocabulary 2048, untied embeddings, no
 dropout) from the same seed on the same random tokens with SGD, split the same way (blocks
 divided evenly; embeddings on the first stage; ln_f, lm_head and the loss on the last). Each
@@ -49,9 +52,12 @@ micro-batches with G = 1 at 16:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -73,7 +79,13 @@ from _gpt2_split import (  # noqa: E402
 from _rank_processes import run_ranks  # noqa: E402
 from _runtime_ranks import ACCUMULATION_STEPS, RUNNER_SPLITS, run_rank, runner_schedule, runner_setup  # noqa: E402
 from _runtime_report import MB, checks, failed_row, make_row, median_rows, print_notes, print_table  # noqa: E402
-from _runtime_simulation import measured_costs, simulated_step_ms, simulates, traced_model  # noqa: E402
+from _runtime_simulation import (  # noqa: E402
+    measured_costs,
+    simulated_step_ms,
+    simulates,
+    traced_model,
+    zb_auto_order,
+)
 
 RUNNERS = (
     "hf_ftpipe/gpipe",
@@ -85,6 +97,7 @@ RUNNERS = (
     "hf_ftpipe/1f1b-v",
     "hf_ftpipe/zb-h1",
     "hf_ftpipe/zbv",
+    "hf_ftpipe/zb-auto",
     "hf_ftpipe/interleaved-1f1b",
     "torch/gpipe",
     "torch/1f1b",
@@ -262,6 +275,7 @@ def main() -> int:
     if args.simulate and any(simulates(runner) for runner in args.runners):
         traced = traced_model(setup)  # profiled before each simulated launch, nothing else of this benchmark running
     runs: dict[str, list[dict[str, Any]]] = {runner: [] for runner in args.runners}
+    orders_folder = tempfile.mkdtemp(prefix="hf_ftpipe-runtime-")  # zb-auto's order, rewritten per launch
     for repeat in range(args.repeats):  # round-robin, so a busy spell of the machine hits every runner alike
         for runner in args.runners:
             runner_started = time.perf_counter()
@@ -271,6 +285,11 @@ def main() -> int:
                 continue
             try:
                 table = measured_costs(setup, traced) if traced is not None and simulates(runner) else None
+                if runner_schedule(runner)[1] == "zb-auto":  # the order built for this launch's stage times
+                    split = splits[runner_setups[runner].num_stages]
+                    order = zb_auto_order(runner_setups[runner], split, table, orders_folder)
+                    runner_setups[runner] = dataclasses.replace(runner_setups[runner], schedule_file=order)
+                    predicted[runner] = ("zb-auto", predict_memory(runner_setups[runner], split, order))
                 ranks = run_ranks(runner_setups[runner], run_rank, runner, args.timeout_s)
                 row = make_row(runner_setups[runner], runner, ranks, predicted[runner])
                 if table is not None:
@@ -283,6 +302,7 @@ def main() -> int:
                 outcome = f"{row['samples_per_s']:.2f} samples/s" if row["error"] is None else "failed"
                 elapsed_s = time.perf_counter() - runner_started
                 print(f"  {runner} (run {repeat + 1}/{args.repeats}): {outcome} in {elapsed_s:.0f} s", file=sys.stderr)
+    shutil.rmtree(orders_folder, ignore_errors=True)
     rows = median_rows(runs)
     for row in rows:
         row.update(num_ranks=setup.num_ranks, device=setup.device, num_microbatches=setup.num_microbatches)

@@ -5,6 +5,7 @@ what the model computes is tests/graph/test_trace.py."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import math
 
@@ -18,6 +19,7 @@ from hf_ftpipe.graph import CostGraph, TracedModel, capture_model, trace_model
 from hf_ftpipe.graph.trace import measure_at
 
 from models import tiny_batch, tiny_model
+from tiny_captures import tiny_capture, tiny_graph
 
 DOCUMENTED_ATTRIBUTES = {
     "order": int,
@@ -41,7 +43,9 @@ DOCUMENTED_ATTRIBUTES = {
 
 @pytest.fixture(scope="module")
 def t5_traced() -> TracedModel:
-    return capture_model(tiny_model("t5"), tiny_batch("t5", 2))
+    """The tiny T5's capture (shared, `tiny_captures`), its graph measured at the sample's 2 rows of 8 tokens."""
+    _, traced = tiny_capture("t5")
+    return dataclasses.replace(traced, cost_graph=tiny_graph("t5"))
 
 
 def test_saved_bytes_count_what_backward_keeps(t5_traced: TracedModel) -> None:

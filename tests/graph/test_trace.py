@@ -14,6 +14,7 @@ from hf_ftpipe.graph.modes import ModeAwareOp
 from hf_ftpipe.runtime.stage import StageSpec, build_stage_module, plan_stages
 
 from models import KINDS, tiny_batch, tiny_model
+from tiny_captures import tiny_capture
 
 
 def _graph_inputs(traced: TracedModel, batch: dict[str, torch.Tensor]) -> dict[str, object]:
@@ -67,14 +68,14 @@ def _run_stages(
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_graph_and_stages_match_eager(kind: str) -> None:
-    model = tiny_model(kind).train()
+    model, traced = tiny_capture(kind)  # captured on this batch's shapes (2 rows of 8 tokens)
+    model.train()
     batch = tiny_batch(kind, 2)
     expected = model(**batch)
     expected.loss.backward()
     expected_grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
     model.zero_grad(set_to_none=True)
 
-    traced = capture_model(model, batch)
     inputs = _graph_inputs(traced, batch)
     whole = _run_stages(_build_stages(traced, 1), inputs)
     torch.testing.assert_close(whole["loss"], expected.loss, atol=1e-5, rtol=1e-5)
@@ -99,6 +100,7 @@ def test_graph_and_stages_match_eager(kind: str) -> None:
     assert set(expected_grads) == {name for name, p in stage_params.items() if p.grad is not None}
     for name, grad in expected_grads.items():
         torch.testing.assert_close(stage_params[name].grad, grad, atol=1e-5, rtol=1e-4, msg=name)
+    model.zero_grad(set_to_none=True)  # the capture is shared (tiny_captures): leave its model as found
 
 
 # ---------------------------------------------------------------- failures

@@ -19,7 +19,7 @@ from hf_ftpipe.graph import CostGraph, TracedModel, capture_model, trace_model
 from hf_ftpipe.graph.trace import measure_at
 
 from models import tiny_batch, tiny_model
-from tiny_captures import tiny_capture, tiny_graph
+from tiny_captures import tiny_capture, tiny_graph, tiny_t5_with_dropout
 
 DOCUMENTED_ATTRIBUTES = {
     "order": int,
@@ -259,7 +259,7 @@ def test_fingerprint_is_stable_and_tracks_structure_only(t5_traced: TracedModel)
 
 
 def test_fingerprint_of_a_cpu_model_ignores_dropout_rate(t5_traced: TracedModel) -> None:
-    dropout = capture_model(tiny_model("t5", dropout=0.3), tiny_batch("t5", 2), dynamic=False)  # fixed: faster
+    _, dropout = tiny_t5_with_dropout()  # exported at fixed shapes: faster
     assert dropout.cost_graph.fingerprint == t5_traced.cost_graph.fingerprint
 
 

@@ -13,8 +13,8 @@ from hf_ftpipe.graph import CostGraph, TracedModel, capture_model
 from hf_ftpipe.graph.modes import ModeAwareOp
 from hf_ftpipe.runtime.stage import StageSpec, build_stage_module, plan_stages
 
-from models import KINDS, tiny_batch, tiny_model
-from tiny_captures import tiny_capture
+from models import KINDS, tiny_batch
+from tiny_captures import tiny_capture, tiny_t5_with_dropout
 
 
 def _graph_inputs(traced: TracedModel, batch: dict[str, torch.Tensor]) -> dict[str, object]:
@@ -69,7 +69,7 @@ def _run_stages(
 @pytest.mark.parametrize("kind", KINDS)
 def test_graph_and_stages_match_eager(kind: str) -> None:
     model, traced = tiny_capture(kind)  # captured on this batch's shapes (2 rows of 8 tokens)
-    model.train()
+    model.train().zero_grad(set_to_none=True)
     batch = tiny_batch(kind, 2)
     expected = model(**batch)
     expected.loss.backward()
@@ -131,9 +131,8 @@ def test_untraceable_model_raises_trace_error() -> None:
 
 
 def test_stages_follow_train_and_eval_modes() -> None:
-    model = tiny_model("t5", dropout=0.3)
+    model, traced = tiny_t5_with_dropout()  # exported at this batch's fixed shapes: modes, not shapes, are tested
     batch = tiny_batch("t5", 2)
-    traced = capture_model(model.train(), batch)
     inputs = _graph_inputs(traced, batch)
     stages = _build_stages(traced, 3)
     # 18 dropouts and 6 SDPA calls (encoder self, decoder self and cross attention, 2 layers each).

@@ -1,10 +1,11 @@
 """The tiny models of `models.KINDS` exported once per test process, measured per shape.
 
 An export is most of a one-process test's time (2-10 s per model on 2 cores); measuring its graph at
-another shape (`measure_at`) a fraction of a second. tests/graph (the graph and its shape formulas),
-tests/partitioners/test_real_models.py, tests/runtime/test_stage.py and tests/faults/test_error_messages.py
-read captures of the same tiny models: they share one per kind, on one worker (`suite_order.SHARED_LAUNCHES`
-makes the files that import this one unit of work). A test that writes to a capture (gradients) undoes it.
+another shape (`measure_at`) a fraction of a second. tests/graph (the graph and its shape formulas), the
+partitioners' and re-anchoring tests on real models, tests/runtime/test_stage.py and
+tests/faults/test_error_messages.py read captures of the same tiny models: they share one per kind, on one
+worker (`suite_order.SHARED_LAUNCHES` makes the files that import this one unit of work). A test that writes
+to a capture (gradients) undoes it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from hf_ftpipe.graph import CostGraph, TracedModel, capture_model
 from hf_ftpipe.graph.trace import measure_at
 
 from models import tiny_batch, tiny_model
+
+DROPOUT = 0.3
 
 TRACED_ON = (2, 8)
 PLANNED = (3, 5)
@@ -41,3 +44,11 @@ def tiny_graph(kind: str, batch_size: int = 2) -> CostGraph:
     checks that `measure_at` does), from the shared capture."""
     model, traced = tiny_capture(kind)
     return measure_at(model, traced, tiny_batch(kind, batch_size))
+
+
+@functools.cache
+def tiny_t5_with_dropout() -> tuple[nn.Module, TracedModel]:
+    """`models.tiny_model("t5", dropout=DROPOUT)` and its capture on `models.tiny_batch("t5", 2)`, exported at
+    those fixed shapes (a third of the symbolic export's time): its tests are of dropout, not of shapes."""
+    model = tiny_model("t5", dropout=DROPOUT)
+    return model, capture_model(model, tiny_batch("t5", 2), dynamic=False)

@@ -22,6 +22,7 @@ SLOWEST_FILES = (
     "runtime/test_replicas.py",
     "trainer/test_trainer_surface.py",
     "test_docs.py",
+    "graph/test_trace.py",  # with the files that read its tiny captures (SHARED_LAUNCHES)
     "runtime/test_streaming.py",
     "faults/test_checkpoint_faults.py",
     "hub/test_trainer_hub.py",

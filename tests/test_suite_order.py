@@ -1,13 +1,15 @@
 """The files the suite starts first (tests/helpers/suite_order.py) exist: a slow file renamed and
 not renamed there would start wherever its number of tests puts it. The files that share the session's
 T5 examples launch are one unit of work: on two workers it would be launched twice; so are the files
-that plan on the full-size models' traces (tests/helpers/planning_graphs.py), each traced once."""
+that plan on the full-size models' traces (tests/helpers/planning_graphs.py) and those that read the tiny
+models' captures (tests/helpers/tiny_captures.py), each traced once."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
+import pytest
 from suite_order import SHARED_LAUNCHES, SLOWEST_FILES, work_unit
 
 TESTS = Path(__file__).resolve().parent
@@ -34,12 +36,15 @@ def test_the_files_of_the_shared_t5_examples_launch_are_one_unit_of_work() -> No
     assert work_unit("tests/trainer/test_lora.py") == "tests/trainer/test_lora.py"
 
 
-def test_the_files_of_the_shared_planning_graphs_are_one_unit_of_work() -> None:
+@pytest.mark.parametrize(
+    ("helper", "unit"), [("planning_graphs", "tests/test_docs.py"), ("tiny_captures", "tests/graph/test_trace.py")]
+)
+def test_the_files_that_share_a_helpers_captures_are_one_unit_of_work(helper: str, unit: str) -> None:
     readers = sorted(
         path.relative_to(TESTS).as_posix()
         for path in TESTS.rglob("test_*.py")
-        if re.search(r"^from planning_graphs import", path.read_text(encoding="utf-8"), flags=re.MULTILINE)
+        if re.search(rf"^from {helper} import", path.read_text(encoding="utf-8"), flags=re.MULTILINE)
     )
     assert len(readers) > 1, readers
     units = {work_unit(f"tests/{file}") for file in readers}
-    assert units == {"tests/test_docs.py"}, f"{readers} trace the full-size models on the workers of {units}"
+    assert units == {unit}, f"{readers} capture the models of {helper} on the workers of {units}"

@@ -23,7 +23,8 @@ from hf_ftpipe.hub import PartitionStore, resolve_partition
 from hf_ftpipe.partitioners import partition_seq_greedy
 from hf_ftpipe.plan import Partition
 
-from models import VOCAB, tiny_batch, tiny_model
+from models import VOCAB, tiny_batch
+from tiny_captures import tiny_graph
 
 TOO_DEEP = "[" * 100_000
 
@@ -33,7 +34,7 @@ TOO_DEEP = "[" * 100_000
 
 @pytest.fixture(scope="module")
 def gpt2_graph() -> CostGraph:
-    return capture_model(tiny_model("gpt2"), tiny_batch("gpt2", 2)).cost_graph
+    return tiny_graph("gpt2")
 
 
 def _plan(graph: CostGraph, num_gpus: int = 2) -> Partition:

@@ -13,20 +13,17 @@ from torch import nn
 from hf_ftpipe.errors import PipelineError
 from hf_ftpipe.graph import capture_model
 
-from models import KINDS, FixedLengthLM, tiny_batch, tiny_model
-
-TRACED_ON = (2, 8)
-PLANNED = (3, 5)
-"""Traced on micro-batches of 2 rows of 8 tokens, measured at 3 rows of 5 (3 target tokens)."""
+from models import KINDS, FixedLengthLM, tiny_batch
+from tiny_captures import PLANNED, PLANNED_TARGET, tiny_capture
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_batch_and_sequence_vary_and_the_formulas_give_the_shapes_a_measurement_finds(kind: str) -> None:
-    sample = tiny_batch(kind, TRACED_ON[0], seq=TRACED_ON[1])
     planned = {
-        name: tuple(value.shape) for name, value in tiny_batch(kind, PLANNED[0], seq=PLANNED[1], target=3).items()
+        name: tuple(value.shape)
+        for name, value in tiny_batch(kind, PLANNED[0], seq=PLANNED[1], target=PLANNED_TARGET).items()
     }
-    traced = capture_model(tiny_model(kind), sample, planned=planned)
+    _, traced = tiny_capture(kind)  # traced on 2 rows of 8 tokens, planned for `PLANNED`
     graph, formulas = traced.cost_graph, traced.shapes
 
     for name in ("input_ids", "attention_mask"):

@@ -5,6 +5,7 @@ what the model computes is tests/graph/test_trace.py."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import math
 
@@ -18,6 +19,7 @@ from hf_ftpipe.graph import CostGraph, TracedModel, capture_model, trace_model
 from hf_ftpipe.graph.trace import measure_at
 
 from models import tiny_batch, tiny_model
+from tiny_captures import tiny_capture, tiny_graph, tiny_t5_with_dropout
 
 DOCUMENTED_ATTRIBUTES = {
     "order": int,
@@ -41,7 +43,9 @@ DOCUMENTED_ATTRIBUTES = {
 
 @pytest.fixture(scope="module")
 def t5_traced() -> TracedModel:
-    return capture_model(tiny_model("t5"), tiny_batch("t5", 2))
+    """The tiny T5's capture (shared, `tiny_captures`), its graph measured at the sample's 2 rows of 8 tokens."""
+    _, traced = tiny_capture("t5")
+    return dataclasses.replace(traced, cost_graph=tiny_graph("t5"))
 
 
 def test_saved_bytes_count_what_backward_keeps(t5_traced: TracedModel) -> None:
@@ -255,7 +259,7 @@ def test_fingerprint_is_stable_and_tracks_structure_only(t5_traced: TracedModel)
 
 
 def test_fingerprint_of_a_cpu_model_ignores_dropout_rate(t5_traced: TracedModel) -> None:
-    dropout = capture_model(tiny_model("t5", dropout=0.3), tiny_batch("t5", 2), dynamic=False)  # fixed: faster
+    _, dropout = tiny_t5_with_dropout()  # exported at fixed shapes: faster
     assert dropout.cost_graph.fingerprint == t5_traced.cost_graph.fingerprint
 
 

@@ -13,7 +13,8 @@ from hf_ftpipe.graph import CostGraph, TracedModel, capture_model
 from hf_ftpipe.graph.modes import ModeAwareOp
 from hf_ftpipe.runtime.stage import StageSpec, build_stage_module, plan_stages
 
-from models import KINDS, tiny_batch, tiny_model
+from models import KINDS, tiny_batch
+from tiny_captures import tiny_capture, tiny_t5_with_dropout
 
 
 def _graph_inputs(traced: TracedModel, batch: dict[str, torch.Tensor]) -> dict[str, object]:
@@ -67,14 +68,14 @@ def _run_stages(
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_graph_and_stages_match_eager(kind: str) -> None:
-    model = tiny_model(kind).train()
+    model, traced = tiny_capture(kind)  # captured on this batch's shapes (2 rows of 8 tokens)
+    model.train().zero_grad(set_to_none=True)
     batch = tiny_batch(kind, 2)
     expected = model(**batch)
     expected.loss.backward()
     expected_grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
     model.zero_grad(set_to_none=True)
 
-    traced = capture_model(model, batch)
     inputs = _graph_inputs(traced, batch)
     whole = _run_stages(_build_stages(traced, 1), inputs)
     torch.testing.assert_close(whole["loss"], expected.loss, atol=1e-5, rtol=1e-5)
@@ -99,6 +100,7 @@ def test_graph_and_stages_match_eager(kind: str) -> None:
     assert set(expected_grads) == {name for name, p in stage_params.items() if p.grad is not None}
     for name, grad in expected_grads.items():
         torch.testing.assert_close(stage_params[name].grad, grad, atol=1e-5, rtol=1e-4, msg=name)
+    model.zero_grad(set_to_none=True)  # the capture is shared (tiny_captures): leave its model as found
 
 
 # ---------------------------------------------------------------- failures
@@ -129,9 +131,8 @@ def test_untraceable_model_raises_trace_error() -> None:
 
 
 def test_stages_follow_train_and_eval_modes() -> None:
-    model = tiny_model("t5", dropout=0.3)
+    model, traced = tiny_t5_with_dropout()  # exported at this batch's fixed shapes: modes, not shapes, are tested
     batch = tiny_batch("t5", 2)
-    traced = capture_model(model.train(), batch)
     inputs = _graph_inputs(traced, batch)
     stages = _build_stages(traced, 3)
     # 18 dropouts and 6 SDPA calls (encoder self, decoder self and cross attention, 2 layers each).

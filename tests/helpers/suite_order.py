@@ -22,6 +22,7 @@ SLOWEST_FILES = (
     "runtime/test_replicas.py",
     "trainer/test_trainer_surface.py",
     "test_docs.py",
+    "graph/test_trace.py",  # with the files that read its tiny captures (SHARED_LAUNCHES)
     "runtime/test_streaming.py",
     "faults/test_checkpoint_faults.py",
     "hub/test_trainer_hub.py",
@@ -64,12 +65,26 @@ SHARED_LAUNCHES = {
         ),
         "test_docs.py",
     ),
+    **dict.fromkeys(
+        (
+            "graph/test_dynamic_shapes.py",
+            "graph/test_measure.py",
+            "partitioners/test_real_models.py",
+            "partitioners/test_baselines.py",
+            "partitioners/test_mixed_partition.py",
+            "plan/test_reanchor.py",
+            "runtime/test_stage.py",
+            "faults/test_error_messages.py",
+        ),
+        "graph/test_trace.py",
+    ),
 }
 """A file → the file whose worker runs it too, because both read what one process makes once: a
 session fixture's launch (tests/examples/conftest.py's T5 examples job, 70-100 s), or the full-size
 models' traces (tests/helpers/planning_graphs.py: T5-3B, GPT2-XL and BERT-large, 10-35 s each, then
-measured at each file's shapes in seconds). Each runs once per worker, so with the files on different
-workers the job was launched, or a model traced, once on each. Paths are relative to tests/."""
+measured at each file's shapes in seconds), or the tiny models' captures (tests/helpers/tiny_captures.py:
+2-10 s each). Each runs once per worker, so with the files on different workers the job was launched, or
+a model traced, once on each. Paths are relative to tests/."""
 
 
 def work_unit(file: str) -> str:

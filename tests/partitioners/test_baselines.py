@@ -8,11 +8,10 @@ import pytest
 
 from hf_ftpipe.costmodel import MemoryOptions
 from hf_ftpipe.errors import PartitionError
-from hf_ftpipe.graph import trace_model
 from hf_ftpipe.partitioners import find_blocks, get_partitioner, partition_params, partition_uniform
 from hf_ftpipe.plan import validate_partition
 
-from models import tiny_batch, tiny_model
+from tiny_captures import tiny_graph
 from toy_graphs import UNIT, chain, make_graph, param
 
 SIZES = {"num_microbatches": 2, "microbatch_size": 1}
@@ -46,7 +45,7 @@ def test_find_blocks_by_scope_and_class():
     [("t5", {"encoder.block", "decoder.block"}), ("gpt2", {"transformer.h"}), ("bert", {"bert.encoder.layer"})],
 )
 def test_find_blocks_on_real_models(kind, containers):
-    graph = trace_model(tiny_model(kind), tiny_batch(kind, 2))
+    graph = tiny_graph(kind)  # tiny_model(kind) at tiny_batch(kind, 2), shared (tiny_captures)
     blocks = set(find_blocks(graph).values())
     assert {b.rsplit(".", 1)[0] for b in blocks} == containers
     assert len(blocks) == 2 * len(containers)  # tiny models have 2 layers per stack

@@ -15,7 +15,6 @@ from hypothesis import strategies as st
 from hf_ftpipe.costmodel import estimate, get_profile, node_costs
 from hf_ftpipe.costmodel.estimate import MemoryOptions, estimate_memory, usable_capacity
 from hf_ftpipe.errors import PartitionError
-from hf_ftpipe.graph import trace_model
 from hf_ftpipe.partitioners import partition_seq_greedy
 from hf_ftpipe.partitioners.mixed import partition_mixed
 from hf_ftpipe.partitioners.mixed.coarsen import atoms_of
@@ -26,7 +25,7 @@ from hf_ftpipe.partitioners.registry import get_partitioner
 from hf_ftpipe.plan import validate_partition
 
 from distributed import job_env
-from models import tiny_batch, tiny_model
+from tiny_captures import tiny_graph
 from toy_graphs import UNIT, make_graph, param
 
 FAST_LINKS = dataclasses.replace(UNIT, link_bandwidth_bytes_per_s=1e6, memory_bytes=10**9)
@@ -261,8 +260,7 @@ def test_too_few_ops_for_the_gpus_is_an_error() -> None:
 
 
 def test_tiny_t5_plan_is_valid() -> None:
-    batch = tiny_batch("t5", 2)
-    graph = trace_model(tiny_model("t5"), batch)
+    graph = tiny_graph("t5")  # tiny_model("t5") at tiny_batch("t5", 2), shared (tiny_captures)
     profile = get_profile("rtx2080ti", count=2)
     plan = partition_mixed(graph, profile, num_microbatches=2, microbatch_size=2, schedule="async")
     validate_partition(plan, graph, usable_capacity(profile))

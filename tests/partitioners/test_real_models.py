@@ -7,17 +7,16 @@ import pytest
 
 from hf_ftpipe.costmodel import get_profile
 from hf_ftpipe.errors import PartitionFormatError
-from hf_ftpipe.graph import trace_model
 from hf_ftpipe.partitioners import partition_seq_greedy
 from hf_ftpipe.plan import Partition, PartitionKey, validate_partition
 
-from models import tiny_batch, tiny_model
+from tiny_captures import tiny_graph
 
 
 @functools.cache
 def make(kind: str) -> tuple:
-    """The tiny ``kind`` traced and planned, once per session (the tests only read them)."""
-    graph = trace_model(tiny_model(kind), tiny_batch(kind, 2))
+    """The tiny ``kind``'s graph (`tiny_captures`) planned, once per session (the tests only read them)."""
+    graph = tiny_graph(kind)
     partition = partition_seq_greedy(graph, get_profile("cpu", count=2), num_microbatches=2, microbatch_size=2)
     return graph, partition
 
@@ -46,7 +45,7 @@ def test_plan_made_for_another_model_is_refused_with_the_field_named(tmp_path: P
 
 def test_plan_for_other_input_shapes_is_refused(tmp_path: Path) -> None:
     graph, partition = make("gpt2")
-    longer = trace_model(tiny_model("gpt2"), tiny_batch("gpt2", 4))
+    longer = tiny_graph("gpt2", batch_size=4)
     expected = PartitionKey.from_graph(
         longer, dtype=partition.key.dtype, schedule="gpipe", num_microbatches=2, gpu_profile="cpu", num_gpus=2
     )

@@ -17,7 +17,7 @@ import transformers
 
 from hf_ftpipe.costmodel import get_profile
 from hf_ftpipe.errors import PartitionError
-from hf_ftpipe.graph import trace_model
+from hf_ftpipe.graph import capture_model, trace_model
 from hf_ftpipe.graph.cost_graph import CostGraph
 from hf_ftpipe.hub import PartitionStore, resolve_partition
 from hf_ftpipe.partitioners import partition_seq_greedy
@@ -26,6 +26,7 @@ from hf_ftpipe.plan.anchors import GraphAnchors
 from hf_ftpipe.plan.reanchor import REANCHOR_TOLERANCE, fit_to_graph, reanchor
 
 from models import tiny_batch, tiny_model
+from tiny_captures import tiny_graph
 from toy_graphs import UNIT, make_graph
 
 
@@ -175,9 +176,9 @@ def test_the_step_time_tolerance_is_small():
 def gpt2_releases() -> tuple[CostGraph, CostGraph]:
     """The same GPT-2 traced as released, and with a no-op added inside block 1's MLP (a release that
     adds zero to the MLP's input), which renames every later op of that kind (``add_9`` is another op)."""
-    model = tiny_model("gpt2")
+    before = tiny_graph("gpt2")  # tiny_model("gpt2") at tiny_batch("gpt2", 2), shared (tiny_captures)
+    model = tiny_model("gpt2")  # the same weights (the same seed), patched below
     batch = tiny_batch("gpt2", 2)
-    before = trace_model(model, batch)
     mlp = model.transformer.h[1].mlp
     forward = mlp.forward
     mlp.forward = types.MethodType(lambda self, hidden: forward(hidden + 0.0), mlp)
@@ -228,9 +229,16 @@ def test_a_config_key_a_release_adds_at_its_default_keeps_the_fingerprint():
     newer = copy.deepcopy(model)
     newer.config = ReleasedGPT2Config(**model.config.to_dict())
     batch = tiny_batch("gpt2", 2)
-    assert trace_model(newer, batch).fingerprint == trace_model(model, batch).fingerprint
+    released = tiny_graph("gpt2").fingerprint  # tiny_model("gpt2") at this batch, shared (tiny_captures)
+
+    def fingerprint(config_model) -> str:
+        """Of a capture at fixed shapes (faster): the fingerprint holds the config and weights, not the
+        graph's ops (tests/graph/test_measure.py checks that a fixed-shape export gives the same)."""
+        return capture_model(config_model, batch, dynamic=False).cost_graph.fingerprint
+
+    assert fingerprint(newer) == released
     newer.config.fused_norm = True  # set, it is structure
-    assert trace_model(newer, batch).fingerprint != trace_model(model, batch).fingerprint
+    assert fingerprint(newer) != released
 
 
 def test_a_cached_plan_of_the_last_release_is_served_re_anchored_and_cached_again(gpt2_releases, caplog):

@@ -6,16 +6,16 @@ from __future__ import annotations
 
 import pytest
 
-from hf_ftpipe.graph import CostGraph, capture_model
+from hf_ftpipe.graph import CostGraph
 from hf_ftpipe.runtime.stage import loss_reads_of, plan_stages
 
-from models import tiny_batch, tiny_model
 from placements import logits_apart_placement
+from tiny_captures import tiny_graph
 
 
 @pytest.fixture(scope="module")
 def gpt2_graph() -> CostGraph:
-    return capture_model(tiny_model("gpt2"), tiny_batch("gpt2", 4)).cost_graph
+    return tiny_graph("gpt2", batch_size=4)
 
 
 def test_the_logits_are_sent_to_the_loss_stage_that_reads_only_a_view_of_them(gpt2_graph: CostGraph) -> None:

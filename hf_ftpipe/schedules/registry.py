@@ -118,8 +118,9 @@ SCHEDULES: dict[str, ScheduleTraits] = {
             name="zb-auto",
             split_backward=True,
             help="zb-h1's list scheduler timed by the plan's own per-stage F, B and W times (measured ones with "
-            "`cost_table='measured'`), so that each GPU fills its idle time with what fits there; kept where the "
-            "simulator finds it faster than zb-h1's order and it needs no more memory; zb-h1's update.",
+            "`cost_table='measured'`), so that each GPU fills its idle time with what fits there; run where the "
+            "simulator finds it no slower than zb-h1's order and it fits each GPU's memory, else zb-h1's order; "
+            "zb-h1's update.",
         ),
     )
 }

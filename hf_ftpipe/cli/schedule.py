@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from hf_ftpipe.cli.options import add_command, add_schedule_options, add_token_slices_option
@@ -83,6 +84,12 @@ def _run_schedule(args: argparse.Namespace) -> int:
         args.token_slices,
         split_backward=schedule.traits.split_backward,
     )
+    if args.schedule == "zb-auto":  # stderr: stdout stays a schedule file's text
+        print(
+            "zb-auto without a plan's stage times is zb-h1's order; `hf-ftpipe simulate PLAN --write-zb-auto "
+            "order.txt` builds the one for a plan",
+            file=sys.stderr,
+        )
     ranks = range(max(stage_rank) + 1)
     lowering = Lowering(chain_dataflow(stage_rank), stage_rank)
     for title, order in steps:

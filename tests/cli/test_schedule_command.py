@@ -18,6 +18,18 @@ def test_schedule_prints_each_ranks_actions(capsys: pytest.CaptureFixture[str]) 
     assert out.endswith("drain:\n  rank 0: 0B3 0U3\n  rank 1: \n"), out
 
 
+def test_schedule_zb_auto_prints_zb_h1s_order_and_says_where_the_plans_own_comes_from(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert cli.main(["schedule", "--placement", "0,1", "--schedule", "zb-auto", "--num-microbatches", "4"]) == 0
+    printed = capsys.readouterr()
+    assert printed.out == (
+        "step:\n  rank 0: 0F0 0F1 0B0 0F2 0B1 0W0 0B2 0F3 0W1 0W2 0B3 0W3\n"
+        "  rank 1: 1F0 1B0 1F1 1B1 1F2 1B2 1W0 1W1 1F3 1B3 1W2 1W3\n"
+    )
+    assert "`hf-ftpipe simulate PLAN --write-zb-auto order.txt` builds the one for a plan" in printed.err
+
+
 def test_schedule_refuses_a_placement_with_an_idle_rank(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["schedule", "--placement", "0,2"]) == 2
     assert "ranks must be 0..N-1, each holding a stage; got [0, 2]" in capsys.readouterr().err

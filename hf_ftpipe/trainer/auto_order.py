@@ -6,13 +6,15 @@ builds the same order from the plan's recorded stage times (`hf_ftpipe.simulator
 measured ones where the plan was priced by a cost table, ``cost_table="measured"``) and runs it as a
 schedule file (`hf_ftpipe.schedules.from_file`), so that a short last flush runs it less the missing
 micro-batches' actions, as any file's. It is kept only where the simulator finds it no slower than
-zb-h1's order and the memory model finds that it fits each GPU (its capacity less
-``partition_memory_headroom``, or what zb-h1's order needs there, whichever is more); otherwise
-zb-h1's order runs, and the log says why.
+zb-h1's order, it keeps every dependency between the graph's own stages, and the memory model finds
+that it fits each GPU as this run checks a stored plan (its capacity less ``partition_memory_headroom``,
+`hf_ftpipe.plan.validate.check_fits_run`); otherwise zb-h1's order runs, no order file is left, and
+the log says why.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from pathlib import Path
@@ -20,11 +22,10 @@ from typing import TYPE_CHECKING
 
 import torch.distributed as dist
 
-from hf_ftpipe.costmodel.memory_estimate import estimate_memory
 from hf_ftpipe.errors import PartitionError
 from hf_ftpipe.graph.cost_graph import CostGraph
 from hf_ftpipe.plan import Partition
-from hf_ftpipe.plan.validate import stage_graph
+from hf_ftpipe.plan.validate import check_fits_run, stage_graph
 from hf_ftpipe.schedules.orders import make_schedule
 from hf_ftpipe.simulator.api import plan_profile
 from hf_ftpipe.simulator.auto_schedule import plan_auto_schedule
@@ -57,39 +58,15 @@ def engine_schedule(args: PipeTrainingArguments, partition: Partition, graph: Co
         _log(logging.INFO, "zb-auto: zb-h1's order simulates at least as fast on this plan; running it")
         return "zb-auto"
     path = Path(args.output_dir) / ORDER_FILE
-    _write_same(path, str(built))
-    edges = sorted(stage_graph(graph, partition.node_stage).edges)
-    try:  # built from the plan file's stage graph: checked against the graph's own before it runs
-        make_schedule(str(path), partition.stage_device, num_microbatches, edges)
-    except ValueError as error:
-        _log(
-            logging.WARNING,
-            "zb-auto: the order built for this plan does not fit its graph (%s); running zb-h1's",
-            error,
-        )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    draft = path.with_name(f".{os.getpid()}.{path.name}")  # this process's, checked before it becomes the order
+    draft.write_text(str(built), encoding="utf-8")
+    problem = _why_not(draft, partition, graph, num_microbatches, args)
+    if problem is not None:
+        draft.unlink()
+        _log(logging.WARNING, "zb-auto: the order built for this plan %s; running zb-h1's", problem)
         return "zb-auto"
-    placed = (graph, partition.node_stage, partition.stage_device)
-    options = {
-        "optimizer": planned_optimizer(args),
-        "memory": memory_options(args),
-        "num_microbatches": num_microbatches,
-    }
-    needs = estimate_memory(*placed, schedule=str(path), **options)  # type: ignore[arg-type]
-    checked = estimate_memory(*placed, schedule="zb-auto", **options)  # type: ignore[arg-type]
-    limit = int(plan_profile(partition).memory_bytes * (1.0 - args.partition_memory_headroom))
-    over = [(gpu, need) for gpu, need in enumerate(needs) if need > max(limit, checked[gpu])]
-    if over:
-        gpu, need = over[0]
-        _log(
-            logging.WARNING,
-            "zb-auto: the order built for this plan needs %.1f MiB on GPU %d, more than its %.1f MiB less headroom "
-            "and the %.1f MiB of zb-h1's order; running zb-h1's",
-            need / 2**20,
-            gpu,
-            limit / 2**20,
-            checked[gpu] / 2**20,
-        )
-        return "zb-auto"
+    os.replace(draft, path)  # whole: every rank writes the same order, maybe to one shared folder
     _log(
         logging.INFO,
         "zb-auto: an order built for the plan's stage times, simulated step %.1f ms; it runs from %s",
@@ -99,12 +76,24 @@ def engine_schedule(args: PipeTrainingArguments, partition: Partition, graph: Co
     return str(path)
 
 
-def _write_same(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` whole: every rank writes the same order, maybe to one shared folder."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.{os.getpid()}")
-    partial.write_text(text, encoding="utf-8")
-    os.replace(partial, path)
+def _why_not(
+    order: Path, partition: Partition, graph: CostGraph, num_microbatches: int, args: PipeTrainingArguments
+) -> str | None:
+    """Why the order in the file ``order``, built from the plan file's stage graph, cannot run
+    ``partition``: a dependency between the graph's own stages it breaks, or a GPU it does not fit
+    (checked as a stored plan is for this run, `check_fits_run`); None when it can."""
+    edges = sorted(stage_graph(graph, partition.node_stage).edges)
+    try:
+        make_schedule(str(order), partition.stage_device, num_microbatches, edges)
+    except ValueError as error:
+        return f"does not fit its graph ({error})"
+    ordered = dataclasses.replace(partition, key=dataclasses.replace(partition.key, schedule=str(order)))
+    capacity = plan_profile(partition).memory_bytes
+    try:
+        check_fits_run(ordered, graph, capacity, optimizer=planned_optimizer(args), memory=memory_options(args))
+    except PartitionError as error:
+        return f"does not fit in memory ({error})"
+    return None
 
 
 def _log(level: int, message: str, *values: object) -> None:

@@ -68,13 +68,14 @@ def test_zb_auto_runs_zb_h1s_order_where_the_built_one_would_not_fit_or_cannot_b
     traced,  # noqa: ANN001
     tmp_path: Path,
 ) -> None:
-    # A run whose headroom leaves ~no memory (the plan, stored, made for another): the built order holds a
-    # little more than zb-h1's on GPU 1, which the plan was checked for, so zb-h1's runs, and the log says why.
+    # A run whose headroom leaves ~no memory (the plan, stored, made for another): the built order does not
+    # fit, so zb-h1's runs, the log says why, and no order file is left in output_dir.
     args, plan = planned(traced, tmp_path)
     args = dataclasses.replace(args, partition_memory_headroom=0.999999999)
     logged = warnings_of(lambda: engine_schedule(args, plan, traced.cost_graph, 4))
     assert engine_schedule(args, plan, traced.cost_graph, 4) == "zb-auto"
     assert len(logged) == 1 and "more than its" in logged[0] and "running zb-h1's" in logged[0], logged
+    assert list(tmp_path.iterdir()) == []
     # A plan without its recorded stage times (a plan file written by hand): nothing to time an order by.
     bare = dataclasses.replace(plan, predicted=None)
     logged = warnings_of(lambda: engine_schedule(args, bare, traced.cost_graph, 4))

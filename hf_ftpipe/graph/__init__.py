@@ -24,6 +24,7 @@ _HOMES = {
     "shipped_models": "hf_ftpipe.graph.sources",
     "ShapeCapture": "hf_ftpipe.graph.shape_capture",
     "TracedModel": "hf_ftpipe.graph.trace",
+    "clear_export_cache": "hf_ftpipe.graph.export_cache",
     "capture_model": "hf_ftpipe.graph.trace",
     "trace_model": "hf_ftpipe.graph.trace",
     "SlicedModel": "hf_ftpipe.graph.token_slices",

@@ -5,7 +5,8 @@ module scope, with the batch and sequence sizes of the inputs left variable wher
 code allows (`hf_ftpipe.graph.dynamic_shapes`): one graph serves every batch shape. One pass of
 that graph over meta tensors of the planned shapes (the largest micro-batch the run will see)
 then measures it (`hf_ftpipe.graph.measure`). Nothing is computed for real and no weight is read,
-so a T5-3B-sized model built on the meta device is measured in seconds.
+so a T5-3B-sized model built on the meta device is measured in seconds. An export is kept for the
+process (`hf_ftpipe.graph.export_cache`): capturing the same architecture again takes it.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from hf_ftpipe.errors import PipelineError, TraceError
 from hf_ftpipe.graph._export_failure import explain_export_failure, without_partial_graph
 from hf_ftpipe.graph.cost_graph import CostGraph
 from hf_ftpipe.graph.dynamic_shapes import ShapeFormulas, dynamic_shapes_spec
+from hf_ftpipe.graph.export_cache import bind_tensors, cached_program, export_key, keep_program
 from hf_ftpipe.graph.measure import measure_graph
 from hf_ftpipe.graph.modes import make_mode_aware
 from hf_ftpipe.graph.mutations import fuse_mutations
@@ -281,13 +283,15 @@ def _export(model: nn.Module, inputs: dict[str, Any], dynamic_shapes: tuple[Any,
     was_training = model.training
     model.train()
     try:
-        with without_partial_graph():
-            program = torch.export.export(model, (), kwargs=inputs, strict=False, dynamic_shapes=dynamic_shapes)
-    except Exception as error:  # torch raises many unrelated types here
-        raise TraceError(explain_export_failure(model, error)) from error
+        key = export_key(model, inputs, dynamic_shapes)
+        program = cached_program(key)
+        if program is None:
+            program = _export_program(model, inputs, dynamic_shapes)
+            keep_program(key, program)
     finally:
         model.train(was_training)
     graph_module = program.module()
+    bind_tensors(graph_module, model)  # a kept program's graph holds the tensors of the model it was made from
     _drop_checks(graph_module)
     graph_module.meta["output_names"] = _output_names(program)
     graph_module.meta["input_names"] = tuple(inputs)
@@ -296,6 +300,16 @@ def _export(model: nn.Module, inputs: dict[str, Any], dynamic_shapes: tuple[Any,
     # pipeline checks them per micro-batch): Python expressions over L['name'].size()[dim].
     graph_module.meta["input_relations"] = tuple(getattr(program, "_guards_code", None) or ())
     return graph_module
+
+
+def _export_program(
+    model: nn.Module, inputs: dict[str, Any], dynamic_shapes: tuple[Any, ...] | None
+) -> torch.export.ExportedProgram:
+    try:
+        with without_partial_graph():
+            return torch.export.export(model, (), kwargs=inputs, strict=False, dynamic_shapes=dynamic_shapes)
+    except Exception as error:  # torch raises many unrelated types here
+        raise TraceError(explain_export_failure(model, error)) from error
 
 
 def _drop_checks(graph_module: fx.GraphModule) -> None:

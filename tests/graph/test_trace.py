@@ -4,16 +4,18 @@ What its CostGraph measures is tests/graph/test_measure.py."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 import torch
 from torch import nn
 
 from hf_ftpipe.errors import TraceError
-from hf_ftpipe.graph import CostGraph, TracedModel, capture_model
+from hf_ftpipe.graph import CostGraph, TracedModel, capture_model, clear_export_cache, graph_hash
 from hf_ftpipe.graph.modes import ModeAwareOp
 from hf_ftpipe.runtime.stage import StageSpec, build_stage_module, plan_stages
 
-from models import KINDS, tiny_batch
+from models import KINDS, tiny_batch, tiny_model
 from tiny_captures import tiny_capture, tiny_t5_with_dropout
 
 
@@ -101,6 +103,71 @@ def test_graph_and_stages_match_eager(kind: str) -> None:
     for name, grad in expected_grads.items():
         torch.testing.assert_close(stage_params[name].grad, grad, atol=1e-5, rtol=1e-4, msg=name)
     model.zero_grad(set_to_none=True)  # the capture is shared (tiny_captures): leave its model as found
+
+
+# ---------------------------------------------------------------- the export kept for the process
+
+
+@pytest.fixture
+def exports(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """The class of every model ``torch.export`` really exports from here on, with nothing kept before."""
+    clear_export_cache()
+    made: list[str] = []
+    export = torch.export.export
+
+    def counted(model: nn.Module, *args: object, **kwargs: object) -> torch.export.ExportedProgram:
+        made.append(type(model).__name__)
+        return export(model, *args, **kwargs)
+
+    monkeypatch.setattr(torch.export, "export", counted)
+    yield made
+    clear_export_cache()
+
+
+def test_a_second_model_of_the_architecture_takes_the_kept_export_bound_to_its_own_weights(exports: list[str]) -> None:
+    first, second = tiny_model("gpt2", seed=0), tiny_model("gpt2", seed=1)
+    batch = tiny_batch("gpt2", 2)
+    kept = capture_model(first, batch)
+    assert exports == ["GPT2LMHeadModel"]
+    traced = capture_model(second, batch)
+    assert exports == ["GPT2LMHeadModel"], "the second capture exported again"
+    assert traced.graph_module.code == kept.graph_module.code
+    assert graph_hash(traced.cost_graph) == graph_hash(kept.cost_graph)
+    assert traced.canonical_names == kept.canonical_names
+    assert traced.canonical_names["lm_head.weight"] == "transformer.wte.weight"  # still tied
+
+    expected = second.train()(**batch)
+    expected.loss.backward()
+    assert not torch.allclose(expected.loss, first.train()(**batch).loss), "the two models must differ"
+    outputs = _run_stages(_build_stages(traced, 2), _graph_inputs(traced, batch))
+    torch.testing.assert_close(outputs["loss"], expected.loss, atol=1e-5, rtol=1e-5)
+    grads = {name: p.grad.clone() for name, p in second.named_parameters()}
+    second.zero_grad(set_to_none=True)
+    outputs["loss"].backward()
+    for name, param in second.named_parameters():
+        torch.testing.assert_close(param.grad, grads[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_what_an_export_depends_on_changing_makes_a_new_one(
+    exports: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    batch = tiny_batch("gpt2", 2)
+    capture_model(tiny_model("gpt2"), batch)
+    capture_model(tiny_model("gpt2", dropout=0.1), batch)  # the configuration
+    frozen = tiny_model("gpt2")
+    frozen.transformer.wpe.weight.requires_grad_(False)
+    capture_model(frozen, batch)
+    assert len(exports) == 3
+    mlp = type(tiny_model("gpt2").transformer.h[0].mlp)
+    forward = mlp.forward
+    monkeypatch.setattr(mlp, "forward", lambda self, hidden_states: forward(self, hidden_states))  # the code
+    capture_model(tiny_model("gpt2"), batch)
+    assert len(exports) == 4
+    hooked = tiny_model("gpt2")
+    hooked.transformer.h[0].register_forward_hook(lambda module, args, output: None)  # not kept: a hook
+    capture_model(hooked, batch)
+    capture_model(hooked, batch)
+    assert len(exports) == 6
 
 
 # ---------------------------------------------------------------- failures

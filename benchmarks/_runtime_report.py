@@ -79,6 +79,7 @@ def median_rows(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
         done = sorted((r for r in rounds if r["error"] is None), key=lambda r: r["samples_per_s"])
         row = dict(done[len(done) // 2]) if done else dict(rounds[-1])
         row["samples_per_s_runs"] = [r["samples_per_s"] for r in rounds]
+        row["paired_step_ms_runs"] = [r.get("paired_step_ms") for r in rounds]
         simulated = [r["simulated_step_ms"] / r["step_time_ms"] for r in done if r.get("simulated_step_ms")]
         if simulated:
             row["simulated_ratio_runs"] = [round(ratio, 3) for ratio in simulated]
@@ -92,8 +93,14 @@ def median_rows(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
 
 
 def round_ratio(row: dict[str, Any], other: dict[str, Any]) -> float | None:
-    """Median over the rounds both ran of row's samples/s / other's (None if no round has both)."""
-    ratios = [a / b for a, b in zip(row.get("samples_per_s_runs", ()), other.get("samples_per_s_runs", ())) if a and b]
+    """Median over the rounds both ran of row's speed / other's (None if no round has both): with
+    ``--paired``, each round's the median of their step-by-step ratios in its paired launch; else each
+    round's samples/s / other's, from their separate launches."""
+    paired = zip(row.get("paired_step_ms_runs", ()), other.get("paired_step_ms_runs", ()))
+    ratios = [statistics.median(b / a for a, b in zip(mine, theirs)) for mine, theirs in paired if mine and theirs]
+    if not ratios:
+        runs = zip(row.get("samples_per_s_runs", ()), other.get("samples_per_s_runs", ()))
+        ratios = [a / b for a, b in runs if a and b]
     return round(statistics.median(ratios), 3) if ratios else None
 
 
@@ -212,7 +219,12 @@ def print_table(rows: list[dict[str, Any]]) -> None:
 
 
 def print_notes(
-    setup: Setup, splits: dict[int, dict[str, Any]], rows: list[dict[str, Any]], cores: int, repeats: int
+    setup: Setup,
+    splits: dict[int, dict[str, Any]],
+    rows: list[dict[str, Any]],
+    cores: int,
+    repeats: int,
+    paired_steps: int | None = None,
 ) -> None:
     notes = []
     for num_stages, split in sorted(splits.items()):
@@ -238,6 +250,15 @@ def print_notes(
             else ""
         )
         + "; samples/s = micro-batches × micro-batch size / step.",
+        *(
+            [
+                f"vs {BASELINE} and the speed checks (--paired): per round, one more launch builds every runner and "
+                f"steps them in turn ({setup.warmup} warm-up, then {paired_steps} steps of each, every step between "
+                "barriers); a ratio is the median of its step-by-step ratios there, then the median over the rounds.",
+            ]
+            if paired_steps
+            else []
+        ),
         "CPU ms: each rank's process CPU time per step (median; its threads, gloo's included): what a step costs "
         "when the shared cores make wall-clock times vary.",
         "stage ms: each rank's stages, forward + backward of one micro-batch with no communication (fastest of "

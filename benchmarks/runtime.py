@@ -77,6 +77,7 @@ from _gpt2_split import (  # noqa: E402
     stage_inputs,
 )
 from _rank_processes import run_ranks  # noqa: E402
+from _runtime_paired import run_paired  # noqa: E402
 from _runtime_ranks import ACCUMULATION_STEPS, RUNNER_SPLITS, run_rank, runner_schedule, runner_setup  # noqa: E402
 from _runtime_report import MB, checks, failed_row, make_row, median_rows, print_notes, print_table  # noqa: E402
 from _runtime_simulation import (  # noqa: E402
@@ -203,6 +204,25 @@ def unsupported_reason(runner: str) -> str | None:
     return None
 
 
+def run_paired_round(
+    setup: Setup, args: argparse.Namespace, runner_setups: dict[str, Setup], runs: dict[str, list[dict[str, Any]]]
+) -> None:
+    """One paired launch of the runners that ran this round (`_runtime_paired`): each round's row of a
+    runner gets its step times there, ``paired_step_ms`` (rank 0's, each step between barriers)."""
+    started = time.perf_counter()
+    paired_setup = dataclasses.replace(setup, steps=args.paired_steps)
+    try:
+        ranks = run_ranks(paired_setup, run_paired, runner_setups, args.timeout_s * max(1, len(runner_setups)))
+    except Exception as error:  # the separate launches' figures still stand
+        print(f"  paired launch failed: {error}", file=sys.stderr)
+        return
+    for runner, step_ms in ranks[0]["step_ms"].items():
+        runs[runner][-1]["paired_step_ms"] = [round(ms, 2) for ms in step_ms]
+    if not args.json:
+        elapsed_s = time.perf_counter() - started
+        print(f"  paired launch of {len(runner_setups)} runners in {elapsed_s:.0f} s", file=sys.stderr)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
@@ -219,6 +239,13 @@ def main() -> int:
     parser.add_argument(
         "--repeats", type=int, default=1, help="rounds of every runner in fresh processes; medians are reported"
     )
+    parser.add_argument(
+        "--paired",
+        action="store_true",
+        help="time the runners' speed against each other in one more launch per round, stepped in turn "
+        "(ratios step by step: a busy spell of the machine hits both sides of a ratio)",
+    )
+    parser.add_argument("--paired-steps", type=int, default=20, help="timed steps of each runner in a paired launch")
     parser.add_argument("--timeout-s", type=float, default=300.0, help="limit per runner")
     parser.add_argument("--json", action="store_true", help="print a JSON list, one object per runner")
     parser.add_argument(
@@ -236,7 +263,7 @@ def main() -> int:
     num_ranks = args.ranks or (torch.cuda.device_count() if args.device == "cuda" else 2)
     if not 1 <= num_ranks <= args.layers:
         parser.error(f"--ranks must be between 1 and --layers ({args.layers}), got {num_ranks}")
-    for name in ("microbatches", "microbatch_size", "steps", "repeats"):
+    for name in ("microbatches", "microbatch_size", "steps", "repeats", "paired_steps"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     if "hf_ftpipe/gradient_accumulation" in args.runners and args.microbatches % ACCUMULATION_STEPS:
@@ -302,6 +329,9 @@ def main() -> int:
                 outcome = f"{row['samples_per_s']:.2f} samples/s" if row["error"] is None else "failed"
                 elapsed_s = time.perf_counter() - runner_started
                 print(f"  {runner} (run {repeat + 1}/{args.repeats}): {outcome} in {elapsed_s:.0f} s", file=sys.stderr)
+        if args.paired:
+            ran = {r: runner_setups[r] for r in args.runners if runs[r][-1]["error"] is None}
+            run_paired_round(setup, args, ran, runs)
     shutil.rmtree(orders_folder, ignore_errors=True)
     rows = median_rows(runs)
     for row in rows:
@@ -317,7 +347,7 @@ def main() -> int:
             f"{setup.num_microbatches} micro-batches × {setup.microbatch_size} samples; SGD lr {setup.lr}\n"
         )
         print_table(rows)
-        print_notes(setup, splits, rows, cores, args.repeats)
+        print_notes(setup, splits, rows, cores, args.repeats, args.paired_steps if args.paired else None)
         print_checks(verdicts, started)
     return 1 if failed(verdicts) else 0
 

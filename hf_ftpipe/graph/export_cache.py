@@ -50,9 +50,13 @@ def export_key(model: nn.Module, inputs: Mapping[str, Any], dynamic_shapes: Any)
     classes = {cls for _, cls, _, _ in modules}
     code = tuple(sorted((c.__module__, c.__qualname__, _functions(vars(c))) for c in classes))
     homes = tuple(sorted((m, _functions(vars(sys.modules.get(m, object)))) for m in {c.__module__ for c in classes}))
+    try:
+        settings = config.to_json_string(use_diff=False)
+    except (TypeError, ValueError):  # a value JSON cannot hold: the configuration is not all visible
+        return None
     return (
         type(model),
-        config.to_json_string(use_diff=False),
+        settings,
         getattr(config, "_attn_implementation", None),
         tuple(modules),
         code,

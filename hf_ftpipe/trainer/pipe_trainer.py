@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 from datasets import Dataset
 from torch import nn
-from transformers import Trainer
+from transformers import Trainer, enable_full_determinism, set_seed
 
 from hf_ftpipe.errors import PipelineError
 from hf_ftpipe.graph.peft_models import check_peft_model, is_peft_model
@@ -322,12 +322,20 @@ class PipeTrainer(PipeTrainingSteps, PipeEvaluation, PipeCheckpointing, PipeData
             self._resume_from = resume_from_checkpoint
             if resume_from_checkpoint is not None:
                 self._load_data_randomness(resume_from_checkpoint)
+            if self.engine is not None and self.model_init is not None:
+                self._model_anew(kwargs.get("trial", args[0] if args else None))
             if self.engine is None:
                 self._check_enough_training_data()
                 self._ensure_engine(self._first_batch(self.get_train_dataloader()))
             output = super().train(resume_from_checkpoint, *args, **kwargs)
             self.sync_model()
         return output
+
+    def _model_anew(self, trial: Any) -> None:
+        """With ``model_init``, `Trainer` trains a new model at every ``train()`` (``hyperparameter_search``'s
+        trials): the pipeline is built anew from it, seeded as `Trainer` seeds its own (which it makes next)."""
+        enable_full_determinism(self.args.seed) if self.args.full_determinism else set_seed(self.args.seed)
+        self.model, self.engine = self.call_model_init(trial), None
 
     @_fails_together("evaluating")
     def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:

@@ -1,6 +1,7 @@
 """What a `Trainer` user sees around the loop stays the same under PipeTrainer: callbacks on every
 rank, one progress bar, one tensorboard log, and throughput, FLOP and token counts of one model,
-not of one model per rank. Also the launch mistakes a user makes get an error that says what to do.
+not of one model per rank; a trainer made with ``model_init`` trains a new model at each ``train()``.
+Also the launch mistakes a user makes get an error that says what to do.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from hf_ftpipe.runtime.compiled_stages import CompileOptions
 from hf_ftpipe.trainer.compilation import stage_compile_options
 
 from distributed import REPO, accelerate_launch, run_job
+from model_init_runs import train_twice
 from models import SEQ, tiny_batch, tiny_model
 
 JOB = str(REPO / "tests" / "trainer" / "surface_job.py")
@@ -59,6 +61,18 @@ def test_counts_are_of_one_model_not_one_per_rank(surface: tuple[Path, list[dict
     samples_per_s = STEPS * BATCH / metrics["train_runtime"]
     assert metrics["train_samples_per_second"] == pytest.approx(samples_per_s, rel=0.05, abs=0.01)
     assert metrics["train_steps_per_second"] == pytest.approx(STEPS / metrics["train_runtime"], rel=0.05, abs=0.01)
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_each_train_of_a_model_init_trainer_starts_from_a_new_model_as_trainers_does(
+    surface: tuple[Path, list[dict]], tmp_path: Path
+) -> None:
+    first, second = train_twice(str(tmp_path), pipe=False)  # plain Trainer, one process
+    assert first == second, "Trainer trains a new model at each train()"
+    pipe_first, pipe_second = surface[1][0]["model_init_losses"]
+    assert pipe_first == pytest.approx(first, abs=1e-5)
+    assert pipe_second == pytest.approx(second, abs=1e-5)
 
 
 @pytest.mark.distributed

@@ -332,8 +332,8 @@ class PipeTrainer(PipeTrainingSteps, PipeEvaluation, PipeCheckpointing, PipeData
         return output
 
     def _model_anew(self, trial: Any) -> None:
-        """With ``model_init``, `Trainer` trains a new model at every ``train()`` (``hyperparameter_search``'s
-        trials): the pipeline is built anew from it, seeded as `Trainer` seeds its own (which it makes next)."""
+        """With ``model_init``, `Trainer` trains a new model at every ``train()``: the pipeline is built anew
+        from one, seeded as `Trainer` seeds its own (which it makes next, with the same weights)."""
         enable_full_determinism(self.args.seed) if self.args.full_determinism else set_seed(self.args.seed)
         self.model, self.engine = self.call_model_init(trial), None
 

@@ -1,14 +1,13 @@
 """Exported programs kept for the process, so that exporting the same model again costs nothing.
 
 ``torch.export`` is most of what capturing a model costs, and a process may capture the same
-architecture several times: a script or notebook that makes a second trainer on a fresh model, a run
-that captures again at another batch shape, a test suite's launched jobs that train one tiny model
-under many settings.
-An export depends on the model's code, its configuration, its tensors' names, shapes and dtypes
-(never their values: the export runs on meta twins of the weights), the inputs' shapes and dtypes,
-the dynamic-shape specification and the grad and autocast modes; `export_key` is all of these, and a
-later export with the same key takes the kept program's graph, bound to the new model's tensors by
-name (`bind_tensors`).
+architecture several times: a trainer made with ``model_init`` at each ``train()``, a second trainer
+on a fresh model, a run that captures again at another batch shape, a test suite's launched jobs that
+train one tiny model under many settings. An export depends on the model's code, its configuration,
+its tensors' names, shapes and dtypes (never their values: the export runs on meta twins of the
+weights), the inputs' shapes and dtypes, the dynamic-shape specification and the grad and autocast
+modes; `export_key` is all of these, and a later export with the same key takes the kept program's
+graph, bound to the new model's tensors by name (`bind_tensors`).
 
 What the key cannot see, it refuses to cache: a model with a submodule whose class comes from
 outside ``transformers`` and ``torch`` (a PEFT adapter's scaling, a user's module's attributes live

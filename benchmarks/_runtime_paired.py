@@ -15,20 +15,17 @@ import time
 from typing import Any
 
 import torch.distributed as dist
-from _gpt2_split import Setup, build_model, make_batch
-from _runtime_ranks import HfFtpipeRunner, TorchRunner, runner_schedule
+from _gpt2_split import Setup, make_batch
+from _runtime_ranks import make_runner
 
 
 def run_paired(rank: int, setup: Setup, runner_setups: dict[str, Setup]) -> dict[str, Any]:
     """This rank's wall time of every step of every runner (ms), the runners stepped in turn.
 
     ``setup.warmup`` steps of each runner first, untimed; then ``setup.steps`` rounds of one step of each."""
-    pipes = {}
-    for runner, runner_setup in runner_setups.items():
-        kind, schedule = runner_schedule(runner)
-        runner_class = HfFtpipeRunner if kind == "hf_ftpipe" else TorchRunner
-        pipes[runner] = runner_class(rank, runner_setup, build_model(runner_setup), schedule)
-        pipes[runner].build()
+    pipes = {runner: make_runner(rank, runner_setup, runner) for runner, runner_setup in runner_setups.items()}
+    for pipe in pipes.values():
+        pipe.build()
     batches = [make_batch(setup, step) for step in range(2)]
     for pipe in pipes.values():
         for step in range(setup.warmup):

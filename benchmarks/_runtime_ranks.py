@@ -288,14 +288,18 @@ def _device(setup: Setup, rank: int) -> torch.device:
     return torch.device("cuda", rank) if setup.device == "cuda" else torch.device("cpu")
 
 
+def make_runner(rank: int, setup: Setup, runner: str) -> HfFtpipeRunner | TorchRunner:
+    """This rank's part of ``runner`` ("hf_ftpipe/async", "torch/gpipe"...) on a fresh model, not yet built."""
+    kind, schedule = runner_schedule(runner)
+    runner_class = HfFtpipeRunner if kind == "hf_ftpipe" else TorchRunner
+    return runner_class(rank, setup, build_model(setup), schedule)
+
+
 def run_rank(rank: int, setup: Setup, runner: str) -> dict[str, Any]:
-    """Build ``runner`` ("hf_ftpipe/async", "torch/gpipe"...), step it, and return this rank's figures."""
+    """Build ``runner``, step it, and return this rank's figures."""
     from hf_ftpipe.runtime.peak_memory import PeakMemory
 
-    kind, schedule = runner_schedule(runner)
-    model = build_model(setup)
-    runner_class = HfFtpipeRunner if kind == "hf_ftpipe" else TorchRunner
-    pipe = runner_class(rank, setup, model, schedule)
+    pipe = make_runner(rank, setup, runner)
     batches = [make_batch(setup, step) for step in range(2)]
     gc.collect()
     dist.barrier()

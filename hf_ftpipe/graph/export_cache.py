@@ -28,7 +28,7 @@ import torch
 from torch import fx, nn
 from torch.nn.modules import module as module_globals
 
-__all__ = ["bind_tensors", "cached_program", "clear_export_cache", "export_key", "keep_program"]
+__all__ = ["bind_tensors", "cached_program", "clear_export_cache", "export_key", "keep_program", "named_tensors"]
 
 _MAX_PROGRAMS = 8
 _programs: OrderedDict[Hashable, torch.export.ExportedProgram] = OrderedDict()
@@ -97,7 +97,7 @@ def bind_tensors(graph_module: fx.GraphModule, model: nn.Module) -> None:
     graph's tensors by identity with the model's (tied weights are one tensor), so they must be the
     new model's. Constants the export made itself (no such name in ``model``) stay as they are.
     """
-    tensors = dict(model.named_parameters(remove_duplicate=False)) | dict(model.named_buffers(remove_duplicate=False))
+    tensors = named_tensors(model)
     for node in graph_module.graph.nodes:
         if node.op == "get_attr" and node.target in tensors:
             owner_path, _, leaf = node.target.rpartition(".")
@@ -109,6 +109,11 @@ def bind_tensors(graph_module: fx.GraphModule, model: nn.Module) -> None:
                 owner._buffers[leaf] = tensor
             else:
                 setattr(owner, leaf, tensor)
+
+
+def named_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter and buffer of ``model`` under every name it has (a tied weight under each)."""
+    return dict(model.named_parameters(remove_duplicate=False)) | dict(model.named_buffers(remove_duplicate=False))
 
 
 def _functions(namespace: Mapping[str, Any]) -> tuple[tuple[str, _Identity], ...]:

@@ -25,7 +25,7 @@ from hf_ftpipe.errors import PipelineError, TraceError
 from hf_ftpipe.graph._export_failure import explain_export_failure, without_partial_graph
 from hf_ftpipe.graph.cost_graph import CostGraph
 from hf_ftpipe.graph.dynamic_shapes import ShapeFormulas, dynamic_shapes_spec
-from hf_ftpipe.graph.export_cache import bind_tensors, cached_program, export_key, keep_program
+from hf_ftpipe.graph.export_cache import bind_tensors, cached_program, export_key, keep_program, named_tensors
 from hf_ftpipe.graph.measure import measure_graph
 from hf_ftpipe.graph.modes import make_mode_aware
 from hf_ftpipe.graph.mutations import fuse_mutations
@@ -130,7 +130,7 @@ def capture_model(
         )
     measured = _planned_inputs(inputs, planned, shapes)
     cost_graph = measure_graph(model, graph_module, measured, canonical, state_names, shapes)
-    real = dict(model.named_parameters(remove_duplicate=False)) | dict(model.named_buffers(remove_duplicate=False))
+    real = named_tensors(model)
     tensors = {name: real[name] for name in set(canonical.values()) if name in real}
     return TracedModel(
         graph_module=graph_module,

@@ -79,18 +79,16 @@ class PipelineEngine(RankWeights):
             (gradient accumulation), run as one flush of their micro-batches (see `train_step`).
         recompute (`bool`, defaults to `False`): a stage keeps only its inputs from forward to backward
             and runs its forward again before the backward (random state preserved, so dropout repeats).
-        weight_prediction (`bool`, defaults to `False`): ``async`` with a momentum optimizer: run each
-            micro-batch on the weights its gradient will be applied to, predicted from the
-            optimizer's momentum (`hf_ftpipe.runtime.prediction`); costs one copy of a stage's
-            weights per micro-batch in flight, like weight stashing.
+        weight_prediction (`bool`, defaults to `False`): ``async`` with a momentum optimizer: run each micro-batch
+            on the weights its gradient will be applied to, predicted from the optimizer's momentum
+            (`hf_ftpipe.runtime.prediction`); costs one copy of a stage's weights per micro-batch in flight.
         device (`torch.device`): where this rank's stages run.
         timeout_s (`float`, defaults to 300): the longest wait for any transfer before the step fails.
         weights_path (`str`, *optional*): a checkpoint folder (safetensors) to read this rank's
             weights from, for a model built with empty weights (``accelerate.init_empty_weights``).
-        autocast_dtype (`torch.dtype`, *optional*): run every stage's forward (and recomputation)
-            under ``torch.autocast`` to this dtype (float16: `loss_scale` set per step by the caller),
-            as accelerate does for a whole model; values cross ranks in the dtype autocast gives them
-            (`hf_ftpipe.runtime.autocast`), so the pipeline computes what one process would.
+        autocast_dtype (`torch.dtype`, *optional*): run every stage's forward (and recomputation) under
+            ``torch.autocast`` to this dtype (float16: `loss_scale` set per step by the caller), as accelerate
+            does; values cross ranks in autocast's dtype (`hf_ftpipe.runtime.autocast`), as in one process.
         watchdog (`Watchdog`, *optional*): bounds every wait of this rank (``timeout_s`` is then
             the watchdog's); PipeTrainer passes the one that also bounds its own collectives.
         per_shape (`PerShapeOptions`, *optional*): for a model whose export fixes a size batches vary,
@@ -130,11 +128,8 @@ class PipelineEngine(RankWeights):
                 "torch.distributed is not initialised; start the job with `accelerate launch` or `torchrun`"
             )
         sliced = traced if isinstance(traced, SlicedModel) else None
-        if sliced is not None:
-            traced = sliced.full
-        num_slices = None if sliced is None else len(sliced.slice_lengths)
-        self.rank = dist.get_rank()
-        self.world_size = dist.get_world_size()
+        traced, num_slices = (traced, None) if sliced is None else (sliced.full, len(sliced.slice_lengths))
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.device = torch.device(device)
         if self.device.type == "cpu":  # CPU tensors report no index; 'cpu:0' baked into a graph fails torch.compile
             self.device = torch.device("cpu")
@@ -164,9 +159,8 @@ class PipelineEngine(RankWeights):
         self.streaming = not self.traits.flushes
         self.weight_prediction = weight_prediction
         self.autocast_dtype = autocast_dtype
-        self._autocast_dtypes = (
-            autocast_dtypes(traced.graph_module, self.device, autocast_dtype) if autocast_dtype is not None else {}
-        )
+        dtypes = autocast_dtypes(traced.graph_module, self.device, autocast_dtype) if autocast_dtype is not None else {}
+        self._autocast_dtypes = dtypes
         loss_stage = next((s.stage_index for s in self.specs if "loss" in s.model_outputs), None)
         loss_value = None if loss_stage is None else self.specs[loss_stage].model_outputs["loss"]
         self.transfers = plan_transfers(
@@ -390,6 +384,13 @@ class PipelineEngine(RankWeights):
             outputs = self.inputs.unpad(outputs)
         self._reset_state()
         return self.replica_batches.gather_outputs(outputs, output_names, self.device)
+
+    def close(self) -> None:
+        """Release this rank's process groups; every rank at once, nothing in flight. A trainer that builds a
+        pipeline per ``train()`` (``model_init``, a search's trials) would otherwise keep every one's sockets."""
+        self.executor.flush()  # the last step's sends, received but not waited for
+        self.groups.destroy()
+        self.weight_sync.close()
 
     def train(self, mode: bool = True) -> PipelineEngine:
         self.module.train(mode)

@@ -105,3 +105,9 @@ class ReplicaGroups:
         pipeline = [dist.new_group(layout.pipeline_ranks(d)) for d in range(layout.data_parallel_size)][replica]
         data = [dist.new_group(layout.data_ranks(p)) for p in range(layout.pipeline_size)][position]
         return cls(p2p, pipeline, data)
+
+    def destroy(self) -> None:
+        """Destroy the groups this rank made (not the default group): their sockets are released."""
+        for group in (self.p2p, self.pipeline, self.data):
+            if group is not None and group is not dist.group.WORLD:
+                dist.destroy_process_group(group)

@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import partial
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch.distributed as dist
 
@@ -120,6 +120,12 @@ class Watchdog:
             ) from error
         finally:
             self._waiting = outer
+
+    def broadcast_from_rank0(self, payload: list[Any], what: str) -> None:
+        """Fill ``payload`` on every rank with rank 0's (`dist.broadcast_object_list`), a collective wait
+        named ``what`` and bounded as `waiting` bounds any."""
+        with self.waiting(what, collective=True):
+            dist.broadcast_object_list(payload, src=0)
 
     def report_exception(self, what: str, error: BaseException) -> None:
         """Publish ``error``, raised by this rank while ``what``, so that every peer stops with

@@ -71,6 +71,12 @@ class WeightSync:
                 if replica == self.replica and self.rank in ranks:
                     self._groups.append((names, group))
 
+    def close(self) -> None:
+        """Destroy this rank's groups of shared weights (`PipelineEngine.close`)."""
+        for _, group in self._groups:
+            dist.destroy_process_group(group)
+        self._groups = []
+
     def owner(self, name: str) -> int:
         return self.holders[name][0]
 

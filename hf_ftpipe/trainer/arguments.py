@@ -201,6 +201,12 @@ class PipeTrainingArguments(TrainingArguments):
             # Else transformers makes every rank process 0 of 1, and every rank writes (trainer/launch.py).
             self.use_cpu = True
         super().__post_init__()
+        self.check_pipeline_fields()
+
+    def check_pipeline_fields(self) -> None:
+        """Check (and normalize) the pipeline's fields and the `Trainer` fields a pipeline constrains: at
+        construction, and again once a ``hyperparameter_search`` trial has set some
+        (`hf_ftpipe.trainer.model_init`)."""
         traits = self.schedule_traits
         partitioners = _available_partitioners()
         if self.partitioner not in partitioners:

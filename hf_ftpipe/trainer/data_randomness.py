@@ -43,7 +43,7 @@ import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 
-__all__ = ["DataRandomness"]
+__all__ = ["DataRandomness", "global_states", "set_global_states"]
 
 _States = tuple[torch.Tensor, tuple, tuple]
 """torch's CPU, numpy's and Python's generator states."""
@@ -72,15 +72,15 @@ class DataRandomness:
     @contextmanager
     def active(self) -> Iterator[None]:
         """Run the body on the data states; they advance, and the model's states are put back after."""
-        saved = _global_states()
-        _set_global_states(*self._states)
+        saved = global_states()
+        set_global_states(*self._states)
         collecting, self._collecting = self._collecting, True
         try:
             yield
         finally:
             self._collecting = collecting
-            self._states = _global_states()
-            _set_global_states(*saved)
+            self._states = global_states()
+            set_global_states(*saved)
 
     @contextmanager
     def forked(self, *collators: Any) -> Iterator[None]:
@@ -132,12 +132,12 @@ class DataRandomness:
         if not self._collecting or get_worker_info() is not None:
             return
         if self._replay:
-            _set_global_states(*self._replay.pop(0))
-        self._pending.append(_global_states())
+            set_global_states(*self._replay.pop(0))
+        self._pending.append(global_states())
 
     def _end_collation(self) -> None:
         if self._collecting and not self._replay and self._after_replay is not None:
-            _set_global_states(*self._after_replay)
+            set_global_states(*self._after_replay)
             self._after_replay = None
 
 
@@ -247,11 +247,12 @@ def _from_tensors(state: dict[str, torch.Tensor]) -> _States:
     return state["torch"].clone(), numpy_state, (version, tuple(python_state), None if gauss != gauss else gauss)
 
 
-def _global_states() -> _States:
+def global_states() -> _States:
+    """torch's CPU, numpy's and Python's global generator states (all ``transformers.set_seed`` seeds but the GPUs')."""
     return torch.get_rng_state(), np.random.get_state(), random.getstate()
 
 
-def _set_global_states(torch_state: torch.Tensor, numpy_state: tuple, python_state: tuple) -> None:
+def set_global_states(torch_state: torch.Tensor, numpy_state: tuple, python_state: tuple) -> None:
     torch.set_rng_state(torch_state)
     np.random.set_state(numpy_state)
     random.setstate(python_state)

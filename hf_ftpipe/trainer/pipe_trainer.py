@@ -7,9 +7,10 @@ model, rank 0 makes (or loads) the partition and shares it, and each rank keeps 
 Stock `Trainer` goes quietly wrong when each rank holds a slice of the model: it would wrap the
 slice in DDP, shard the batches across ranks, count the ranks as data-parallel replicas, clip by
 a local gradient norm and save rank 0's slice only. Each override undoes one of those: here the
-pipeline's building and saving; in mixins, one job each, the training step and gradient
-accumulation (`training_steps`), data loading (`data_loading`), logs and counts (`reporting`),
-evaluation (`evaluation`) and checkpoints (`checkpoint_hooks`).
+pipeline's building and saving; in mixins, one job each, each ``train()``'s new model and search
+trial under ``model_init`` (`model_init`), the training step and gradient accumulation
+(`training_steps`), data loading (`data_loading`), logs and counts (`reporting`), evaluation
+(`evaluation`) and checkpoints (`checkpoint_hooks`).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import torch
 import torch.distributed as dist
 from datasets import Dataset
 from torch import nn
-from transformers import Trainer, enable_full_determinism, set_seed
+from transformers import Trainer
 
 from hf_ftpipe.errors import PipelineError
 from hf_ftpipe.graph.peft_models import check_peft_model, is_peft_model
@@ -44,6 +45,7 @@ from hf_ftpipe.trainer.data_randomness import DataRandomness
 from hf_ftpipe.trainer.evaluation import PipeEvaluation
 from hf_ftpipe.trainer.float16 import Float16Training
 from hf_ftpipe.trainer.launch import check_one_writer
+from hf_ftpipe.trainer.model_init import PipeModelInit
 from hf_ftpipe.trainer.output_loss import computes_loss_from_outputs, method_name, outputs_read
 from hf_ftpipe.trainer.per_shape import per_shape_options
 from hf_ftpipe.trainer.plan_sharing import share_partition
@@ -87,7 +89,9 @@ class _StagesModule(nn.Module):
         self.stages = engine.module
 
 
-class PipeTrainer(PipeTrainingSteps, PipeEvaluation, PipeCheckpointing, PipeDataLoading, PipeReporting, Trainer):
+class PipeTrainer(
+    PipeModelInit, PipeTrainingSteps, PipeEvaluation, PipeCheckpointing, PipeDataLoading, PipeReporting, Trainer
+):
     """`Trainer` that trains and evaluates ``model`` as a pipeline (see `PipeTrainingArguments`).
 
     ``self.model`` stays the user's model object: `Trainer` reads its config and signature, and
@@ -322,20 +326,14 @@ class PipeTrainer(PipeTrainingSteps, PipeEvaluation, PipeCheckpointing, PipeData
             self._resume_from = resume_from_checkpoint
             if resume_from_checkpoint is not None:
                 self._load_data_randomness(resume_from_checkpoint)
-            if self.engine is not None and self.model_init is not None:
-                self._model_anew(kwargs.get("trial", args[0] if args else None))
+            self._model_for_training(kwargs.get("trial", args[0] if args else None))
             if self.engine is None:
                 self._check_enough_training_data()
                 self._ensure_engine(self._first_batch(self.get_train_dataloader()))
             output = super().train(resume_from_checkpoint, *args, **kwargs)
             self.sync_model()
+        self._end_pruned_trial()
         return output
-
-    def _model_anew(self, trial: Any) -> None:
-        """With ``model_init``, `Trainer` trains a new model at every ``train()``: the pipeline is built anew
-        from one, seeded as `Trainer` seeds its own (which it makes next, with the same weights)."""
-        enable_full_determinism(self.args.seed) if self.args.full_determinism else set_seed(self.args.seed)
-        self.model, self.engine = self.call_model_init(trial), None
 
     @_fails_together("evaluating")
     def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:

@@ -102,9 +102,9 @@ def share_partition(
             payload[0] = json.dumps({"partition": plan, "data_parallel_size": replicas.data_parallel_size})
         except Exception as error:  # the other ranks must not wait for a plan that never comes
             payload[0] = json.dumps({"error": f"{type(error).__name__}: {error}"})
-            _broadcast_plan(payload, watchdog)
+            watchdog.broadcast_from_rank0(payload, "sharing the partition from rank 0")
             raise
-    _broadcast_plan(payload, watchdog)
+    watchdog.broadcast_from_rank0(payload, "sharing the partition from rank 0")
     data = json.loads(payload[0] or "{}")
     if "error" in data:
         raise PipelineError(f"[rank {dist.get_rank()}] rank 0 could not make the partition: {data['error']}")
@@ -114,11 +114,6 @@ def share_partition(
         logger.info(plan_line(used))
     replicas = Replicas.of(args, data["data_parallel_size"])
     return SharedPlan(partition, used.resolved.source if used is not None else None, replicas)
-
-
-def _broadcast_plan(payload: list[str | None], watchdog: Watchdog) -> None:
-    with watchdog.waiting("sharing the partition from rank 0", collective=True):
-        dist.broadcast_object_list(payload, src=0)
 
 
 def planned_optimizer(args: PipeTrainingArguments) -> Optimizer:

@@ -19,7 +19,7 @@ sliced model's whole-sequence graph.
 from __future__ import annotations
 
 import pickle
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -113,9 +113,9 @@ def _share_latency(args: PipeTrainingArguments, model: nn.Module, graph: CostGra
             payload[0] = pickle.dumps(latency)
         except Exception as error:  # the other ranks must not wait for a latency model that never comes
             payload[0] = f"{type(error).__name__}: {error}"
-            _broadcast(payload, watchdog)
+            watchdog.broadcast_from_rank0(payload, "sharing the token slices' latency model from rank 0")
             raise
-    _broadcast(payload, watchdog)
+    watchdog.broadcast_from_rank0(payload, "sharing the token slices' latency model from rank 0")
     if isinstance(payload[0], str) or payload[0] is None:
         raise PipelineError(f"[rank {dist.get_rank()}] rank 0 could not model the token slices' latency: {payload[0]}")
     return pickle.loads(payload[0])
@@ -131,8 +131,3 @@ def _log_choice(slicing: Slicing, args: PipeTrainingArguments) -> None:
             launched_pipeline_size(args.data_parallel_size),
             slicing.step_time_s * 1e3,
         )
-
-
-def _broadcast(payload: Sequence[Any], watchdog: Watchdog) -> None:
-    with watchdog.waiting("sharing the token slices' latency model from rank 0", collective=True):
-        dist.broadcast_object_list(payload, src=0)  # type: ignore[arg-type]

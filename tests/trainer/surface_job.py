@@ -1,7 +1,8 @@
 """A PipeTrainer job that records what a `Trainer` user sees on each rank: callbacks, the progress
-bar, tensorboard logs, throughput, FLOP and token counts, and two ``train()`` calls of a trainer made
-with ``model_init`` (`model_init_runs`). Started by `accelerate launch` from
-`test_trainer_surface.py`; each rank writes ``OUTPUT/surface_rank{r}.json``.
+bar, tensorboard logs, throughput, FLOP and token counts; and trainers made with ``model_init``
+(`model_init_runs`): two ``train()`` calls, a ``hyperparameter_search``, one with a trial it cannot
+run. Started by `accelerate launch` from `test_trainer_surface.py`; each rank writes
+``OUTPUT/surface_rank{r}.json``.
 """
 
 import json
@@ -14,7 +15,7 @@ from transformers.trainer_callback import ProgressCallback
 
 from hf_ftpipe import PipeTrainer, PipeTrainingArguments
 
-from model_init_runs import train_twice
+from model_init_runs import search, train_twice
 from models import tiny_batch, tiny_model
 
 STEPS = 4
@@ -91,7 +92,9 @@ def main(output_dir: str, partition_file: str = "") -> None:
         "num_input_tokens_seen": trainer.state.num_input_tokens_seen,
         "log_history": trainer.state.log_history,
     }
-    result["model_init_losses"] = train_twice(str(Path(output_dir) / "model_init"), pipe=True)
+    result["model_init"] = train_twice(str(Path(output_dir) / "model_init"), pipe=True)
+    result["search"] = search(str(Path(output_dir) / "search"), pipe=True, settings=[0, 1])
+    result["search_refused"] = search(str(Path(output_dir) / "search_refused"), pipe=True, settings=[2])
     (Path(output_dir) / f"surface_rank{rank}.json").write_text(json.dumps(result))
 
 

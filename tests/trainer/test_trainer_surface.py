@@ -1,6 +1,8 @@
 """What a `Trainer` user sees around the loop stays the same under PipeTrainer: callbacks on every
 rank, one progress bar, one tensorboard log, and throughput, FLOP and token counts of one model,
-not of one model per rank; a trainer made with ``model_init`` trains a new model at each ``train()``.
+not of one model per rank; a trainer made with ``model_init`` trains a new model at each ``train()``,
+and ``hyperparameter_search`` runs each trial as `Trainer` does, planned for the trial's batch size,
+pruned on every rank alike.
 Also the launch mistakes a user makes get an error that says what to do.
 """
 
@@ -19,7 +21,7 @@ from hf_ftpipe.runtime.compiled_stages import CompileOptions
 from hf_ftpipe.trainer.compilation import stage_compile_options
 
 from distributed import REPO, accelerate_launch, run_job
-from model_init_runs import train_twice
+from model_init_runs import search, train_twice
 from models import SEQ, tiny_batch, tiny_model
 
 JOB = str(REPO / "tests" / "trainer" / "surface_job.py")
@@ -68,11 +70,44 @@ def test_counts_are_of_one_model_not_one_per_rank(surface: tuple[Path, list[dict
 def test_each_train_of_a_model_init_trainer_starts_from_a_new_model_as_trainers_does(
     surface: tuple[Path, list[dict]], tmp_path: Path
 ) -> None:
-    first, second = train_twice(str(tmp_path), pipe=False)  # plain Trainer, one process
+    reference = train_twice(str(tmp_path), pipe=False)  # plain Trainer, one process
+    first, second = reference["losses"]
     assert first == second, "Trainer trains a new model at each train()"
-    pipe_first, pipe_second = surface[1][0]["model_init_losses"]
-    assert pipe_first == pytest.approx(first, abs=1e-5)
-    assert pipe_second == pytest.approx(second, abs=1e-5)
+    for rank in surface[1]:
+        pipe_first, pipe_second = rank["model_init"]["losses"]
+        assert pipe_first == pytest.approx(first, abs=1e-5)
+        assert pipe_second == pytest.approx(second, abs=1e-5)
+        # One model at __init__ and one per train(), as Trainer: the pipeline's model is the one Trainer trains.
+        assert rank["model_init"]["models_made"] == reference["models_made"] == 3
+        first_files, second_files = rank["model_init"]["open_files"]
+        assert second_files == first_files, "the first train()'s pipeline is closed, its sockets with it"
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_hyperparameter_search_trials_run_as_under_trainer_each_at_its_own_batch_size(
+    surface: tuple[Path, list[dict]], tmp_path: Path
+) -> None:
+    reference = search(str(tmp_path), pipe=False, settings=[0, 1])  # plain Trainer, one process
+    losses = reference["eval_losses"]
+    # The first trial is pruned at its first evaluation; the second evaluates after each of its 2 steps.
+    assert len(losses) == 3 and losses[0] != pytest.approx(losses[1], abs=1e-3)
+    assert reference["best"]["objective"] == losses[2]
+    for rank in surface[1]:
+        # Rank 0 runs the study, rank 1 is handed each trial's parameters; both plan each trial's pipeline
+        # for its batch size (2 rows, then 4: the grid's order), which a pipeline planned for 2 rows could
+        # not run at 4; both stop the pruned trial after its first evaluation and go on to the next.
+        assert rank["search"]["models_made"] == reference["models_made"] == 3
+        assert rank["search"]["eval_losses"] == pytest.approx(losses, abs=1e-5)
+    assert surface[1][0]["search"]["best"] == pytest.approx(reference["best"], abs=1e-5)
+    assert surface[1][1]["search"]["best"] is None  # the study is process 0's
+    for rank in surface[1]:
+        assert rank["search_refused"] == {
+            "error": "a hyperparameter_search trial set arguments PipeTrainer cannot run: "
+            "`per_device_train_batch_size=3` is not a multiple of `num_microbatches=2`; use e.g. "
+            "per_device_train_batch_size=2 (`per_device_eval_batch_size` may be any size); keep `hp_space` to "
+            "values the pipeline's other arguments allow"
+        }
 
 
 @pytest.mark.distributed
@@ -216,3 +251,18 @@ def test_no_pipeline_argument_clashes_with_an_example_script_argument() -> None:
     ours = {f.name for f in fields(PipeTrainingArguments)} - {f.name for f in fields(TrainingArguments)}
     assert ours, "PipeTrainingArguments adds fields of its own"
     assert not ours & SCRIPT_ARGUMENTS, sorted(ours & SCRIPT_ARGUMENTS)
+
+
+@pytest.mark.parametrize("backend", ["ray", "wandb"])
+def test_hyperparameter_search_refuses_a_backend_that_runs_trials_in_its_own_processes(
+    tmp_path: Path, backend: str
+) -> None:
+    from hf_ftpipe import PipeTrainer
+    from hf_ftpipe.errors import PipelineError
+
+    args = PipeTrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none")
+    trainer = PipeTrainer(model_init=lambda: tiny_model("gpt2"), args=args)
+    with pytest.raises(
+        PipelineError, match=rf"backend='{backend}'\) runs each trial in processes of its own.*'optuna'"
+    ):
+        trainer.hyperparameter_search(backend=backend, n_trials=1)

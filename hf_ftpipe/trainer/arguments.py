@@ -383,11 +383,6 @@ def _unsupported_trainer_features(args: PipeTrainingArguments) -> list[str]:
             "`use_liger_kernel=True` patches the model's modules after the pipeline traced them, so the stages "
             "would not use the kernels; remove it"
         )
-    if args.auto_find_batch_size:
-        problems.append(
-            "`auto_find_batch_size=True` retries with smaller batches, but the pipeline's plan (its stages and "
-            "their memory) is made once, for one batch size; set `per_device_train_batch_size` yourself"
-        )
     return problems
 
 

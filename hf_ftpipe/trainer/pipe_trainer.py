@@ -24,7 +24,6 @@ from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
-from datasets import Dataset
 from torch import nn
 from transformers import Trainer
 
@@ -33,7 +32,6 @@ from hf_ftpipe.graph.peft_models import check_peft_model, is_peft_model
 from hf_ftpipe.graph.token_slices import SlicedModel
 from hf_ftpipe.plan import Partition
 from hf_ftpipe.runtime import PipelineEngine, Watchdog
-from hf_ftpipe.runtime.microbatches import microbatch_rows
 from hf_ftpipe.runtime.weights import release_foreign_weights
 from hf_ftpipe.trainer.arguments import PipeTrainingArguments
 from hf_ftpipe.trainer.auto_order import engine_schedule
@@ -48,13 +46,11 @@ from hf_ftpipe.trainer.launch import check_one_writer
 from hf_ftpipe.trainer.model_init import PipeModelInit
 from hf_ftpipe.trainer.output_loss import computes_loss_from_outputs, method_name, outputs_read
 from hf_ftpipe.trainer.per_shape import per_shape_options
-from hf_ftpipe.trainer.plan_sharing import share_partition
-from hf_ftpipe.trainer.planned_shapes import longest_rows, planned_microbatch
+from hf_ftpipe.trainer.pipeline_planning import PipePlanning
 from hf_ftpipe.trainer.preflight import agree_before_training
 from hf_ftpipe.trainer.replicas import Replicas, global_batch_size, launched_pipeline_size
 from hf_ftpipe.trainer.reporting import PipeReporting
 from hf_ftpipe.trainer.run_log import get_logger
-from hf_ftpipe.trainer.token_slicing import capture_for_pipeline
 from hf_ftpipe.trainer.training_steps import PipeTrainingSteps
 
 __all__ = ["PipeTrainer"]
@@ -90,7 +86,14 @@ class _StagesModule(nn.Module):
 
 
 class PipeTrainer(
-    PipeModelInit, PipeTrainingSteps, PipeEvaluation, PipeCheckpointing, PipeDataLoading, PipeReporting, Trainer
+    PipeModelInit,
+    PipePlanning,
+    PipeTrainingSteps,
+    PipeEvaluation,
+    PipeCheckpointing,
+    PipeDataLoading,
+    PipeReporting,
+    Trainer,
 ):
     """`Trainer` that trains and evaluates ``model`` as a pipeline (see `PipeTrainingArguments`).
 
@@ -167,18 +170,8 @@ class PipeTrainer(
         check_one_writer(self.args)
         if self.args.data_parallel_size != "auto":  # the world divides into data_parallel_size pipelines
             launched_pipeline_size(self.args.data_parallel_size)
-        rows = microbatch_rows(self.args.per_device_train_batch_size, self.args.num_microbatches)[0]  # the largest
-        # Any batch serves to trace (only its shapes matter); the plan is for the largest micro-batch.
-        microbatch = {n: value[:rows] if isinstance(value, torch.Tensor) else value for n, value in inputs.items()}
-        planned = self._planned_shapes(inputs, rows)
-        if any(p.is_meta for p in self.model.parameters()) and hasattr(self.model, "tie_weights"):
-            # accelerate.init_empty_weights registers a new tensor per name, untying shared weights.
-            self.model.tie_weights()
-        traced = capture_for_pipeline(self.args, self.model, microbatch, self.watchdog, planned=planned)
-        # A sliced model is planned on its whole-sequence graph, the computation its slices add up to.
+        traced, shared = self._plan_pipeline(inputs)
         whole = traced.full if isinstance(traced, SlicedModel) else traced
-        slices = traced.slice_lengths if isinstance(traced, SlicedModel) else None
-        shared = share_partition(self.args, whole, self._planned_batch(whole), self.watchdog, token_slices=slices)
         self.partition, self.partition_source, self.replicas = shared.partition, shared.source, shared.replicas
         self._built_from = self._weights_path()
         self.engine = PipelineEngine(
@@ -216,29 +209,6 @@ class PipeTrainer(
             self.partition.num_stages,
         )
         return self.engine
-
-    def _planned_shapes(self, batch: dict[str, Any], rows: int) -> dict[str, tuple[int, ...]]:
-        """The largest micro-batch the run will see (`hf_ftpipe.trainer.planned_shapes`)."""
-        columns = [name for name, value in batch.items() if isinstance(value, torch.Tensor) and value.dim() > 1]
-        datasets = [self.train_dataset]
-        evaluation = self.eval_dataset
-        datasets += list(evaluation.values()) if isinstance(evaluation, dict) else [evaluation]
-        usable = [self._remove_unused_columns(d, "planning") for d in datasets if isinstance(d, Dataset)]
-        longest = None
-        if usable and self.args.plan_max_length is None and columns:
-            # A random collator must not draw from the run's generators, nor advance its own.
-            with self.data_randomness.forked(self.data_collator):
-                longest = longest_rows(usable, self.data_collator, columns)
-        return planned_microbatch(batch, rows, longest, self.args.plan_max_length)
-
-    @staticmethod
-    def _planned_batch(traced: Any) -> dict[str, Any]:
-        """The planned micro-batch as meta tensors: what the planner reads its size from."""
-        return {
-            name: torch.empty(info.shape, device="meta")
-            for name, info in traced.cost_graph.inputs.items()
-            if info.shape is not None
-        }
 
     @property
     def watchdog(self) -> Watchdog:

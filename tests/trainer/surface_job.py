@@ -1,8 +1,8 @@
 """A PipeTrainer job that records what a `Trainer` user sees on each rank: callbacks, the progress
 bar, tensorboard logs, throughput, FLOP and token counts; and trainers made with ``model_init``
 (`model_init_runs`): two ``train()`` calls, a ``hyperparameter_search``, one with a trial it cannot
-run. Started by `accelerate launch` from `test_trainer_surface.py`; each rank writes
-``OUTPUT/surface_rank{r}.json``.
+run; and ``auto_find_batch_size`` (`auto_batch_runs`). Started by `accelerate launch` from
+`test_trainer_surface.py`; each rank writes ``OUTPUT/surface_rank{r}.json``.
 """
 
 import json
@@ -15,6 +15,7 @@ from transformers.trainer_callback import ProgressCallback
 
 from hf_ftpipe import PipeTrainer, PipeTrainingArguments
 
+import auto_batch_runs
 from model_init_runs import search, train_twice
 from models import tiny_batch, tiny_model
 
@@ -95,6 +96,8 @@ def main(output_dir: str, partition_file: str = "") -> None:
     result["model_init"] = train_twice(str(Path(output_dir) / "model_init"), pipe=True)
     result["search"] = search(str(Path(output_dir) / "search"), pipe=True, settings=[0, 1])
     result["search_refused"] = search(str(Path(output_dir) / "search_refused"), pipe=True, settings=[2])
+    profile = auto_batch_runs.fitting_profile(str(Path(output_dir) / f"fitting_profile{rank}.json"))
+    result["auto_batch"] = auto_batch_runs.train(str(Path(output_dir) / "auto_batch"), True, profile)
     (Path(output_dir) / f"surface_rank{rank}.json").write_text(json.dumps(result))
 
 

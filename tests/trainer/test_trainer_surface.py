@@ -20,6 +20,7 @@ from hf_ftpipe.partitioners.registry import get_partitioner
 from hf_ftpipe.runtime.compiled_stages import CompileOptions
 from hf_ftpipe.trainer.compilation import stage_compile_options
 
+import auto_batch_runs
 from distributed import REPO, accelerate_launch, run_job
 from model_init_runs import search, train_twice
 from models import SEQ, tiny_batch, tiny_model
@@ -201,10 +202,9 @@ def test_half_precision_full_eval_is_refused_with_the_autocast_alternative(tmp_p
     ("overrides", "message"),
     [
         ({"neftune_noise_alpha": 5.0}, "`neftune_noise_alpha=5.0` adds noise through a hook"),
-        ({"auto_find_batch_size": True}, "`auto_find_batch_size=True` retries with smaller batches"),
         ({"fsdp": "full_shard"}, "splits the model another way than pipeline stages"),
     ],
-    ids=["neftune", "auto_find_batch_size", "fsdp"],
+    ids=["neftune", "fsdp"],
 )
 def test_trainer_features_the_pipeline_would_lose_are_refused(tmp_path: Path, overrides: dict, message: str) -> None:
     with pytest.raises(ValueError, match=rf"PipeTrainer cannot honour these arguments:\n  - .*{message}"):
@@ -266,3 +266,52 @@ def test_hyperparameter_search_refuses_a_backend_that_runs_trials_in_its_own_pro
         PipelineError, match=rf"backend='{backend}'\) runs each trial in processes of its own.*'optuna'"
     ):
         trainer.hyperparameter_search(backend=backend, n_trials=1)
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_auto_find_batch_size_trains_at_the_largest_batch_whose_plan_fits(
+    surface: tuple[Path, list[dict]], tmp_path: Path
+) -> None:
+    reference = auto_batch_runs.train(str(tmp_path), pipe=False)  # plain Trainer at the batch that fits
+    assert len(reference["losses"]) == auto_batch_runs.STEPS
+    for rank in surface[1]:
+        assert rank["auto_batch"]["batch_size"] == auto_batch_runs.FOUND
+        assert rank["auto_batch"]["losses"] == pytest.approx(reference["losses"], abs=1e-5)
+    log = (surface[0] / "launch.log").read_text()
+    assert "auto_find_batch_size: per_device_train_batch_size=8 does not fit the GPUs' memory; training with 4" in log
+
+
+def test_auto_find_batch_size_stops_at_an_out_of_memory_error_instead_of_retrying_on_one_rank(tmp_path: Path) -> None:
+    from hf_ftpipe import PipeTrainer
+    from hf_ftpipe.errors import PipelineError
+
+    args = PipeTrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", auto_find_batch_size=True)
+    trainer = PipeTrainer(model=tiny_model("gpt2"), args=args)
+    trainer._update_auto_batch_size(trainer._train_batch_size)  # the planned batch: the loop's first run
+    with pytest.raises(PipelineError, match=r"out of memory at per_device_train_batch_size=8 .* does not retry"):
+        trainer._update_auto_batch_size(int(trainer._train_batch_size * 0.9))  # accelerate's retry
+
+
+@pytest.mark.parametrize(("data_parallel_size", "per_device"), [(1, 8), (2, 4)])
+def test_auto_find_batch_size_resumes_at_the_batch_its_checkpoint_records(
+    tmp_path: Path, data_parallel_size: int, per_device: int
+) -> None:
+    from transformers.trainer_callback import TrainerState
+
+    from hf_ftpipe import PipeTrainer
+
+    checkpoint = tmp_path / "checkpoint-2"
+    checkpoint.mkdir()
+    TrainerState(train_batch_size=8).save_to_json(str(checkpoint / "trainer_state.json"))  # the global batch
+    args = PipeTrainingArguments(
+        output_dir=str(tmp_path),
+        use_cpu=True,
+        report_to="none",
+        auto_find_batch_size=True,
+        data_parallel_size=data_parallel_size,
+        per_device_train_batch_size=16,
+    )
+    trainer = PipeTrainer(model=tiny_model("gpt2"), args=args)
+    trainer._resume_from = str(checkpoint)
+    assert trainer._resumed_batch_size() == per_device

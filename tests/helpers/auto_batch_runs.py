@@ -17,29 +17,14 @@ import torch
 from datasets import Dataset
 
 from models import tiny_batch, tiny_model
+from trainer_comparison import short_run_arguments
 
 GIVEN, FOUND, MICROBATCHES, STEPS = 8, 4, 2, 3
 
 
 def _arguments(output_dir: str, pipe: bool, batch_size: int, **pipeline: Any) -> Any:
-    from transformers import TrainingArguments
-
-    from hf_ftpipe import PipeTrainingArguments
-
-    common = dict(
-        output_dir=output_dir,
-        use_cpu=True,
-        per_device_train_batch_size=batch_size,
-        max_steps=STEPS,
-        learning_rate=1e-2,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        seed=0,
-    )
-    if not pipe:
-        return TrainingArguments(**common)
-    return PipeTrainingArguments(num_microbatches=MICROBATCHES, partitioner="seq-dp", **common, **pipeline)
+    pipeline = {"num_microbatches": MICROBATCHES, "partitioner": "seq-dp", **pipeline}
+    return short_run_arguments(output_dir, pipe, batch_size, STEPS, pipeline)
 
 
 def fitting_profile(path: str) -> str:

@@ -11,6 +11,7 @@ from typing import Any
 from datasets import Dataset
 
 from models import tiny_batch, tiny_model
+from trainer_comparison import short_run_arguments
 
 ROWS, BATCH, STEPS = 8, 4, 2
 TRIALS = [(1e-2, 4), (3e-2, 2), (1e-2, 3)]
@@ -19,23 +20,11 @@ size (the pipeline must be planned for it); one that ``num_microbatches=2`` does
 
 
 def _trainer(output_dir: str, pipe: bool, model_init: Any, eval_dataset: Any = None, **arguments: Any) -> Any:
-    from transformers import Trainer, TrainingArguments
+    from transformers import Trainer
 
-    from hf_ftpipe import PipeTrainer, PipeTrainingArguments
+    from hf_ftpipe import PipeTrainer
 
-    common = dict(
-        output_dir=output_dir,
-        use_cpu=True,
-        per_device_train_batch_size=BATCH,
-        max_steps=STEPS,
-        learning_rate=1e-2,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        seed=0,
-        **arguments,
-    )
-    args = PipeTrainingArguments(num_microbatches=2, **common) if pipe else TrainingArguments(**common)
+    args = short_run_arguments(output_dir, pipe, BATCH, STEPS, **arguments)
     data = tiny_batch("gpt2", ROWS, seed=3)
     dataset = Dataset.from_dict({k: v.tolist() for k, v in data.items()})
     trainer_class = PipeTrainer if pipe else Trainer

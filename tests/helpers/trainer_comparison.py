@@ -3,11 +3,40 @@ within float32 reordering error (the pipeline sums micro-batches where `Trainer`
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 import torch
 
 TOLERANCE = {"atol": 1e-5, "rtol": 1e-4}
+
+
+def short_run_arguments(
+    output_dir: str, pipe: bool, batch_size: int, max_steps: int, pipeline: dict[str, Any] | None = None, **fields: Any
+) -> Any:
+    """The arguments of a short CPU run at learning rate 1e-2 that logs every step and saves nothing, for either
+    side of a comparison: `PipeTrainingArguments` (``pipe``: 2 micro-batches, and ``pipeline``'s fields) or
+    `TrainingArguments`; ``fields`` go to both."""
+    from transformers import TrainingArguments
+
+    from hf_ftpipe import PipeTrainingArguments
+
+    common = dict(
+        output_dir=output_dir,
+        use_cpu=True,
+        per_device_train_batch_size=batch_size,
+        max_steps=max_steps,
+        learning_rate=1e-2,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        seed=0,
+        **fields,
+    )
+    if not pipe:
+        return TrainingArguments(**common)
+    return PipeTrainingArguments(**{"num_microbatches": 2, **(pipeline or {})}, **common)
 
 
 def logged_steps(history: list[dict]) -> list[dict]:

@@ -69,6 +69,14 @@ class DataRandomness:
         self._after_replay: _States | None = None
         """Resuming: the state once `_replay` is used up."""
 
+    @classmethod
+    def following_global_states(cls) -> DataRandomness:
+        """Starting where the global generators are now: `Trainer` under ``model_init`` seeds them, makes the
+        model, and collates from where making it left them (`hf_ftpipe.trainer.model_init`)."""
+        randomness = cls(0)
+        randomness._states = global_states()
+        return randomness
+
     @contextmanager
     def active(self) -> Iterator[None]:
         """Run the body on the data states; they advance, and the model's states are put back after."""

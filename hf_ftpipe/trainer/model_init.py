@@ -7,7 +7,9 @@ model it will train, so PipeTrainer does both before `Trainer.train` starts: it 
 `Trainer` would (the same seed, the same call with the same trial), applies the trial, plans and
 builds; then, when `Trainer.train` asks ``model_init`` for its model, it is handed that very model,
 with the random generators put where constructing it left them. So a ``train()`` constructs one
-model, as plain `Trainer`'s does, and everything `Trainer` draws after it draws alike.
+model, as plain `Trainer`'s does, and everything `Trainer` draws after it draws alike; data loading
+too, whose own generator states (`DataRandomness`) start there at every ``train()``, where `Trainer`'s
+collator (masked-LM masking) draws from the global generators right after making the model.
 
 A trial's arguments are checked as `PipeTrainingArguments` checks its own
 (`PipeTrainingArguments.check_pipeline_fields`): a trial that gives ``per_device_train_batch_size=6``
@@ -32,7 +34,7 @@ from transformers import enable_full_determinism, set_seed
 from transformers.hyperparameter_search import HPSearchBackend, default_hp_search_backend
 
 from hf_ftpipe.errors import PipelineError
-from hf_ftpipe.trainer.data_randomness import global_states, set_global_states
+from hf_ftpipe.trainer.data_randomness import DataRandomness, global_states, set_global_states
 from hf_ftpipe.trainer.replicas import global_batch_size
 
 __all__ = ["PipeModelInit"]
@@ -52,7 +54,7 @@ class PipeModelInit:
     """The `PipeTrainer` mixin that makes each ``train()``'s model, and applies its trial, before planning.
 
     Reads ``model_init``, ``args``, ``engine``, ``float16``, ``watchdog`` and `Trainer`'s search state; sets
-    ``model`` and ``engine``.
+    ``model``, ``engine`` and ``data_randomness``.
     """
 
     def _model_for_training(self, trial: Any) -> None:
@@ -66,6 +68,7 @@ class PipeModelInit:
             enable_full_determinism(self.args.seed) if self.args.full_determinism else set_seed(self.args.seed)
             model = super().call_model_init(trial)
             self._built_model = _BuiltModel(model, trial, _generator_states())
+            self.data_randomness = DataRandomness.following_global_states()
             self.model = model
         self._hp_search_setup(trial)
 

@@ -294,9 +294,9 @@ class PipeTrainer(
         resume_from_checkpoint = agree_before_training(self.args.output_dir, resume_from_checkpoint, rank, watchdog)
         with self.failing_together("training"):
             self._resume_from = resume_from_checkpoint
+            self._model_for_training(kwargs.get("trial", args[0] if args else None))
             if resume_from_checkpoint is not None:
                 self._load_data_randomness(resume_from_checkpoint)
-            self._model_for_training(kwargs.get("trial", args[0] if args else None))
             if self.engine is None:
                 self._check_enough_training_data()
                 self._ensure_engine(self._first_batch(self.get_train_dataloader()))

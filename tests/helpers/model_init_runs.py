@@ -1,7 +1,8 @@
 """Trainers made with ``model_init``: plain `Trainer` makes a new model at each ``train()`` (two calls
-in a row; ``hyperparameter_search``'s trials, one of which changes the batch size), and so must
-PipeTrainer. Run by tests/trainer/surface_job.py (PipeTrainer, 2 ranks) and in
-tests/trainer/test_trainer_surface.py (plain `Trainer`, one process)."""
+in a row, also of a masked LM whose masking draws from the global generators; ``hyperparameter_search``'s
+trials, one of which changes the batch size), and so must PipeTrainer. Run by
+tests/trainer/surface_job.py (PipeTrainer, 2 ranks) and in tests/trainer/test_trainer_surface.py (plain
+`Trainer`, one process)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 
 from datasets import Dataset
 
+import mlm_runs
 from models import tiny_batch, tiny_model
 from trainer_comparison import short_run_arguments
 
@@ -42,6 +44,25 @@ def train_twice(output_dir: str, pipe: bool) -> dict[str, Any]:
         losses.append([entry["loss"] for entry in trainer.state.log_history if "loss" in entry])
         open_files.append(len(os.listdir("/proc/self/fd")))
     return {"losses": losses, "models_made": len(made), "open_files": open_files}
+
+
+def masked_lm_twice(output_dir: str, pipe: bool) -> list[list[float]]:
+    """Every logged loss of two ``train()`` calls of a masked LM made with ``model_init``, masked by a collator
+    that draws from the global generators: `Trainer` masks from where making each new model left them."""
+    from transformers import DataCollatorForLanguageModeling, Trainer
+
+    from hf_ftpipe import PipeTrainer
+
+    args = short_run_arguments(output_dir, pipe, 8, STEPS)
+    collator = DataCollatorForLanguageModeling(mlm_runs.tokenizer(), mlm_probability=0.3)
+    trainer = (PipeTrainer if pipe else Trainer)(
+        model_init=lambda: mlm_runs.model(0.0), args=args, train_dataset=mlm_runs.dataset(), data_collator=collator
+    )
+    losses = []
+    for _ in range(2):
+        trainer.train()
+        losses.append([entry["loss"] for entry in trainer.state.log_history if "loss" in entry])
+    return losses
 
 
 def search(output_dir: str, pipe: bool, settings: list[int]) -> dict[str, Any]:

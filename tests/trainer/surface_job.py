@@ -16,7 +16,7 @@ from transformers.trainer_callback import ProgressCallback
 from hf_ftpipe import PipeTrainer, PipeTrainingArguments
 
 import auto_batch_runs
-from model_init_runs import search, train_twice
+from model_init_runs import masked_lm_twice, search, train_twice
 from models import tiny_batch, tiny_model
 
 STEPS = 4
@@ -94,6 +94,7 @@ def main(output_dir: str, partition_file: str = "") -> None:
         "log_history": trainer.state.log_history,
     }
     result["model_init"] = train_twice(str(Path(output_dir) / "model_init"), pipe=True)
+    result["model_init_masked_lm"] = masked_lm_twice(str(Path(output_dir) / "model_init_masked_lm"), pipe=True)
     result["search"] = search(str(Path(output_dir) / "search"), pipe=True, settings=[0, 1])
     result["search_refused"] = search(str(Path(output_dir) / "search_refused"), pipe=True, settings=[2])
     profile = auto_batch_runs.fitting_profile(str(Path(output_dir) / f"fitting_profile{rank}.json"))

@@ -22,7 +22,7 @@ from hf_ftpipe.trainer.compilation import stage_compile_options
 
 import auto_batch_runs
 from distributed import REPO, accelerate_launch, run_job
-from model_init_runs import search, train_twice
+from model_init_runs import masked_lm_twice, search, train_twice
 from models import SEQ, tiny_batch, tiny_model
 
 JOB = str(REPO / "tests" / "trainer" / "surface_job.py")
@@ -82,6 +82,19 @@ def test_each_train_of_a_model_init_trainer_starts_from_a_new_model_as_trainers_
         assert rank["model_init"]["models_made"] == reference["models_made"] == 3
         first_files, second_files = rank["model_init"]["open_files"]
         assert second_files == first_files, "the first train()'s pipeline is closed, its sockets with it"
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_each_train_under_model_init_masks_from_where_making_the_model_left_the_generators(
+    surface: tuple[Path, list[dict]], tmp_path: Path
+) -> None:
+    first, second = masked_lm_twice(str(tmp_path), pipe=False)  # plain Trainer, one process
+    assert first == second
+    for rank in surface[1]:
+        pipe_first, pipe_second = rank["model_init_masked_lm"]
+        assert pipe_first == pytest.approx(first, abs=1e-5)
+        assert pipe_second == pytest.approx(second, abs=1e-5)
 
 
 @pytest.mark.distributed

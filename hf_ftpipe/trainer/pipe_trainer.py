@@ -8,9 +8,10 @@ Stock `Trainer` goes quietly wrong when each rank holds a slice of the model: it
 slice in DDP, shard the batches across ranks, count the ranks as data-parallel replicas, clip by
 a local gradient norm and save rank 0's slice only. Each override undoes one of those: here the
 pipeline's building and saving; in mixins, one job each, each ``train()``'s new model and search
-trial under ``model_init`` (`model_init`), the training step and gradient accumulation
-(`training_steps`), data loading (`data_loading`), logs and counts (`reporting`), evaluation
-(`evaluation`) and checkpoints (`checkpoint_hooks`).
+trial under ``model_init`` (`model_init`), tracing and planning, ``auto_find_batch_size`` included
+(`pipeline_planning`), the training step and gradient accumulation (`training_steps`), data loading
+(`data_loading`), logs and counts (`reporting`), evaluation (`evaluation`) and checkpoints
+(`checkpoint_hooks`).
 """
 
 from __future__ import annotations

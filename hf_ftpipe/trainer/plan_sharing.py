@@ -101,14 +101,15 @@ def share_partition(
             plan = resolved.partition.to_dict()
             payload[0] = json.dumps({"partition": plan, "data_parallel_size": replicas.data_parallel_size})
         except Exception as error:  # the other ranks must not wait for a plan that never comes
-            fits = not isinstance(error, PlanDoesNotFitError)  # auto_find_batch_size tries a smaller batch on each
-            payload[0] = json.dumps({"error": f"{type(error).__name__}: {error}", "fits": fits})
+            # Every rank raises the same kind: under auto_find_batch_size each then plans a smaller batch.
+            does_not_fit = isinstance(error, PlanDoesNotFitError)
+            payload[0] = json.dumps({"error": f"{type(error).__name__}: {error}", "does_not_fit": does_not_fit})
             watchdog.broadcast_from_rank0(payload, "sharing the partition from rank 0")
             raise
     watchdog.broadcast_from_rank0(payload, "sharing the partition from rank 0")
     data = json.loads(payload[0] or "{}")
     if "error" in data:
-        error = PipelineError if data["fits"] else PlanDoesNotFitError
+        error = PlanDoesNotFitError if data["does_not_fit"] else PipelineError
         raise error(f"[rank {dist.get_rank()}] rank 0 could not make the partition: {data['error']}")
     partition = Partition.from_dict(data["partition"], source="the partition from rank 0")
     partition.check_matches(traced.cost_graph, source="the partition from rank 0")
